@@ -1,0 +1,180 @@
+"""Typed, frozen settings for every component, read once from the environment.
+
+Each component has one ``*Settings`` dataclass. A field ``name`` of the section ``kafka`` is
+read from ``MMSTREAM_KAFKA_NAME``; every field has a default and a ``doc`` in its metadata
+that says what it trades off. ``Settings.from_env()`` is called once at start-up and the
+result is passed down: no other module reads the environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, TypeVar, get_type_hints
+
+ENV_PREFIX = "MMSTREAM_"
+
+
+def setting(default: Any, doc: str) -> Any:
+    """A settings field: its default and a sentence on what it trades off."""
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("settings defaults must be immutable")
+    return field(default=default, metadata={"doc": doc})
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    bootstrap: str = setting("127.0.0.1:9092", "Kafka bootstrap servers, comma separated.")
+    topic_prefix: str = setting(
+        "mm", "Prefix of every topic and consumer group; tests use a unique one per run."
+    )
+    partitions: int = setting(
+        4, "Partitions per stage topic: the most replicas of one stage that can share its work."
+    )
+    replication_factor: int = setting(1, "Replication factor of created topics (1 on a laptop).")
+    max_message_bytes: int = setting(
+        8 * 1024 * 1024, "Largest record the producers send; payloads above go by claim check."
+    )
+
+
+@dataclass(frozen=True)
+class RedisSettings:
+    url: str = setting("redis://127.0.0.1:6379/0", "Redis used for the reuse cache and claim checks.")
+
+
+@dataclass(frozen=True)
+class LimitsSettings:
+    max_text_bytes: int = setting(64 * 1024, "Largest text part, UTF-8 bytes.")
+    max_parts: int = setting(16, "Most parts in one request.")
+    max_inline_bytes: int = setting(
+        1024 * 1024, "Largest inline binary part; bigger payloads must travel by `ref`."
+    )
+    max_request_bytes: int = setting(
+        4 * 1024 * 1024, "Largest encoded request on ingress; larger ones go to the DLQ."
+    )
+    default_deadline_ms: int = setting(
+        30_000, "Deadline given to requests that set none, milliseconds from acceptance."
+    )
+    max_deadline_ms: int = setting(600_000, "Longest deadline a client may ask for.")
+
+
+@dataclass(frozen=True)
+class EncoderSettings:
+    max_batch_size: int = setting(16, "Most items in one engine call; bigger batches raise throughput and latency.")
+    max_wait_ms: float = setting(
+        4.0, "How long the first item of a batch waits for company before the batch runs anyway."
+    )
+    max_batch_tokens: int = setting(
+        4096, "Token budget of one text batch (padded length x rows): keeps long texts from inflating a batch."
+    )
+    intra_op_threads: int = setting(0, "ONNX Runtime intra-op threads; 0 lets the runtime choose.")
+    precision: str = setting("fp32", "Engine variant to serve: fp32 or int8.")
+    max_queue: int = setting(256, "Most jobs held in a worker between Kafka and the engine.")
+
+
+@dataclass(frozen=True)
+class AssemblerSettings:
+    sweep_interval_ms: int = setting(
+        100, "How often the assembler looks for requests past their deadline."
+    )
+
+
+@dataclass(frozen=True)
+class LocalSettings:
+    """Where `mmstream up` keeps its processes, data and downloads on this machine."""
+
+    state_dir: Path = setting(
+        Path.home() / ".local" / "state" / "mmstream",
+        "Per-run broker data, pid files and logs of `mmstream up`.",
+    )
+    cache_dir: Path = setting(
+        Path.home() / ".cache" / "mmstream",
+        "Broker jars and exported models; kept across runs so later runs skip the work.",
+    )
+    kafka_version: str = setting("4.1.1", "Apache Kafka broker version fetched from Maven Central.")
+    kafka_heap_mb: int = setting(512, "Heap of the local broker's JVM.")
+    kafka_controller_port: int = setting(9093, "Local broker's KRaft controller port.")
+    redis_maxmemory_mb: int = setting(256, "Redis memory cap; keys are evicted LRU past it.")
+    metrics_base_port: int = setting(9400, "First Prometheus port handed to local workers.")
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    repository: Path = setting(
+        Path.home() / ".cache" / "mmstream" / "models",
+        "Model repository: <name>/<version>/model*.onnx plus config.json.",
+    )
+    text_model: str = setting("all-minilm-l6-v2", "Model served by the text encoder.")
+
+
+@dataclass(frozen=True)
+class Settings:
+    kafka: KafkaSettings = field(default_factory=KafkaSettings)
+    redis: RedisSettings = field(default_factory=RedisSettings)
+    limits: LimitsSettings = field(default_factory=LimitsSettings)
+    encoder: EncoderSettings = field(default_factory=EncoderSettings)
+    assembler: AssemblerSettings = field(default_factory=AssemblerSettings)
+    local: LocalSettings = field(default_factory=LocalSettings)
+    models: ModelSettings = field(default_factory=ModelSettings)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+        """Build the settings from ``MMSTREAM_<SECTION>_<FIELD>`` variables.
+
+        Raises ``SettingsError`` naming the variable when a value does not parse.
+        """
+        env = os.environ if env is None else env
+        sections = {}
+        for f in dataclasses.fields(cls):
+            section_cls = f.default_factory  # type: ignore[misc]
+            sections[f.name] = _section_from_env(section_cls, f.name, env)
+        return cls(**sections)
+
+
+class SettingsError(ValueError):
+    """An environment variable holds a value its setting cannot take."""
+
+
+S = TypeVar("S")
+
+
+def env_name(section: str, name: str) -> str:
+    return f"{ENV_PREFIX}{section}_{name}".upper()
+
+
+def _section_from_env(section_cls: type[S], section: str, env: Mapping[str, str]) -> S:
+    hints = get_type_hints(section_cls)
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(section_cls):  # type: ignore[arg-type]
+        var = env_name(section, f.name)
+        if var in env:
+            values[f.name] = _parse(hints[f.name], env[var], var)
+    return section_cls(**values)
+
+
+def _parse(kind: Any, raw: str, var: str) -> Any:
+    try:
+        if kind is bool:
+            low = raw.strip().lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if kind is Path:
+            return Path(raw).expanduser()
+        return kind(raw)
+    except (TypeError, ValueError):
+        raise SettingsError(f"{var}={raw!r} is not a valid {getattr(kind, '__name__', kind)}") from None
+
+
+def describe(settings: Settings) -> list[tuple[str, Any, str]]:
+    """Every setting as (environment variable, current value, doc), for `mmstream config`."""
+    rows = []
+    for sf in dataclasses.fields(settings):
+        section = getattr(settings, sf.name)
+        for f in dataclasses.fields(section):
+            rows.append((env_name(sf.name, f.name), getattr(section, f.name), f.metadata.get("doc", "")))
+    return rows
