@@ -76,18 +76,32 @@ class LocalKafka:
         """
         if self._complete.exists():
             return self.libs
-        mvn = procs.require_tool("mvn", _MVN_HINT)
-        shutil.rmtree(self.libs, ignore_errors=True)
-        procs.run_tool(
-            [mvn, "-B", "-q", "dependency:copy-dependencies", "-DincludeScope=runtime",
-             f"-DoutputDirectory={self.libs}", f"-Dkafka.version={self.local.kafka_version}"],
-            f"Fetching the Kafka {self.local.kafka_version} jars from Maven Central",
-            timeout_s=900, cwd=self.infra,
-        )
-        broker_jar = self.libs / f"kafka_2.13-{self.local.kafka_version}.jar"
-        if not broker_jar.exists():
-            raise LocalStackError(f"Maven finished but {broker_jar} is missing; check infra/kafka/pom.xml.")
-        self._complete.write_text(self.local.kafka_version + "\n")
+        # The cache is shared by every state dir (tests use their own), so fetch under a lock.
+        with procs.state_lock(self.libs.parent / "fetch.lock"):
+            if self._complete.exists():
+                return self.libs  # another process finished the fetch while we waited
+            mvn = procs.require_tool("mvn", _MVN_HINT)
+            fresh = self.libs.with_name("libs.partial")
+            shutil.rmtree(fresh, ignore_errors=True)
+            procs.run_tool(
+                [mvn, "-B", "-q", "dependency:copy-dependencies", "-DincludeScope=runtime",
+                 f"-DoutputDirectory={fresh}", f"-Dkafka.version={self.local.kafka_version}"],
+                f"Fetching the Kafka {self.local.kafka_version} jars from Maven Central",
+                timeout_s=900, cwd=self.infra,
+            )
+            broker_jar = fresh / f"kafka_2.13-{self.local.kafka_version}.jar"
+            if not broker_jar.exists():
+                raise LocalStackError(
+                    f"Maven finished but {broker_jar.name} is missing; check infra/kafka/pom.xml.")
+            # Swap, not delete-then-copy: a broker may be running from an unmarked libs dir
+            # and must never find a jar missing when its class loader opens it.
+            stale = self.libs.with_name("libs.stale")
+            shutil.rmtree(stale, ignore_errors=True)
+            if self.libs.exists():
+                self.libs.rename(stale)
+            fresh.rename(self.libs)
+            shutil.rmtree(stale, ignore_errors=True)
+            self._complete.write_text(self.local.kafka_version + "\n")
         return self.libs
 
     def start(self, timeout_s: float = 90) -> KafkaStatus:
