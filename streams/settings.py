@@ -75,10 +75,24 @@ class EncoderSettings:
 
 
 @dataclass(frozen=True)
+class RouterSettings:
+    served_modalities: str = setting(
+        "text", "Comma-separated modalities with an encoder pool; parts of others fail with unsupported_media."
+    )
+    served_tasks: str = setting("embed", "Comma-separated tasks this deployment answers.")
+    topic_cache_s: float = setting(10.0, "How long the router trusts its list of existing reply topics.")
+
+
+@dataclass(frozen=True)
 class AssemblerSettings:
     sweep_interval_ms: int = setting(
-        100, "How often the assembler looks for requests past their deadline."
+        100, "How often the assembler looks for requests past their deadline: the deadline's resolution."
     )
+    retention_ms: int = setting(
+        120_000, "How long a finished request is remembered so late duplicates cannot answer it twice."
+    )
+    orphan_ttl_ms: int = setting(600_000, "How long parts that never got a manifest are kept.")
+    max_pending: int = setting(100_000, "Most requests one assembler tracks; past it new manifests are answered overloaded.")
 
 
 @dataclass(frozen=True)
@@ -114,6 +128,7 @@ class Settings:
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
     redis: RedisSettings = field(default_factory=RedisSettings)
     limits: LimitsSettings = field(default_factory=LimitsSettings)
+    router: RouterSettings = field(default_factory=RouterSettings)
     encoder: EncoderSettings = field(default_factory=EncoderSettings)
     assembler: AssemblerSettings = field(default_factory=AssemblerSettings)
     local: LocalSettings = field(default_factory=LocalSettings)

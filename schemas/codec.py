@@ -1,0 +1,61 @@
+"""Bytes <-> maps. Agents read raw bytes and call these explicitly, so a poison message is
+handled by our code (sent to the DLQ with its reason), never by a framework deserializer."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgpack
+
+CONTENT_TYPE_HEADER = "content-type"
+MSGPACK = "application/msgpack"
+JSON = "application/json"
+
+
+class DecodeError(ValueError):
+    """Bytes that are neither a MessagePack map nor a JSON object."""
+
+
+def pack(obj: dict[str, Any]) -> bytes:
+    """Encode a map as MessagePack (bin type for bytes, so binary payloads stay binary)."""
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def unpack(raw: bytes, content_type: str | None = None) -> dict[str, Any]:
+    """Decode one message to a map.
+
+    The content type (a header) wins when given; otherwise JSON is sniffed from a leading
+    ``{``, and anything else is read as MessagePack. Raises ``DecodeError`` with a reason
+    when the bytes do not decode to a map.
+    """
+    if not isinstance(raw, (bytes, bytearray, memoryview)):
+        raise DecodeError(f"expected bytes, got {type(raw).__name__}")
+    raw = bytes(raw)
+    if not raw:
+        raise DecodeError("empty message")
+    is_json = (content_type or "").lower().startswith(JSON) or (
+        content_type is None and raw.lstrip()[:1] == b"{"
+    )
+    try:
+        if is_json:
+            obj = json.loads(raw.decode("utf-8"))
+        else:
+            obj = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        kind = "JSON" if is_json else "MessagePack"
+        raise DecodeError(f"not valid {kind}: {exc}") from None
+    if not isinstance(obj, dict):
+        raise DecodeError(f"expected a map at the top level, got {type(obj).__name__}")
+    return obj
+
+
+def header(headers: Any, name: str) -> str | None:
+    """Read one header (any case) from Kafka headers given as a list of pairs or a map."""
+    if not headers:
+        return None
+    items = headers.items() if isinstance(headers, dict) else headers
+    for key, value in items:
+        if key.lower() == name:
+            return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
+    return None

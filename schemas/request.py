@@ -1,0 +1,280 @@
+"""The request a client produces to ``<prefix>.ingress.<lane>``, and its validation.
+
+Wire map (version 1)::
+
+    {v: 1, id: str, tenant: str, task: "embed"|"generate",
+     parts: [{modality: "text"|"image"|"audio"|"video",
+              text: str | data: bytes | ref: str, mime: str}],
+     params: {max_tokens, temperature, stop: [str], stream: bool},
+     deadline_ms: int,     # budget in milliseconds from acceptance (not a wall-clock time)
+     reply_to: str,        # topic for this request's events; default <prefix>.results
+     lane: "rt"|"bulk"}
+
+In JSON, ``data`` is base64 text. Every variable-length field has a limit; breaking one
+raises ``WireError`` naming the field.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from schemas.errors import ErrorCode, WireError
+
+VERSION = 1
+
+
+class Task(StrEnum):
+    EMBED = "embed"
+    GENERATE = "generate"
+
+
+class Modality(StrEnum):
+    TEXT = "text"
+    IMAGE = "image"
+    AUDIO = "audio"
+    VIDEO = "video"
+
+
+class Lane(StrEnum):
+    RT = "rt"
+    """Interactive traffic: consumed first at every stage."""
+    BULK = "bulk"
+    """Batch traffic: gets a bounded share of each cycle, shed first under load."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Size limits applied by validation; the router builds them from its settings."""
+
+    max_text_bytes: int = 64 * 1024
+    max_parts: int = 16
+    max_inline_bytes: int = 1024 * 1024
+    max_deadline_ms: int = 600_000
+    default_deadline_ms: int = 30_000
+    max_id_chars: int = 128
+    max_tenant_chars: int = 64
+    max_topic_chars: int = 200
+    max_ref_chars: int = 1024
+    max_stop_strings: int = 8
+    max_stop_chars: int = 64
+    max_tokens: int = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    modality: Modality
+    text: str | None = None
+    data: bytes | None = None
+    ref: str | None = None
+    mime: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        m: dict[str, Any] = {"modality": str(self.modality)}
+        for name in ("text", "data", "ref", "mime"):
+            value = getattr(self, name)
+            if value is not None:
+                m[name] = value
+        return m
+
+
+@dataclass(frozen=True, slots=True)
+class Params:
+    max_tokens: int = 64
+    temperature: float = 0.0
+    stop: tuple[str, ...] = ()
+    stream: bool = True
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"max_tokens": self.max_tokens, "temperature": self.temperature,
+                "stop": list(self.stop), "stream": self.stream}
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    id: str
+    parts: tuple[Part, ...]
+    task: Task = Task.EMBED
+    tenant: str = "default"
+    params: Params = field(default_factory=Params)
+    deadline_ms: int | None = None
+    reply_to: str | None = None
+    lane: Lane = Lane.RT
+
+    def to_wire(self) -> dict[str, Any]:
+        m: dict[str, Any] = {
+            "v": VERSION, "id": self.id, "tenant": self.tenant, "task": str(self.task),
+            "parts": [p.to_wire() for p in self.parts], "params": self.params.to_wire(),
+            "lane": str(self.lane),
+        }
+        if self.deadline_ms is not None:
+            m["deadline_ms"] = self.deadline_ms
+        if self.reply_to is not None:
+            m["reply_to"] = self.reply_to
+        return m
+
+
+_ID_RE = re.compile(r"^[A-Za-z0-9._:\-]+$")
+_TOPIC_RE = re.compile(r"^[A-Za-z0-9._\-]+$")
+_MIME_RE = re.compile(r"^[a-z0-9.+\-]+/[a-z0-9.+\-]+$")
+
+
+def peek_reply(obj: Any) -> tuple[str, str | None] | None:
+    """(id, reply_to) when a decoded-but-invalid request still says who to answer.
+
+    Used to send an error event for a request that fails validation. Returns None when
+    the id cannot be read, in which case nobody can be told and the message goes to the DLQ.
+    """
+    if not isinstance(obj, dict):
+        return None
+    rid, reply_to = obj.get("id"), obj.get("reply_to")
+    if not isinstance(rid, str) or not rid or len(rid) > 128 or not _ID_RE.match(rid):
+        return None
+    if not (isinstance(reply_to, str) and _TOPIC_RE.match(reply_to) and len(reply_to) <= 200):
+        reply_to = None
+    return rid, reply_to
+
+
+def validate_request(obj: dict[str, Any], limits: Limits, from_json: bool = False) -> Request:
+    """Turn a decoded map into a ``Request`` or raise ``WireError`` naming the field.
+
+    ``from_json`` makes ``data`` fields base64 text instead of bytes.
+    """
+    v = obj.get("v", VERSION)
+    if v != VERSION:
+        raise WireError(ErrorCode.INVALID_REQUEST, f"schema version {v!r} is not supported (this server speaks v{VERSION})", "v")
+    rid = _string(obj, "id", limits.max_id_chars, required=True)
+    if not _ID_RE.match(rid):
+        raise WireError(ErrorCode.INVALID_REQUEST, "id may contain only letters, digits and . _ : -", "id")
+    tenant = _string(obj, "tenant", limits.max_tenant_chars) or "default"
+    task = _enum(obj, "task", Task, Task.EMBED)
+    lane = _enum(obj, "lane", Lane, Lane.RT)
+    reply_to = _string(obj, "reply_to", limits.max_topic_chars)
+    if reply_to is not None and not _TOPIC_RE.match(reply_to):
+        raise WireError(ErrorCode.INVALID_REQUEST, "reply_to is not a valid topic name", "reply_to")
+    deadline_ms = obj.get("deadline_ms")
+    if deadline_ms is not None:
+        if not isinstance(deadline_ms, int) or isinstance(deadline_ms, bool) or deadline_ms <= 0:
+            raise WireError(ErrorCode.INVALID_REQUEST, "deadline_ms must be a positive integer (milliseconds)", "deadline_ms")
+        if deadline_ms > limits.max_deadline_ms:
+            raise WireError(ErrorCode.INVALID_REQUEST, f"deadline_ms may be at most {limits.max_deadline_ms}", "deadline_ms")
+    raw_parts = obj.get("parts")
+    if not isinstance(raw_parts, list) or not raw_parts:
+        raise WireError(ErrorCode.INVALID_REQUEST, "parts must be a non-empty list", "parts")
+    if len(raw_parts) > limits.max_parts:
+        raise WireError(ErrorCode.PAYLOAD_TOO_LARGE, f"at most {limits.max_parts} parts per request, got {len(raw_parts)}", "parts")
+    parts = tuple(_part(p, f"parts.{i}", limits, from_json) for i, p in enumerate(raw_parts))
+    params = _params(obj.get("params"), limits)
+    return Request(id=rid, parts=parts, task=task, tenant=tenant, params=params,
+                   deadline_ms=deadline_ms, reply_to=reply_to, lane=lane)
+
+
+def _part(p: Any, where: str, limits: Limits, from_json: bool) -> Part:
+    if not isinstance(p, dict):
+        raise WireError(ErrorCode.INVALID_REQUEST, "each part must be a map", where)
+    modality_raw = p.get("modality")
+    try:
+        modality = Modality(modality_raw)
+    except ValueError:
+        raise WireError(
+            ErrorCode.UNSUPPORTED_MEDIA,
+            f"modality {modality_raw!r} is not one of {', '.join(m.value for m in Modality)}",
+            f"{where}.modality",
+        ) from None
+    mime = _string(p, "mime", 100, where=where)
+    if mime is not None and not _MIME_RE.match(mime.lower()):
+        raise WireError(ErrorCode.INVALID_REQUEST, f"mime {mime!r} is not a media type", f"{where}.mime")
+    given = [k for k in ("text", "data", "ref") if p.get(k) is not None]
+    if len(given) != 1:
+        raise WireError(ErrorCode.INVALID_REQUEST, "a part carries exactly one of text, data or ref", where)
+    if modality is Modality.TEXT:
+        if given[0] != "text":
+            raise WireError(ErrorCode.INVALID_REQUEST, "a text part carries its content in `text`", where)
+        text = p["text"]
+        if not isinstance(text, str):
+            raise WireError(ErrorCode.INVALID_REQUEST, "text must be a string", f"{where}.text")
+        size = len(text.encode("utf-8"))
+        if size > limits.max_text_bytes:
+            raise WireError(ErrorCode.PAYLOAD_TOO_LARGE, f"text is {size} bytes; the limit is {limits.max_text_bytes}", f"{where}.text")
+        if not text.strip():
+            raise WireError(ErrorCode.INVALID_REQUEST, "text is empty", f"{where}.text")
+        return Part(modality, text=text, mime=mime)
+    if given[0] == "text":
+        raise WireError(ErrorCode.INVALID_REQUEST, f"a {modality} part carries `data` or `ref`, not `text`", where)
+    if given[0] == "ref":
+        ref = _string(p, "ref", limits.max_ref_chars, where=where)
+        return Part(modality, ref=ref, mime=mime)
+    data = p["data"]
+    if from_json and isinstance(data, str):
+        try:
+            data = base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError):
+            raise WireError(ErrorCode.INVALID_REQUEST, "data is not valid base64", f"{where}.data") from None
+    if not isinstance(data, (bytes, bytearray)):
+        raise WireError(ErrorCode.INVALID_REQUEST, "data must be bytes (base64 text in JSON)", f"{where}.data")
+    if len(data) > limits.max_inline_bytes:
+        raise WireError(
+            ErrorCode.PAYLOAD_TOO_LARGE,
+            f"inline data is {len(data)} bytes; the limit is {limits.max_inline_bytes}: send it by ref",
+            f"{where}.data",
+        )
+    return Part(modality, data=bytes(data), mime=mime)
+
+
+def _params(raw: Any, limits: Limits) -> Params:
+    if raw is None:
+        return Params()
+    if not isinstance(raw, dict):
+        raise WireError(ErrorCode.INVALID_REQUEST, "params must be a map", "params")
+    defaults = Params()
+    max_tokens = raw.get("max_tokens", defaults.max_tokens)
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= limits.max_tokens:
+        raise WireError(ErrorCode.INVALID_REQUEST, f"max_tokens must be an integer in 1..{limits.max_tokens}", "params.max_tokens")
+    temperature = raw.get("temperature", defaults.temperature)
+    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not 0 <= temperature <= 2:
+        raise WireError(ErrorCode.INVALID_REQUEST, "temperature must be a number in 0..2", "params.temperature")
+    stop = raw.get("stop", [])
+    if isinstance(stop, str):
+        stop = [stop]
+    if (not isinstance(stop, list) or len(stop) > limits.max_stop_strings
+            or not all(isinstance(s, str) and 0 < len(s) <= limits.max_stop_chars for s in stop)):
+        raise WireError(
+            ErrorCode.INVALID_REQUEST,
+            f"stop must be at most {limits.max_stop_strings} non-empty strings of up to {limits.max_stop_chars} characters",
+            "params.stop",
+        )
+    stream = raw.get("stream", True)
+    if not isinstance(stream, bool):
+        raise WireError(ErrorCode.INVALID_REQUEST, "stream must be true or false", "params.stream")
+    return Params(max_tokens=max_tokens, temperature=float(temperature), stop=tuple(stop), stream=stream)
+
+
+def _string(obj: dict, name: str, max_chars: int, required: bool = False, where: str | None = None) -> str | None:
+    path = f"{where}.{name}" if where else name
+    value = obj.get(name)
+    if value is None:
+        if required:
+            raise WireError(ErrorCode.INVALID_REQUEST, f"{name} is required", path)
+        return None
+    if not isinstance(value, str):
+        raise WireError(ErrorCode.INVALID_REQUEST, f"{name} must be a string", path)
+    if required and not value:
+        raise WireError(ErrorCode.INVALID_REQUEST, f"{name} must not be empty", path)
+    if len(value) > max_chars:
+        raise WireError(ErrorCode.PAYLOAD_TOO_LARGE, f"{name} is {len(value)} characters; the limit is {max_chars}", path)
+    return value
+
+
+def _enum(obj: dict, name: str, kind: type[StrEnum], default: StrEnum) -> Any:
+    value = obj.get(name)
+    if value is None:
+        return default
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = ", ".join(m.value for m in kind)
+        raise WireError(ErrorCode.INVALID_REQUEST, f"{name} {value!r} is not one of {allowed}", name) from None

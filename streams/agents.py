@@ -1,0 +1,125 @@
+"""Faust agents of the router and the assembler: thin glue around ``Router`` and
+``assembly.step``. Each agent handles errors per message and never crashes on input."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import faust
+
+from schemas.codec import DecodeError, unpack
+from schemas.errors import ErrorCode, WireError
+from schemas.events import Event, EventKind
+from schemas.jobs import DeadlineTick, Manifest, fan_in_from_wire
+from schemas.trace import now_ms
+from streams.app import raw_topic, topic_names
+from streams.assembly import Assembly, AssemblyPolicy, due_at, step
+from streams.produce import Out, out_map, send_all
+from streams.router import ERROR_HEADER, Router, TopicCache
+from streams.settings import Settings
+from streams.topics import LANES
+
+log = logging.getLogger(__name__)
+
+TICK_RESEND_MS = 1000.0
+
+
+def _record_ts_ms(event: Any) -> float | None:
+    ts = getattr(event.message, "timestamp", None)
+    return ts * 1000.0 if ts else None
+
+
+def install_router(app: faust.App, settings: Settings) -> None:
+    names = topic_names(settings)
+    cache = TopicCache(settings.kafka.bootstrap, settings.router.topic_cache_s)
+    router = Router(settings, cache.exists)
+    source = raw_topic(app, *(names.ingress(lane) for lane in LANES))
+
+    @app.agent(source, name="route")
+    async def route(stream: Any) -> None:
+        async for event in stream.events():
+            origin = f"{event.message.topic}[{event.message.partition}]@{event.message.offset}"
+            try:
+                outs = await router.handle(event.value, event.headers, _record_ts_ms(event), origin)
+            except Exception as exc:  # a bug must cost one message, not the stage
+                log.exception("router: failed on %s", origin)
+                outs = [Out(names.dlq, None, bytes(event.value or b""),
+                            [(ERROR_HEADER, f"{ErrorCode.INTERNAL}: {exc!r}"[:1000].encode())])]
+            await send_all(app.producer, outs)
+
+
+def install_assembler(app: faust.App, settings: Settings) -> None:
+    names = topic_names(settings)
+    a = settings.assembler
+    policy = AssemblyPolicy(retention_ms=float(a.retention_ms), orphan_ttl_ms=float(a.orphan_ttl_ms))
+    table = app.Table("assembly", key_type=bytes, value_type=bytes, partitions=settings.kafka.partitions)
+    # id -> (epoch ms when a tick is due, lane). Rebuilt from the table after every
+    # rebalance; kept current by the agent in between.
+    due: dict[str, tuple[float, str]] = {}
+    source = raw_topic(app, *(names.encoded(lane) for lane in LANES))
+
+    @table.on_recover
+    async def rebuild_index() -> None:
+        due.clear()
+        for key, raw in table.items():
+            try:
+                state = Assembly.from_bytes(raw)
+            except Exception:
+                log.exception("assembler: unreadable state for %r; dropping it from the sweep", key)
+                continue
+            due[key.decode()] = (due_at(state, policy), state.lane)
+        log.info("assembler: %d requests tracked after recovery", len(due))
+
+    async def handle(event: Any) -> None:
+        lane = event.message.topic.rsplit(".", 1)[-1]
+        try:
+            msg = fan_in_from_wire(unpack(event.value))
+        except (DecodeError, ValueError) as exc:
+            log.warning("assembler: to DLQ: %s", exc)
+            await send_all(app.producer, [Out(names.dlq, event.key, bytes(event.value or b""),
+                                              [(ERROR_HEADER, f"undecodable fan-in message: {exc}".encode()[:1000])])])
+            return
+        key = msg.id.encode()
+        raw = table.get(key)
+        state = Assembly.from_bytes(raw) if raw else None
+        now = now_ms()
+        if state is None and isinstance(msg, Manifest) and len(due) >= a.max_pending:
+            err = WireError(ErrorCode.OVERLOADED, "the assembler is tracking its maximum of requests")
+            await send_all(app.producer, [out_map(msg.reply_to, msg.id,
+                                                  Event(msg.id, EventKind.ERROR, 1, now, error=err.to_wire()).to_wire())])
+            return
+        result = step(state, msg, now, policy, lane=lane)
+        if result.emit is not None and result.reply_to:
+            # Deliver the answer before recording it: a crash in between repeats the answer
+            # (clients dedupe by id) instead of losing it.
+            await send_all(app.producer, [out_map(result.reply_to, msg.id, result.emit.to_wire())])
+        if not result.changed:
+            return
+        if result.state is None:
+            if key in table:
+                del table[key]
+            due.pop(msg.id, None)
+        else:
+            table[key] = result.state.to_bytes()
+            due[msg.id] = (due_at(result.state, policy), result.state.lane)
+
+    @app.agent(source, name="assemble")
+    async def assemble(stream: Any) -> None:
+        async for event in stream.events():
+            try:
+                await handle(event)
+            except Exception:
+                log.exception("assembler: failed on %s[%s]@%s", event.message.topic,
+                              event.message.partition, event.message.offset)
+
+    @app.timer(a.sweep_interval_ms / 1000.0, name="sweep")
+    async def sweep() -> None:
+        now = now_ms()
+        outs = []
+        for rid, (at, lane) in list(due.items()):
+            if at <= now:
+                outs.append(out_map(names.encoded(lane), rid, DeadlineTick(rid).to_wire()))
+                due[rid] = (now + TICK_RESEND_MS, lane)
+        if outs:
+            await send_all(app.producer, outs)

@@ -1,0 +1,185 @@
+"""Fan-in of one request's parts: a pure state machine over plain data.
+
+The assembler agent keeps one ``Assembly`` per request id in a Faust table (so a restart
+recovers it from the changelog) and feeds it every message of the encoded topic. ``step``
+returns the new state and, at most once per request, the terminal event to send.
+
+Duplicates are expected (every stage is at-least-once): a second manifest, a part index
+already seen, or anything after completion changes nothing. A completed request keeps a
+small tombstone for ``retention_ms`` so late duplicates cannot start it again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import msgpack
+
+from schemas.errors import ErrorCode, WireError
+from schemas.events import Event, EventKind
+from schemas.jobs import DeadlineTick, EncodedPart, Manifest
+from schemas.trace import Span, breakdown, spans_from_wire
+from streams.lifecycle import RequestStatus, advance
+
+TERMINAL_SEQ = 1  # seq 0 is the router's `accepted`
+
+
+@dataclass(frozen=True, slots=True)
+class Assembly:
+    status: RequestStatus
+    first_seen_ms: float
+    lane: str = "rt"
+    """Lane of the topic the request's messages arrive on (where its deadline ticks go)."""
+    manifest: Manifest | None = None
+    parts: dict[int, EncodedPart] = field(default_factory=dict)
+    done_at_ms: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.done_at_ms is not None
+
+    def to_bytes(self) -> bytes:
+        return msgpack.packb({
+            "status": str(self.status), "first_seen_ms": self.first_seen_ms, "lane": self.lane,
+            "manifest": self.manifest.to_wire() if self.manifest else None,
+            # A finished request keeps only its tombstone, not its embeddings.
+            "parts": {} if self.done else {str(i): p.to_wire() for i, p in self.parts.items()},
+            "done_at_ms": self.done_at_ms,
+        }, use_bin_type=True)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> "Assembly":
+        m = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+        return cls(
+            status=RequestStatus(m["status"]), first_seen_ms=float(m["first_seen_ms"]), lane=m.get("lane", "rt"),
+            manifest=Manifest.from_wire(m["manifest"]) if m.get("manifest") else None,
+            parts={int(i): EncodedPart.from_wire(p) for i, p in (m.get("parts") or {}).items()},
+            done_at_ms=m.get("done_at_ms"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    state: Assembly | None
+    """The new state; None means delete the entry."""
+    emit: Event | None = None
+    reply_to: str | None = None
+    changed: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class AssemblyPolicy:
+    retention_ms: float = 120_000.0
+    """How long a finished request's tombstone absorbs late duplicates."""
+    orphan_ttl_ms: float = 600_000.0
+    """How long parts without a manifest are kept before they are dropped."""
+
+
+def step(state: Assembly | None, msg: Manifest | EncodedPart | DeadlineTick, now_ms: float,
+         policy: AssemblyPolicy = AssemblyPolicy(), lane: str = "rt") -> Step:
+    """Apply one fan-in message that arrived on ``lane``'s topic. Pure: the caller persists
+    ``state`` and sends ``emit``."""
+    if state is None:
+        if isinstance(msg, DeadlineTick):
+            return Step(None, changed=False)
+        state = Assembly(status=RequestStatus.ACCEPTED, first_seen_ms=now_ms, lane=lane)
+    if isinstance(msg, DeadlineTick):
+        return _tick(state, now_ms, policy)
+    if state.done:
+        return Step(state, changed=False)
+    if isinstance(msg, Manifest):
+        if state.manifest is not None:
+            return Step(state, changed=False)
+        state = replace(state, manifest=msg, status=advance(state.status, RequestStatus.ENCODING))
+    elif isinstance(msg, EncodedPart):
+        if msg.part in state.parts or (state.manifest and not 0 <= msg.part < state.manifest.n_parts):
+            return Step(state, changed=False)
+        state = replace(state, parts={**state.parts, msg.part: msg})
+    if state.manifest is not None and len(state.parts) >= state.manifest.n_parts:
+        return _complete(state, now_ms, deadline_hit=False)
+    return Step(state)
+
+
+def _tick(state: Assembly, now_ms: float, policy: AssemblyPolicy) -> Step:
+    if state.done:
+        expired = now_ms - (state.done_at_ms or 0) >= policy.retention_ms
+        return Step(None) if expired else Step(state, changed=False)
+    if state.manifest is None:
+        expired = now_ms - state.first_seen_ms >= policy.orphan_ttl_ms
+        return Step(None) if expired else Step(state, changed=False)
+    if now_ms >= state.manifest.deadline_at_ms:
+        return _complete(state, now_ms, deadline_hit=True)
+    return Step(state, changed=False)
+
+
+def due_at(state: Assembly, policy: AssemblyPolicy = AssemblyPolicy()) -> float:
+    """Epoch ms from which a tick changes this state (the sweep sends ticks only then)."""
+    if state.done:
+        return (state.done_at_ms or 0) + policy.retention_ms
+    if state.manifest is None:
+        return state.first_seen_ms + policy.orphan_ttl_ms
+    return state.manifest.deadline_at_ms
+
+
+def _complete(state: Assembly, now_ms: float, deadline_hit: bool) -> Step:
+    m = state.manifest
+    assert m is not None  # callers check; a bug otherwise, not input
+    timeout = WireError(ErrorCode.DEADLINE_EXCEEDED, "the part was not encoded before the request's deadline")
+    results: list[dict[str, Any]] = []
+    for i in range(m.n_parts):
+        p = state.parts.get(i)
+        if p is None:
+            results.append({"index": i, "modality": m.modalities[i], "embedding": None,
+                            "error": timeout.to_wire(), "extras": {}, "cache": None})
+        else:
+            results.append({"index": i, "modality": p.modality, "embedding": p.embedding,
+                            "error": p.error, "extras": p.extras, "cache": p.cache})
+    failed = [r for r in results if r["error"] is not None]
+    timings = _timings(state, now_ms)
+    cache = {"hits": sum(r["cache"] == "hit" for r in results), "misses": sum(r["cache"] == "miss" for r in results)}
+    if len(failed) == len(results):
+        status = RequestStatus.DEADLINE_EXCEEDED if deadline_hit and not state.parts else RequestStatus.FAILED
+        error = _summary_error(failed, deadline_hit and not state.parts)
+        event = Event(m.id, EventKind.ERROR, TERMINAL_SEQ, now_ms, payload={"task": m.task, "parts": results},
+                      error=error.to_wire(), timings=timings, cache=cache)
+    else:
+        status = RequestStatus.FINISHED_PARTIAL if failed else RequestStatus.FINISHED
+        event = Event(m.id, EventKind.RESULT, TERMINAL_SEQ, now_ms,
+                      payload={"task": m.task, "partial": bool(failed), "parts": results},
+                      timings=timings, cache=cache)
+    done = replace(state, status=advance(state.status, status), done_at_ms=now_ms)
+    return Step(done, emit=event, reply_to=m.reply_to)
+
+
+def _summary_error(failed: list[dict[str, Any]], deadline: bool) -> WireError:
+    if deadline:
+        return WireError(ErrorCode.DEADLINE_EXCEEDED, "no part was encoded before the request's deadline")
+    codes = [ErrorCode(r["error"]["code"]) for r in failed]
+    detail = "; ".join(f"part {r['index']} ({r['modality']}): {r['error']['code']}: {r['error']['message']}" for r in failed)
+    code = codes[0] if len(set(codes)) == 1 else ErrorCode.INVALID_REQUEST
+    if ErrorCode.INTERNAL in codes:
+        code = ErrorCode.INTERNAL
+    return WireError(code, f"every part failed: {detail}")
+
+
+def _timings(state: Assembly, now_ms: float) -> dict[str, Any]:
+    m = state.manifest
+    assert m is not None
+    router = spans_from_wire(m.trace)
+    parts = sorted(state.parts.values(), key=lambda p: p.sent_at_ms)
+    critical = parts[-1] if parts else None
+    stages: list[Span] = list(router)
+    if critical is not None:
+        stages += spans_from_wire(critical.trace)
+        last_sent = critical.sent_at_ms
+    else:
+        last_sent = m.sent_at_ms
+    stages.append(Span("assemble", last_sent, now_ms, now_ms))
+    return {
+        "e2e_ms": round(now_ms - m.client_sent_at_ms, 3),
+        "accepted_at_ms": m.accepted_at_ms,
+        "stages": breakdown(stages),
+        "parts": [{"index": p.part, "modality": p.modality, "stages": breakdown(spans_from_wire(p.trace))}
+                  for p in sorted(state.parts.values(), key=lambda p: p.part)],
+    }

@@ -1,0 +1,55 @@
+"""A request's life as explicit state: statuses, the allowed transitions, and the table that
+maps each terminal status to what the client sees."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from schemas.errors import ErrorCode
+from schemas.events import EventKind
+
+
+class RequestStatus(StrEnum):
+    RECEIVED = "received"
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+    ENCODING = "encoding"
+    FINISHED = "finished"
+    FINISHED_PARTIAL = "finished_partial"
+    FAILED = "failed"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+
+
+TERMINAL = frozenset({
+    RequestStatus.REJECTED, RequestStatus.FINISHED, RequestStatus.FINISHED_PARTIAL,
+    RequestStatus.FAILED, RequestStatus.DEADLINE_EXCEEDED,
+})
+
+TRANSITIONS: dict[RequestStatus, frozenset[RequestStatus]] = {
+    RequestStatus.RECEIVED: frozenset({RequestStatus.ACCEPTED, RequestStatus.REJECTED}),
+    RequestStatus.ACCEPTED: frozenset({RequestStatus.ENCODING, RequestStatus.FAILED, RequestStatus.DEADLINE_EXCEEDED}),
+    RequestStatus.ENCODING: frozenset({
+        RequestStatus.FINISHED, RequestStatus.FINISHED_PARTIAL, RequestStatus.FAILED, RequestStatus.DEADLINE_EXCEEDED,
+    }),
+    **{s: frozenset() for s in TERMINAL},
+}
+
+# What the client receives for each terminal status: the event kind, and for errors the code.
+CLIENT_VIEW: dict[RequestStatus, tuple[EventKind, ErrorCode | None]] = {
+    RequestStatus.REJECTED: (EventKind.ERROR, None),  # the rejection carries its own code
+    RequestStatus.FINISHED: (EventKind.RESULT, None),
+    RequestStatus.FINISHED_PARTIAL: (EventKind.RESULT, None),
+    RequestStatus.FAILED: (EventKind.ERROR, None),
+    RequestStatus.DEADLINE_EXCEEDED: (EventKind.ERROR, ErrorCode.DEADLINE_EXCEEDED),
+}
+
+
+class TransitionError(RuntimeError):
+    """A status change the lifecycle does not allow (a bug, never a client error)."""
+
+
+def advance(current: RequestStatus, new: RequestStatus) -> RequestStatus:
+    """Return ``new`` if the lifecycle allows ``current -> new``; raise ``TransitionError``."""
+    if new not in TRANSITIONS[current]:
+        raise TransitionError(f"{current} -> {new} is not allowed")
+    return new

@@ -1,0 +1,116 @@
+"""The router stage: decode raw ingress bytes, validate, split into per-part encode jobs.
+
+Everything a message can do wrong ends here as an answer, never as a crashed agent:
+undecodable bytes go to the DLQ with their original headers and the reason; a decodable
+request that breaks the schema gets an ``error`` event when its id can be read (else DLQ).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Awaitable, Callable
+
+from schemas.codec import JSON, CONTENT_TYPE_HEADER, DecodeError, header, unpack
+from schemas.errors import ErrorCode, WireError
+from schemas.events import Event, EventKind
+from schemas.request import Limits, peek_reply, validate_request
+from schemas.trace import now_ms
+from streams.produce import Out, out_map
+from streams.settings import Settings
+from streams.split import split_request
+from streams.topics import TopicNames
+
+log = logging.getLogger(__name__)
+
+ERROR_HEADER = "x-mm-error"
+
+
+def limits_from(settings: Settings) -> Limits:
+    lim = settings.limits
+    return Limits(max_text_bytes=lim.max_text_bytes, max_parts=lim.max_parts, max_inline_bytes=lim.max_inline_bytes,
+                  max_deadline_ms=lim.max_deadline_ms, default_deadline_ms=lim.default_deadline_ms)
+
+
+class Router:
+    """Turns one ingress record into the records to produce. No I/O of its own except the
+    reply-topic existence check, which is injected."""
+
+    def __init__(self, settings: Settings, topic_exists: Callable[[str], Awaitable[bool]]) -> None:
+        self.settings = settings
+        self.topics = TopicNames(settings.kafka.topic_prefix)
+        self.limits = limits_from(settings)
+        self.served_modalities = frozenset(m.strip() for m in settings.router.served_modalities.split(",") if m.strip())
+        self.served_tasks = frozenset(t.strip() for t in settings.router.served_tasks.split(",") if t.strip())
+        self.topic_exists = topic_exists
+
+    async def handle(self, raw: bytes, headers: Any, record_ts_ms: float | None, source: str) -> list[Out]:
+        started = now_ms()
+        content_type = header(headers, CONTENT_TYPE_HEADER)
+        if raw is not None and len(raw) > self.settings.limits.max_request_bytes:
+            return [self._dlq(raw, headers, source, f"{ErrorCode.PAYLOAD_TOO_LARGE}: request is {len(raw)} bytes")]
+        try:
+            obj = unpack(raw, content_type)
+        except DecodeError as exc:
+            return [self._dlq(raw, headers, source, f"undecodable: {exc}")]
+        from_json = (content_type or "").startswith(JSON) or (content_type is None and bytes(raw).lstrip()[:1] == b"{")
+        try:
+            req = validate_request(obj, self.limits, from_json=from_json)
+            if str(req.task) not in self.served_tasks:
+                raise WireError(ErrorCode.INVALID_REQUEST,
+                                f"task {req.task!s} is not served by this deployment (served: {', '.join(sorted(self.served_tasks))})",
+                                "task")
+            if req.reply_to and req.reply_to != self.topics.results and not await self.topic_exists(req.reply_to):
+                raise WireError(ErrorCode.INVALID_REQUEST, f"reply_to topic {req.reply_to!r} does not exist; create it first",
+                                "reply_to")
+        except WireError as err:
+            who = peek_reply(obj)
+            if who is None:
+                return [self._dlq(raw, headers, source, f"{err.code}: {err.message} (no readable id to answer)")]
+            rid, reply_to = who
+            if reply_to and reply_to != self.topics.results and not await self.topic_exists(reply_to):
+                reply_to = None
+            event = Event(rid, EventKind.ERROR, 0, now_ms(), error=err.to_wire())
+            return [out_map(reply_to or self.topics.results, rid, event.to_wire())]
+        client_sent = record_ts_ms if record_ts_ms else started
+        plan = split_request(
+            req, topics=self.topics, served_modalities=self.served_modalities, client_sent_at_ms=client_sent,
+            started_at_ms=started, now_ms=now_ms(), default_deadline_ms=self.settings.limits.default_deadline_ms,
+        )
+        m = plan.manifest
+        accepted = Event(req.id, EventKind.ACCEPTED, 0, m.accepted_at_ms,
+                         payload={"task": m.task, "parts": m.n_parts, "deadline_at_ms": m.deadline_at_ms})
+        encoded = self.topics.encoded(req.lane)
+        outs = [out_map(m.reply_to, req.id, accepted.to_wire()), out_map(encoded, req.id, m.to_wire())]
+        outs += [out_map(encoded, req.id, p.to_wire()) for p in plan.failed_parts]
+        outs += [out_map(j.topic, j.key, j.job.to_wire()) for j in plan.jobs]
+        return outs
+
+    def _dlq(self, raw: bytes, headers: Any, source: str, reason: str) -> Out:
+        log.warning("router: to DLQ from %s: %s", source, reason)
+        original = list(headers.items()) if isinstance(headers, dict) else list(headers or [])
+        extra = [(ERROR_HEADER, reason.encode()[:1000]), ("x-mm-source", source.encode())]
+        return Out(self.topics.dlq, None, bytes(raw or b""), [(k, bytes(v) if v is not None else b"") for k, v in original] + extra)
+
+
+class TopicCache:
+    """Which topics exist, from cluster metadata, cached for ``ttl_s`` (monotonic)."""
+
+    def __init__(self, bootstrap: str, ttl_s: float) -> None:
+        self.bootstrap = bootstrap
+        self.ttl_s = ttl_s
+        self._known: set[str] = set()
+        self._fetched_at = float("-inf")
+        self._admin: Any = None
+
+    async def exists(self, topic: str) -> bool:
+        if topic in self._known:
+            return True
+        if time.monotonic() - self._fetched_at >= self.ttl_s:
+            from aiokafka.admin import AIOKafkaAdminClient
+            if self._admin is None:
+                self._admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+                await self._admin.start()
+            self._known = set(await self._admin.list_topics())
+            self._fetched_at = time.monotonic()
+        return topic in self._known

@@ -1,0 +1,71 @@
+"""The router's decision for one valid request, as plain data: the manifest for the
+assembler, one encode job per part, and the parts that fail right away (a modality no
+pool serves here). Pure: the router agent produces what this returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schemas.errors import ErrorCode, WireError
+from schemas.jobs import EncodedPart, EncodeJob, Manifest
+from schemas.request import Request
+from schemas.trace import Span
+from streams.topics import TopicNames
+
+
+@dataclass(frozen=True, slots=True)
+class RoutedJob:
+    topic: str
+    key: bytes
+    job: EncodeJob
+
+
+@dataclass(frozen=True, slots=True)
+class RoutePlan:
+    manifest: Manifest
+    jobs: list[RoutedJob]
+    failed_parts: list[EncodedPart]
+    """Parts answered by the router itself (sent to the assembler like encoder output)."""
+
+
+def split_request(
+    req: Request,
+    *,
+    topics: TopicNames,
+    served_modalities: frozenset[str],
+    client_sent_at_ms: float,
+    started_at_ms: float,
+    now_ms: float,
+    default_deadline_ms: int,
+) -> RoutePlan:
+    """Split ``req`` into per-part encode jobs on each modality's topic for the request's lane.
+
+    ``client_sent_at_ms`` is the ingress record's timestamp; the router's span runs from it
+    (queued) through ``started_at_ms`` to ``now_ms``.
+    """
+    deadline_at = now_ms + (req.deadline_ms or default_deadline_ms)
+    reply_to = req.reply_to or topics.results
+    router_span = Span("route", client_sent_at_ms, started_at_ms, now_ms).to_wire()
+    manifest = Manifest(
+        id=req.id, task=str(req.task), tenant=req.tenant, lane=str(req.lane), reply_to=reply_to,
+        n_parts=len(req.parts), modalities=[str(p.modality) for p in req.parts], deadline_at_ms=deadline_at,
+        accepted_at_ms=now_ms, client_sent_at_ms=client_sent_at_ms, sent_at_ms=now_ms,
+        params=req.params.to_wire(), trace=[router_span],
+    )
+    jobs: list[RoutedJob] = []
+    failed: list[EncodedPart] = []
+    for i, part in enumerate(req.parts):
+        modality = str(part.modality)
+        if modality not in served_modalities:
+            err = WireError(ErrorCode.UNSUPPORTED_MEDIA,
+                            f"no {modality} encoder is deployed here (served: {', '.join(sorted(served_modalities))})",
+                            f"parts.{i}.modality")
+            failed.append(EncodedPart(id=req.id, part=i, modality=modality, sent_at_ms=now_ms, error=err.to_wire()))
+            continue
+        job = EncodeJob(
+            id=req.id, part=i, n_parts=len(req.parts), modality=modality, lane=str(req.lane), tenant=req.tenant,
+            deadline_at_ms=deadline_at, sent_at_ms=now_ms, text=part.text, data=part.data, ref=part.ref,
+            mime=part.mime,
+        )
+        jobs.append(RoutedJob(topics.encode(modality, req.lane), f"{req.id}:{i}".encode(), job))
+    return RoutePlan(manifest, jobs, failed)

@@ -1,0 +1,110 @@
+"""The one table of topics: names, partition counts and configs, created at start-up.
+
+Names follow DESIGN.md with a configurable prefix (``mm`` by default; tests use a unique
+one per run so they never see each other's records):
+
+    <p>.ingress.<lane>            client requests
+    <p>.encode.<modality>.<lane>  one part of one request, for that modality's pool
+    <p>.encoded.<lane>            manifests, encoded parts and deadline ticks, keyed by id
+    <p>.generate.<lane>           assembled generate jobs
+    <p>.results                   default reply topic
+    <p>.dlq                       undecodable input, with its original headers
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from schemas.request import Lane, Modality
+from streams.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+LANES = (Lane.RT, Lane.BULK)
+MODALITIES = tuple(Modality)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    purpose: str
+    config: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicNames:
+    prefix: str
+
+    def ingress(self, lane: Lane | str) -> str:
+        return f"{self.prefix}.ingress.{lane}"
+
+    def encode(self, modality: Modality | str, lane: Lane | str) -> str:
+        return f"{self.prefix}.encode.{modality}.{lane}"
+
+    def encoded(self, lane: Lane | str) -> str:
+        return f"{self.prefix}.encoded.{lane}"
+
+    def generate(self, lane: Lane | str) -> str:
+        return f"{self.prefix}.generate.{lane}"
+
+    @property
+    def results(self) -> str:
+        return f"{self.prefix}.results"
+
+    @property
+    def dlq(self) -> str:
+        return f"{self.prefix}.dlq"
+
+
+def topic_specs(kafka: KafkaSettings) -> list[TopicSpec]:
+    """Every topic the pipeline uses. All stage topics share one partition count so the
+    assembler's table (partitioned like its input) stays co-partitioned."""
+    names = TopicNames(kafka.topic_prefix)
+    n = kafka.partitions
+    big = {"max.message.bytes": str(kafka.max_message_bytes)}
+    specs: list[TopicSpec] = []
+    for lane in LANES:
+        specs.append(TopicSpec(names.ingress(lane), n, f"client requests, {lane} lane", big))
+        for modality in MODALITIES:
+            specs.append(TopicSpec(names.encode(modality, lane), n, f"{modality} encode jobs, {lane} lane", big))
+        specs.append(TopicSpec(names.encoded(lane), n, f"fan-in to the assembler, {lane} lane", big))
+        specs.append(TopicSpec(names.generate(lane), n, f"generate jobs, {lane} lane", big))
+    specs.append(TopicSpec(names.results, n, "default reply topic", big))
+    specs.append(TopicSpec(names.dlq, 1, "undecodable input with original headers", big))
+    return specs
+
+
+async def ensure_topics(bootstrap: str, specs: list[TopicSpec], replication_factor: int = 1) -> list[str]:
+    """Create the topics that do not exist yet; return the names created.
+
+    Existing topics are left alone; one with a different partition count is logged, since
+    changing it would move keys between partitions.
+    """
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.errors import TopicAlreadyExistsError
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [s for s in specs if s.name not in existing]
+        if missing:
+            try:
+                await admin.create_topics(
+                    [NewTopic(s.name, s.partitions, replication_factor, topic_configs=s.config) for s in missing]
+                )
+            except TopicAlreadyExistsError:
+                pass  # another process created them first
+        present = [s for s in specs if s.name in existing]
+        if present:
+            described = await admin.describe_topics([s.name for s in present])
+            counts = {d["topic"]: len(d["partitions"]) for d in described}
+            for s in present:
+                if counts.get(s.name, s.partitions) != s.partitions:
+                    log.warning("topic %s has %s partitions, settings ask for %s; leaving it",
+                                s.name, counts[s.name], s.partitions)
+        return [s.name for s in missing]
+    finally:
+        await admin.close()

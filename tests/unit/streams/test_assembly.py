@@ -1,0 +1,120 @@
+import numpy as np
+from hypothesis import given, settings, strategies as st
+
+from schemas.errors import ErrorCode, WireError
+from schemas.jobs import DeadlineTick, EncodedPart, Manifest
+from schemas.tensor import to_wire
+from streams.assembly import Assembly, AssemblyPolicy, due_at, step
+from streams.lifecycle import RequestStatus
+
+POLICY = AssemblyPolicy(retention_ms=1000.0, orphan_ttl_ms=5000.0)
+
+
+def manifest(n=2, deadline=100.0):
+    return Manifest(id="r", task="embed", tenant="t", lane="rt", reply_to="mm.results", n_parts=n,
+                    modalities=["text"] * n, deadline_at_ms=deadline, accepted_at_ms=1.0, client_sent_at_ms=0.0,
+                    sent_at_ms=1.0, trace=[["route", 0.0, 0.5, 1.0]])
+
+
+def part(i, ok=True):
+    if ok:
+        return EncodedPart(id="r", part=i, modality="text", sent_at_ms=5.0 + i, embedding=to_wire(np.ones(4)),
+                           trace=[["encode.text", 1.0, 2.0, 4.0 + i]])
+    return EncodedPart(id="r", part=i, modality="text", sent_at_ms=5.0,
+                       error=WireError(ErrorCode.UNSUPPORTED_MEDIA, "nope").to_wire())
+
+
+def run(msgs, now=10.0):
+    state, events = None, []
+    for m in msgs:
+        r = step(state, m, now, POLICY)
+        state = r.state
+        if r.emit:
+            events.append(r.emit)
+        if state is not None:  # persistence round trip, as the table does
+            state = Assembly.from_bytes(state.to_bytes())
+    return state, events
+
+
+def test_completes_when_all_parts_are_in_with_timings():
+    state, events = run([manifest(), part(1), part(0)])
+    assert len(events) == 1
+    ev = events[0]
+    assert ev.kind == "result" and not ev.payload["partial"]
+    assert [p["index"] for p in ev.payload["parts"]] == [0, 1]
+    stages = [s["stage"] for s in ev.timings["stages"]]
+    assert stages == ["route", "encode.text", "assemble"]
+    assert ev.timings["e2e_ms"] == 10.0
+    assert state.status == RequestStatus.FINISHED
+
+
+def test_parts_before_manifest_and_duplicates_change_nothing():
+    _, events = run([part(0), part(0), manifest(), manifest(), part(1), part(1), manifest()])
+    assert len(events) == 1
+
+
+def test_partial_result_names_the_failed_part():
+    _, events = run([manifest(), part(0), part(1, ok=False)])
+    ev = events[0]
+    assert ev.kind == "result" and ev.payload["partial"]
+    assert ev.payload["parts"][1]["error"]["code"] == "unsupported_media"
+
+
+def test_all_parts_failed_is_an_error_event_with_the_parts_code():
+    _, events = run([manifest(n=1), part(0, ok=False)])
+    assert events[0].kind == "error" and events[0].error["code"] == "unsupported_media"
+
+
+def test_deadline_completes_with_what_is_there():
+    state, _ = run([manifest(deadline=50.0), part(0)], now=10.0)
+    assert step(state, DeadlineTick("r"), 49.0, POLICY).emit is None
+    r = step(state, DeadlineTick("r"), 50.0, POLICY)
+    assert r.emit.kind == "result" and r.emit.payload["partial"]
+    assert r.emit.payload["parts"][1]["error"]["code"] == "deadline_exceeded"
+
+
+def test_deadline_with_no_part_is_deadline_exceeded():
+    state, _ = run([manifest(deadline=50.0)])
+    r = step(state, DeadlineTick("r"), 60.0, POLICY)
+    assert r.emit.kind == "error" and r.emit.error["code"] == "deadline_exceeded"
+    assert r.state.status == RequestStatus.DEADLINE_EXCEEDED
+
+
+def test_tombstone_absorbs_late_duplicates_then_expires():
+    state, _ = run([manifest(n=1), part(0)], now=10.0)
+    assert state.done and due_at(state, POLICY) == 1010.0
+    assert step(state, manifest(n=1), 20.0, POLICY).emit is None
+    assert step(state, DeadlineTick("r"), 500.0, POLICY).state is state
+    assert step(state, DeadlineTick("r"), 1010.0, POLICY).state is None
+
+
+def test_orphan_parts_expire():
+    state, _ = run([part(0)], now=10.0)
+    assert step(state, DeadlineTick("r"), 10.0 + 4999, POLICY).state is not None
+    assert step(state, DeadlineTick("r"), 10.0 + 5000, POLICY).state is None
+
+
+def test_out_of_range_part_index_is_ignored():
+    _, events = run([manifest(n=1), part(5), part(0)])
+    assert len(events) == 1 and len(events[0].payload["parts"]) == 1
+
+
+msg_strategy = st.lists(st.sampled_from(["m", "p0", "p1", "p2", "tick"]), min_size=1, max_size=30)
+
+
+@settings(max_examples=300)
+@given(msgs=msg_strategy, tick_times=st.lists(st.floats(0, 300), min_size=30, max_size=30))
+def test_at_most_one_terminal_event_and_exactly_one_once_complete(msgs, tick_times):
+    """Any order, any duplication, any tick timing: never two terminal events; and once the
+    manifest and every part are in (or the deadline passed), exactly one."""
+    state, emitted, now = None, 0, 0.0
+    for i, m in enumerate(msgs):
+        now = max(now, tick_times[i])
+        msg = {"m": manifest(n=3, deadline=200.0), "tick": DeadlineTick("r")}.get(m) or part(int(m[1]))
+        r = step(state, msg, now, AssemblyPolicy(retention_ms=1e9, orphan_ttl_ms=1e9))
+        state = r.state
+        emitted += r.emit is not None
+    assert emitted <= 1
+    complete = "m" in msgs and ({"p0", "p1", "p2"} <= set(msgs))
+    if complete:
+        assert emitted == 1
