@@ -1,0 +1,237 @@
+"""What each `mmstream` command does (the parser lives in cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from streams.settings import Settings, describe
+
+
+class UserError(Exception):
+    """Something the person running the command can fix; printed as one sentence."""
+
+
+def run(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
+    handler = {
+        "up": cmd_up, "down": cmd_down, "status": cmd_status, "config": cmd_config, "worker": cmd_worker,
+        "send": cmd_send, "demo": cmd_demo, "bench": cmd_bench, "models": cmd_models,
+    }[args.command]
+    return handler(args, settings, repo_root)
+
+
+def _localstack_call(fn: Any, *a: Any, **kw: Any) -> Any:
+    from streams.localstack import LocalStackError
+
+    try:
+        return fn(*a, **kw)
+    except LocalStackError as exc:
+        raise UserError(str(exc)) from None
+
+
+def cmd_up(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
+    from streams import localstack
+    from streams.supervisor import DEFAULT_REPLICAS, Supervisor, parse_replicas
+    from streams.topics import ensure_topics, topic_specs
+
+    kafka, redis = _localstack_call(localstack.up, settings, repo_root)
+    print(f"kafka  {kafka.bootstrap}  pid={kafka.pid}  {'external' if kafka.external else 'local'}")
+    print(f"redis  {settings.redis.url}  pid={redis.pid}")
+    created = asyncio.run(ensure_topics(settings.kafka.bootstrap, topic_specs(settings.kafka),
+                                        settings.kafka.replication_factor))
+    if created:
+        print(f"topics created: {len(created)}")
+    if args.infra_only:
+        return 0
+    try:
+        replicas = {**DEFAULT_REPLICAS, **parse_replicas(args.replicas)}
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    _ensure_models(settings)
+    workers = Supervisor(settings).start(replicas)
+    for w in workers:
+        print(f"worker {w.stage}[{w.replica}]  pid={w.pid}  log={w.log_file}")
+    print("waiting for the pipeline to answer a probe request ...", flush=True)
+    elapsed = asyncio.run(_probe(settings, args.timeout))
+    print(f"ready: a probe request was answered end to end ({elapsed:.1f} s after start)")
+    print("stop everything with: mmstream down")
+    return 0
+
+
+def _ensure_models(settings: Settings) -> None:
+    from workers.repository import ModelNotFoundError, ModelRepository
+
+    try:
+        ModelRepository(settings.models.repository).resolve(settings.models.text_model)
+    except ModelNotFoundError as exc:
+        raise UserError(f"{exc} (run: mmstream models build)") from None
+
+
+async def _probe(settings: Settings, timeout_s: float) -> float:
+    from schemas.request import Modality, Part, Request
+    from streams.client import Client, new_id
+
+    start = time.monotonic()
+    async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix) as client:
+        while True:
+            sub = await client.submit(Request(id=f"probe-{new_id()}", parts=(Part(Modality.TEXT, text="probe"),),
+                                              deadline_ms=10_000))
+            try:
+                event = await sub.result(timeout_s=15)
+                if event.kind == "result":
+                    return time.monotonic() - start
+            except asyncio.TimeoutError:
+                client.forget(sub.id)
+            if time.monotonic() - start > timeout_s:
+                raise UserError(f"the pipeline did not answer within {timeout_s:.0f} s; see the worker logs "
+                                f"({settings.local.state_dir / 'workers'})")
+            await asyncio.sleep(1.0)
+
+
+def cmd_down(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
+    from streams import localstack
+    from streams.supervisor import Supervisor
+
+    n = Supervisor(settings).stop()
+    print(f"workers stopped: {n}")
+    kafka, redis = _localstack_call(localstack.down, settings, repo_root)
+    print(f"kafka  {'running (external, left alone)' if kafka.running else 'stopped'}")
+    print(f"redis  {'running (external, left alone)' if redis.running else 'stopped'}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
+    from streams import localstack
+    from streams.supervisor import Supervisor
+
+    kafka, redis = _localstack_call(localstack.status, settings, repo_root)
+    print(f"kafka   {kafka.bootstrap:<22} {'healthy' if kafka.healthy else 'DOWN':<8} pid={kafka.pid}"
+          f"{' (external)' if kafka.external else ''}  data={kafka.data_dir}  log={kafka.log_file}")
+    print(f"redis   {settings.redis.url:<22} {'healthy' if redis.healthy else 'DOWN':<8} pid={redis.pid}")
+    workers = Supervisor(settings).workers()
+    if not workers:
+        print("workers none (start them with: mmstream up)")
+    for w in workers:
+        print(f"worker  {w.stage + '[' + str(w.replica) + ']':<22} {'running' if w.alive else 'DEAD':<8} "
+              f"pid={w.pid}  log={w.log_file}")
+    healthy = kafka.healthy and redis.healthy and all(w.alive for w in workers)
+    return 0 if healthy else 1
+
+
+def cmd_config(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
+    for var, value, doc in describe(settings):
+        print(f"{var}={value}\n    {doc}")
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
+    from workers.runner import STAGES, run_stage
+
+    if args.stage not in STAGES:
+        raise UserError(f"unknown stage {args.stage!r}; stages: {', '.join(STAGES)}")
+    run_stage(settings, args.stage, args.replica, args.loglevel)
+    return 0
+
+
+def cmd_send(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
+    from schemas.request import Lane, Modality, Part, Request, Task
+    from streams.client import new_id
+
+    if args.json:
+        payload: dict[str, Any] = json.loads(args.json.read_text())
+        payload.setdefault("id", new_id())
+        return asyncio.run(_send_raw(settings, payload, args.timeout))
+    if not args.text:
+        raise UserError("give at least one part: --text TEXT (or --json FILE)")
+    req = Request(id=new_id(), parts=tuple(Part(Modality.TEXT, text=t) for t in args.text), task=Task(args.task),
+                  lane=Lane(args.lane), deadline_ms=args.deadline_ms)
+    return asyncio.run(_send(settings, req, args.timeout))
+
+
+async def _send(settings: Settings, req: Any, timeout_s: float) -> int:
+    from streams.client import Client
+    from streams.console import event_line
+
+    async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix) as client:
+        sub = await client.submit(req)
+        try:
+            async for event in sub.events(timeout_s):
+                print(event_line(event), flush=True)
+                if event.terminal:
+                    return 0 if event.kind == "result" else 1
+        except asyncio.TimeoutError:
+            print(f"mmstream: no answer to {req.id} within {timeout_s:.0f} s", file=sys.stderr)
+            return 3
+    return 1
+
+
+async def _send_raw(settings: Settings, payload: dict[str, Any], timeout_s: float) -> int:
+    """Send a JSON request exactly as written (JSON on the wire), then follow its events."""
+    from schemas.codec import JSON
+    from streams.client import Client
+    from streams.console import event_line
+
+    async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix) as client:
+        rid = str(payload["id"])
+        payload.setdefault("reply_to", client.reply_to)
+        sub = await client.submit_raw(rid, json.dumps(payload).encode(), JSON, str(payload.get("lane", "rt")))
+        try:
+            async for event in sub.events(timeout_s):
+                print(event_line(event), flush=True)
+                if event.terminal:
+                    return 0 if event.kind == "result" else 1
+        except asyncio.TimeoutError:
+            print(f"mmstream: no answer to {rid} within {timeout_s:.0f} s", file=sys.stderr)
+            return 3
+    return 1
+
+
+def cmd_demo(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
+    from streams.demo import run_demo
+
+    return asyncio.run(run_demo(settings))
+
+
+def cmd_bench(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
+    from streams.bench import BenchConfig, run_bench
+
+    cfg = BenchConfig(workload=args.workload, rate=args.rate, duration_s=args.duration, drain_s=args.drain,
+                      seed=args.seed, lane=args.lane)
+    report = asyncio.run(run_bench(settings, cfg))
+    text = json.dumps(report, indent=2)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+        print(f"wrote {args.out}")
+    print(text)
+    return 0 if report["requests"]["lost"] == 0 else 1
+
+
+def cmd_models(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
+    if args.models_command == "list":
+        from workers.repository import ModelRepository
+
+        repo = ModelRepository(settings.models.repository)
+        root = settings.models.repository
+        names = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.exists() else []
+        if not names:
+            print(f"no models in {root} (run: mmstream models build)")
+        for name in names:
+            for version in repo.versions(name):
+                cfg = repo.resolve(name, version)
+                variants = ", ".join(f"{k} ({v.bytes / 1e6:.1f} MB)" for k, v in cfg.variants.items())
+                print(f"{name} {version}: {variants}  fidelity={json.dumps({k: v.fidelity for k, v in cfg.variants.items()})}")
+        return 0
+    try:
+        from workers.models.build import build_models
+    except ImportError as exc:
+        raise UserError(f"the model build needs the build extra ({exc}): pip install -e '.[build]'") from None
+    reports = build_models(settings.models.repository, names=args.only, force=args.force)
+    for r in reports:
+        print(r)
+    return 0
