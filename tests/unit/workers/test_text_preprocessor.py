@@ -1,0 +1,82 @@
+"""normalize() and TextPreprocessor with the real MiniLM tokenizer.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from workers.text import TextPreprocessor, normalize
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("  hello   world \n", "hello world"),
+        ("tabs\tand\nnewlines\r\nand\u00a0nbsp", "tabs and newlines and nbsp"),
+        ("cafe\u0301", "caf\u00e9"),  # decomposed accent -> composed (NFC)
+        ("Case And Punctuation!", "Case And Punctuation!"),  # left to the tokenizer
+        ("   ", ""),
+    ],
+)
+def test_normalize(raw: str, expected: str) -> None:
+    assert normalize(raw) == expected
+
+
+@given(st.text())
+def test_normalize_is_idempotent(text: str) -> None:
+    once = normalize(text)
+    assert normalize(once) == once
+    assert once == once.strip() and "  " not in once
+
+
+@pytest.fixture(scope="module")
+def pre(minilm_tokenizer_json: Path) -> TextPreprocessor:
+    return TextPreprocessor(minilm_tokenizer_json, max_length=32)
+
+
+def test_pads_to_the_longest_of_the_batch_not_to_128(pre: TextPreprocessor) -> None:
+    feeds = pre.tokenize_batch(["hi", "a somewhat longer sentence here"])
+    ids, mask = feeds["input_ids"], feeds["attention_mask"]
+    assert set(feeds) == {"input_ids", "attention_mask"}
+    assert ids.dtype == mask.dtype == np.int64
+    longest = pre.count_tokens("a somewhat longer sentence here")
+    assert ids.shape == mask.shape == (2, longest)
+    assert mask[1].all()
+    short = pre.count_tokens("hi")
+    assert short == 3  # [CLS] hi [SEP]
+    assert mask[0].tolist() == [1] * short + [0] * (longest - short)
+    assert (ids[0, short:] == 0).all()  # [PAD] is id 0
+    assert ids[0, 0] == 101 and ids[0, short - 1] == 102  # [CLS] ... [SEP]
+
+
+def test_a_batch_row_equals_the_text_tokenized_alone(pre: TextPreprocessor) -> None:
+    texts = ["one", "two words", "and now three words"]
+    batch = pre.tokenize_batch(texts)
+    for i, text in enumerate(texts):
+        alone = pre.tokenize_batch([text])["input_ids"][0]
+        assert batch["input_ids"][i, : len(alone)].tolist() == alone.tolist()
+
+
+def test_truncates_at_max_length_keeping_the_final_sep(pre: TextPreprocessor) -> None:
+    long_text = "word " * 100
+    feeds = pre.tokenize_batch([long_text, "short"])
+    assert feeds["input_ids"].shape == (2, 32)
+    assert feeds["input_ids"][0, -1] == 102
+    assert pre.count_tokens(long_text) == 32
+
+
+def test_lowercasing_is_the_tokenizers(pre: TextPreprocessor) -> None:
+    upper = pre.tokenize_batch(["Hello World"])["input_ids"]
+    lower = pre.tokenize_batch(["hello world"])["input_ids"]
+    assert upper.tolist() == lower.tolist()
+
+
+def test_empty_batch_and_bad_max_length(minilm_tokenizer_json: Path, pre: TextPreprocessor) -> None:
+    with pytest.raises(ValueError):
+        pre.tokenize_batch([])
+    with pytest.raises(ValueError):
+        TextPreprocessor(minilm_tokenizer_json, max_length=1)
