@@ -1,0 +1,225 @@
+"""`mmstream models build`: export packaged weights into the model repository, once.
+
+A build is keyed by everything that can change its output (``build_key``): the exporter
+recipe, the model package's version and the versions of torch, transformers, onnx,
+onnxscript and onnxruntime. When the repository already holds a version with that key the
+build is skipped without importing torch. Builds write into a scratch directory next to the
+target and rename it into place at the end, so a reader never sees half a model; a file
+lock keeps two processes on one machine from building the same model at once.
+
+Run by hand with ``python -m workers.models.build [--root DIR] [--force] [NAME ...]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Mapping
+
+from workers.models import minilm
+from workers.repository import (
+    CONFIG_FILE,
+    ModelConfig,
+    ModelRepository,
+    ModelRepositoryError,
+)
+from workers.text import PREPROCESSING_VERSION
+
+# Bump when the export recipe changes in a way the versions below do not capture (graph
+# wrapper, quantization options, fidelity sentences): it invalidates every cached build.
+EXPORTER_VERSION = "2"
+
+# Libraries whose versions change what a build produces.
+_TOOLCHAIN = ("torch", "transformers", "onnx", "onnxscript", "onnxruntime")
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How to build one model: ``build(scratch_dir, build_key, log)`` writes the files and
+    returns the config (without writing config.json)."""
+
+    name: str
+    version: str
+    package: str  # distribution that ships the weights
+    build: Callable[[Path, str, Log], ModelConfig]
+
+
+RECIPES: Mapping[str, Recipe] = {
+    minilm.NAME: Recipe(minilm.NAME, minilm.VERSION, minilm.PACKAGE, minilm.build),
+}
+
+
+class BuildError(ModelRepositoryError):
+    """A build was asked for something that cannot be built."""
+
+
+@dataclass(frozen=True)
+class BuildReport:
+    """Outcome of one model's build."""
+
+    name: str
+    version: str
+    status: str  # "built" or "up to date"
+    seconds: float  # wall time of this model's step, the cache check included
+    directory: Path
+    build_key: str
+    fidelity: Mapping[str, Mapping[str, object]]  # precision -> fidelity as stored in config.json
+
+    def summary(self) -> str:
+        return f"{self.name}/{self.version}: {self.status} in {self.seconds:.1f} s ({self.directory})"
+
+
+def build_key(recipe: Recipe) -> str:
+    """Hex digest naming this recipe's output; raises ``BuildError`` when a library is missing."""
+    parts = {
+        "exporter": EXPORTER_VERSION,
+        "model": [recipe.name, recipe.version],
+        "preprocessing": PREPROCESSING_VERSION,
+        "package": [recipe.package, _version(recipe.package)],
+        "toolchain": {lib: _version(lib) for lib in _TOOLCHAIN},
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        raise BuildError(
+            f"{distribution} is not installed; model builds need the `build` extra "
+            f"(pip install 'mmstream[build]') and the model packages"
+        ) from None
+
+
+def build_models(
+    repo_root: Path, names: list[str] | None = None, force: bool = False, log: Log = print
+) -> list[BuildReport]:
+    """Build ``names`` (every known model when None) into ``repo_root``.
+
+    Skips a model whose repository version already has the current build key, unless
+    ``force``. Returns one report per model, in order. Raises ``BuildError`` for an unknown
+    name or a missing build dependency, and the recipe's own errors (the repository is then
+    left as it was).
+    """
+    names = list(RECIPES) if names is None else names
+    unknown = [n for n in names if n not in RECIPES]
+    if unknown:
+        raise BuildError(f"unknown models {unknown}; known: {sorted(RECIPES)}")
+    return [_build_one(Path(repo_root), RECIPES[n], force, log) for n in names]
+
+
+def ensure_built(repo_root: Path, name: str, log: Log = print) -> ModelConfig:
+    """The config of ``name`` in ``repo_root``, building it first if it is missing or stale."""
+    report = build_models(repo_root, [name], log=log)[0]
+    return ModelRepository(repo_root).resolve(name, report.version)
+
+
+def _build_one(root: Path, recipe: Recipe, force: bool, log: Log) -> BuildReport:
+    start = time.monotonic()
+    key = build_key(recipe)
+    model_dir = root / recipe.name
+    model_dir.mkdir(parents=True, exist_ok=True)
+    with _exclusive(model_dir / ".lock"):
+        # Checked under the lock: another process may have just finished the same build.
+        current = None if force else _current(root, recipe, key)
+        if current is not None:
+            status = "up to date"
+        else:
+            _remove_scratch(model_dir)
+            current = _build_into_place(model_dir, recipe, key, log)
+            status = "built"
+    report = BuildReport(
+        name=recipe.name,
+        version=recipe.version,
+        status=status,
+        seconds=time.monotonic() - start,
+        directory=current.directory,
+        build_key=key,
+        fidelity={p: dict(v.fidelity) for p, v in current.variants.items()},
+    )
+    log(report.summary())
+    return report
+
+
+def _current(root: Path, recipe: Recipe, key: str) -> ModelConfig | None:
+    """The built config when it has ``key`` and all its files, else None."""
+    try:
+        config = ModelRepository(root).resolve(recipe.name, recipe.version)
+    except ModelRepositoryError:
+        return None
+    files = [config.tokenizer_path, *(config.model_path(p) for p in config.variants)]
+    if config.build_key != key or not all(f.is_file() for f in files):
+        return None
+    return config
+
+
+def _build_into_place(model_dir: Path, recipe: Recipe, key: str, log: Log) -> ModelConfig:
+    scratch = Path(tempfile.mkdtemp(prefix=f".build-{recipe.version}-", dir=model_dir))
+    try:
+        scratch.chmod(0o755)  # mkdtemp makes it private; workers may run as another user
+        config = recipe.build(scratch, key, log)
+        # config.json last: its presence is what makes a version directory complete.
+        (scratch / CONFIG_FILE).write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+        final = model_dir / recipe.version
+        if final.exists():
+            # Directories cannot be swapped in one rename; move the old one aside first.
+            # In between, readers find no version (a clear error), never a mixed one.
+            old = model_dir / f".old-{recipe.version}-{os.getpid()}"
+            os.rename(final, old)
+            os.rename(scratch, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(scratch, final)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    return ModelRepository(model_dir.parent).resolve(recipe.name, recipe.version)
+
+
+def _remove_scratch(model_dir: Path) -> None:
+    """Delete what killed builds left behind; safe because we hold the model's lock."""
+    for entry in model_dir.iterdir():
+        if entry.is_dir() and entry.name.startswith((".build-", ".old-")):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+@contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    with open(lock_path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes, even on a crash
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workers.models.build", description=__doc__.split("\n")[0])
+    parser.add_argument("names", nargs="*", help=f"models to build (default: all of {sorted(RECIPES)})")
+    parser.add_argument("--root", type=Path, help="repository root (default: MMSTREAM_MODELS_REPOSITORY)")
+    parser.add_argument("--force", action="store_true", help="rebuild even when up to date")
+    args = parser.parse_args(argv)
+    if args.root is None:
+        from streams.settings import Settings  # the entry point resolves settings once
+
+        args.root = Settings.from_env().models.repository
+    for report in build_models(args.root, args.names or None, force=args.force):
+        for precision, fidelity in report.fidelity.items():
+            print(f"  {precision}: {fidelity}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
