@@ -19,6 +19,7 @@ def create_app(settings: Settings, stage: str, replica: int = 0) -> faust.App:
     """
     k = settings.kafka
     datadir = settings.local.state_dir / "faust" / k.topic_prefix / f"{stage}-{replica}"
+    datadir.parent.mkdir(parents=True, exist_ok=True)
     return faust.App(
         f"{k.topic_prefix}-{stage.replace('.', '-')}",
         broker=[f"kafka://{server.strip()}" for server in k.bootstrap.split(",")],

@@ -68,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mmstream: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command != "worker":  # client-side commands print their own output
+        logging.getLogger("aiokafka").setLevel(logging.WARNING)
     from streams import commands
 
     try:

@@ -59,5 +59,5 @@ def latency_table(rows: list[tuple[str, Event, float]]) -> Any:
         times = stage_times(ev)
         outcome = ev.kind.value if not ev.error else f"error:{ev.error.get('code')}"
         cells = [f"{times[s][0]:.1f} / {times[s][1]:.1f}" if s in times else "-" for s in stages]
-        table.add_row(label[:40], outcome, *cells, f"{e2e:.1f}")
+        table.add_row(label[:34], outcome, *cells, f"{e2e:.1f}")
     return table

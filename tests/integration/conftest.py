@@ -1,0 +1,88 @@
+"""Shared real infrastructure for integration tests: one broker and one Redis per session
+(started like `mmstream up` does, and stopped afterwards if this session started them), and
+one pipeline of real workers under a topic prefix unique to this run."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from streams import localstack
+from streams.settings import Settings
+from streams.supervisor import Supervisor
+from streams.topics import ensure_topics, topic_specs
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def infra() -> Settings:
+    settings = Settings.from_env()
+    before_k, before_r = localstack.status(settings, REPO)
+    localstack.up(settings, REPO)
+    yield settings
+    if not before_k.running and not before_r.running:
+        localstack.down(settings, REPO)
+
+
+@dataclass
+class Pipeline:
+    settings: Settings
+    env: dict[str, str]
+    supervisor: Supervisor
+
+    @property
+    def bootstrap(self) -> str:
+        return self.settings.kafka.bootstrap
+
+    @property
+    def prefix(self) -> str:
+        return self.settings.kafka.topic_prefix
+
+
+def start_pipeline(infra: Settings, replicas: dict[str, int], **extra_env: str) -> Pipeline:
+    env = dict(os.environ)
+    env["MMSTREAM_KAFKA_TOPIC_PREFIX"] = f"t{uuid.uuid4().hex[:10]}"
+    env["MMSTREAM_KAFKA_PARTITIONS"] = "2"
+    env.update(extra_env)
+    settings = Settings.from_env(env)
+    asyncio.run(ensure_topics(settings.kafka.bootstrap, topic_specs(settings.kafka)))
+    sup = Supervisor(settings, env)
+    sup.start(replicas)
+    pipe = Pipeline(settings, env, sup)
+    try:
+        asyncio.run(wait_ready(pipe))
+    except BaseException:
+        logs = "\n".join(f"--- {w.log_file}\n" + Path(w.log_file).read_text()[-3000:] for w in sup.workers())
+        sup.stop()
+        raise RuntimeError(f"pipeline did not become ready\n{logs}")
+    return pipe
+
+
+async def wait_ready(pipe: Pipeline, timeout_s: float = 180.0) -> None:
+    from schemas.request import Modality, Part, Request
+    from streams.client import Client, new_id
+
+    start = time.monotonic()
+    async with Client(pipe.bootstrap, pipe.prefix) as client:
+        while time.monotonic() - start < timeout_s:
+            sub = await client.submit(Request(id=new_id(), parts=(Part(Modality.TEXT, text="ready?"),), deadline_ms=5000))
+            try:
+                if (await sub.result(timeout_s=10)).kind == "result":
+                    return
+            except asyncio.TimeoutError:
+                client.forget(sub.id)
+        raise TimeoutError("no probe answered")
+
+
+@pytest.fixture(scope="session")
+def pipeline(infra: Settings) -> Pipeline:
+    pipe = start_pipeline(infra, {"router": 1, "assembler": 1, "encode.text": 1})
+    yield pipe
+    pipe.supervisor.stop()

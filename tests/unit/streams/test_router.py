@@ -1,0 +1,79 @@
+import asyncio
+import json
+
+from schemas import pack, unpack
+from schemas.events import Event
+from schemas.jobs import EncodeJob, fan_in_from_wire
+from streams.router import ERROR_HEADER, Router
+from streams.settings import Settings, env_name
+
+
+def make_router(**env):
+    settings = Settings.from_env({env_name(*k.split("__")): v for k, v in env.items()})
+
+    async def exists(topic):
+        return topic == "client.replies"
+
+    return Router(settings, exists)
+
+
+def handle(router, raw, headers=None):
+    return asyncio.run(router.handle(raw, headers or [], 1000.0, "test"))
+
+
+def test_valid_request_becomes_accepted_manifest_and_one_job_per_part():
+    r = make_router()
+    raw = pack({"v": 1, "id": "a1", "parts": [{"modality": "text", "text": "x"}, {"modality": "text", "text": "y"}]})
+    outs = handle(r, raw)
+    topics = [o.topic for o in outs]
+    assert topics == ["mm.results", "mm.encoded.rt", "mm.encode.text.rt", "mm.encode.text.rt"]
+    assert Event.from_wire(unpack(outs[0].value)).kind == "accepted"
+    assert fan_in_from_wire(unpack(outs[1].value)).n_parts == 2
+    jobs = [EncodeJob.from_wire(unpack(o.value)) for o in outs[2:]]
+    assert [j.part for j in jobs] == [0, 1] and all(o.key == b"a1" for o in outs[:2])
+
+
+def test_undecodable_bytes_go_to_the_dlq_with_original_headers_and_reason():
+    outs = handle(make_router(), b"\xc1\xc1", [("trace-id", b"42")])
+    assert len(outs) == 1 and outs[0].topic == "mm.dlq" and outs[0].value == b"\xc1\xc1"
+    headers = dict(outs[0].headers)
+    assert headers["trace-id"] == b"42" and b"undecodable" in headers[ERROR_HEADER]
+
+
+def test_schema_violation_with_readable_id_gets_an_error_event():
+    outs = handle(make_router(), json.dumps({"id": "b2", "parts": [{"modality": "text", "text": "x" * 70000}]}).encode())
+    ev = Event.from_wire(unpack(outs[0].value))
+    assert outs[0].topic == "mm.results" and ev.kind == "error" and ev.error["code"] == "payload_too_large"
+    assert ev.error["field"] == "parts.0.text"
+
+
+def test_schema_violation_without_id_goes_to_dlq():
+    outs = handle(make_router(), pack({"parts": []}))
+    assert outs[0].topic == "mm.dlq"
+
+
+def test_unserved_modality_fails_that_part_only():
+    r = make_router()
+    raw = pack({"v": 1, "id": "c3", "parts": [{"modality": "text", "text": "x"},
+                                                {"modality": "audio", "data": b"RIFF", "mime": "audio/wav"}]})
+    outs = handle(r, raw)
+    fan_in = [fan_in_from_wire(unpack(o.value)) for o in outs if o.topic == "mm.encoded.rt"]
+    failed = [m for m in fan_in if getattr(m, "error", None)]
+    assert len(failed) == 1 and failed[0].part == 1 and failed[0].error["code"] == "unsupported_media"
+    assert [o.topic for o in outs].count("mm.encode.text.rt") == 1
+
+
+def test_unserved_task_and_unknown_reply_topic_are_errors():
+    r = make_router()
+    outs = handle(r, pack({"id": "d4", "task": "generate", "parts": [{"modality": "text", "text": "x"}]}))
+    assert Event.from_wire(unpack(outs[0].value)).error["field"] == "task"
+    outs = handle(r, pack({"id": "d5", "reply_to": "nobody.here", "parts": [{"modality": "text", "text": "x"}]}))
+    assert outs[0].topic == "mm.results" and Event.from_wire(unpack(outs[0].value)).error["field"] == "reply_to"
+    outs = handle(r, pack({"id": "d6", "reply_to": "client.replies", "parts": [{"modality": "text", "text": "x"}]}))
+    assert outs[0].topic == "client.replies"
+
+
+def test_bulk_lane_and_prefix_follow_settings():
+    r = make_router(kafka__topic_prefix="t9")
+    outs = handle(r, pack({"id": "e5", "lane": "bulk", "parts": [{"modality": "text", "text": "x"}]}))
+    assert [o.topic for o in outs] == ["t9.results", "t9.encoded.bulk", "t9.encode.text.bulk"]
