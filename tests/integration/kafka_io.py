@@ -23,9 +23,13 @@ async def read_to_end(bootstrap: str, topic: str) -> list:
         await consumer.seek_to_beginning(*tps)
         ends = await consumer.end_offsets(tps)
         records: list = []
-        while any(await consumer.position(tp) < ends[tp] for tp in tps):
+        remaining = {tp for tp in tps if ends[tp] > 0}
+        while remaining:
             for recs in (await consumer.getmany(timeout_ms=500)).values():
                 records.extend(recs)
+            for tp in list(remaining):
+                if await consumer.position(tp) >= ends[tp]:
+                    remaining.discard(tp)
         return records
     finally:
         await consumer.stop()
