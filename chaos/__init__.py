@@ -1,0 +1,1 @@
+"""Fault scenarios as data, and the runner that checks the invariants after them."""
