@@ -127,9 +127,11 @@ class _Progress:
     def __init__(self, total: int, enabled: bool) -> None:
         self._p = None
         if enabled:
+            from rich.console import Console
             from rich.progress import Progress
 
-            self._p = Progress(transient=True)
+            # stderr: stdout carries the JSON report.
+            self._p = Progress(console=Console(stderr=True), transient=True)
             self._p.start()
             self._task = self._p.add_task("sending", total=total)
 
