@@ -34,6 +34,9 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("send", help="send one request and print its events as JSON lines")
     s.add_argument("--text", action="append", default=[], help="a text part (repeatable)")
+    for media in ("image", "audio", "video"):
+        s.add_argument(f"--{media}", action="append", default=[], type=Path, metavar="PATH",
+                       help=f"an {media} file as a part (repeatable)" if media != "video" else "a video file as a part (repeatable)")
     s.add_argument("--task", default="embed", choices=["embed", "generate"])
     s.add_argument("--lane", default="rt", choices=["rt", "bulk"])
     s.add_argument("--json", type=Path, help="send this JSON request file as it is")

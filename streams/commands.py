@@ -146,11 +146,29 @@ def cmd_send(args: argparse.Namespace, settings: Settings, repo_root: Path) -> i
         payload: dict[str, Any] = json.loads(args.json.read_text())
         payload.setdefault("id", new_id())
         return asyncio.run(_send_raw(settings, payload, args.timeout))
-    if not args.text:
-        raise UserError("give at least one part: --text TEXT (or --json FILE)")
-    req = Request(id=new_id(), parts=tuple(Part(Modality.TEXT, text=t) for t in args.text), task=Task(args.task),
-                  lane=Lane(args.lane), deadline_ms=args.deadline_ms)
+    parts = [Part(Modality.TEXT, text=t) for t in args.text]
+    for media in ("image", "audio", "video"):
+        for path in getattr(args, media):
+            parts.append(_file_part(Modality(media), path, settings))
+    if not parts:
+        raise UserError("give at least one part: --text TEXT, --image/--audio/--video PATH (or --json FILE)")
+    req = Request(id=new_id(), parts=tuple(parts), task=Task(args.task), lane=Lane(args.lane),
+                  deadline_ms=args.deadline_ms)
     return asyncio.run(_send(settings, req, args.timeout))
+
+
+def _file_part(modality: Any, path: Path, settings: Settings) -> Any:
+    import mimetypes
+
+    from schemas.request import Part
+
+    if not path.is_file():
+        raise UserError(f"{path} is not a file")
+    data = path.read_bytes()
+    if len(data) > settings.limits.max_inline_bytes:
+        raise UserError(f"{path} is {len(data)} bytes, over the inline limit of {settings.limits.max_inline_bytes} "
+                        f"(MMSTREAM_LIMITS_MAX_INLINE_BYTES); claim-check refs are not built yet")
+    return Part(modality, data=data, mime=mimetypes.guess_type(path.name)[0])
 
 
 async def _send(settings: Settings, req: Any, timeout_s: float) -> int:
