@@ -249,7 +249,5 @@ def cmd_models(args: argparse.Namespace, settings: Settings, repo_root: Path) ->
         from workers.models.build import build_models
     except ImportError as exc:
         raise UserError(f"the model build needs the build extra ({exc}): pip install -e '.[build]'") from None
-    reports = build_models(settings.models.repository, names=args.only, force=args.force)
-    for r in reports:
-        print(r)
+    build_models(settings.models.repository, names=args.only, force=args.force)  # logs one line per model
     return 0
