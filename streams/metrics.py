@@ -1,0 +1,262 @@
+"""Prometheus metrics of every worker: one ``Metrics`` object per process, on a registry
+passed in, so importing this module registers nothing and tests get a clean registry each.
+
+Naming follows Prometheus practice: prefix ``mmstream_``, base units (seconds), ``_total``
+on counters, and only low-cardinality labels. Label values are drawn from small fixed
+sets; never put a request id, tenant or text in a label (each distinct value is a new time
+series kept in memory by the worker and by Prometheus).
+
+Label values used across the pipeline:
+
+- ``stage``: the span names of ``schemas.trace``: ``route``, ``encode.<modality>``,
+  ``assemble``, ``generate``, plus ``lagmon`` for the lag monitor.
+- ``modality``: ``text`` | ``image`` | ``audio`` | ``video``, or ``mixed`` for a request
+  whose parts have more than one (``request_modality`` picks it).
+- ``lane``: ``rt`` | ``bulk``.
+- ``outcome`` (``OUTCOMES``), cache ``result`` (``CACHE_RESULTS``), admission ``decision``
+  (``DECISIONS``) and error ``code`` (``schemas.errors.ErrorCode``) are checked: a value
+  outside its set raises ``ValueError``, so a stray label value fails a test, not Prometheus.
+
+What an agent calls, one line each (times are milliseconds, as the trace records them; the
+helpers convert to seconds):
+
+- when a stage finishes an item: ``observe_span(stage, modality, lane, queued_ms, service_ms)``
+  and ``request_done(stage, outcome, code=None)``;
+- when a batch runs: ``observe_batch(stage, n)``;
+- at the terminal event of a request: ``observe_e2e(modality, lane, e2e_ms)``; the generator
+  also ``observe_ttft(lane, ms)`` once and ``observe_tpot(lane, ms)`` per request;
+- ``cache_lookup(modality, result)``, ``admission(lane, decision)``, ``to_dlq(stage)``;
+- gauges: ``set_inflight(stage, n)`` or ``with track_inflight(stage):``,
+  ``set_queue_depth(stage, lane, n)``; the lag monitor calls ``set_consumer_lag(rows)``;
+- once after the engine warms up: ``set_engine(stage, engine_info_dict)``.
+
+``serve(port, registry)`` exposes a registry over HTTP for Prometheus to scrape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager
+from typing import Any, NamedTuple, Protocol, TypeVar
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+
+from schemas.errors import ErrorCode
+
+# 0.5 ms to 30 s, roughly 1-2-5 per decade: a text embedding takes a few ms, a bulk video
+# request tens of seconds. Deadlines above 30 s land in +Inf, which is still counted.
+LATENCY_BUCKETS_S = (
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0,
+)
+# Powers of two: up to four times the default encoder max_batch_size (16), so a raised
+# limit still lands in a finite bucket.
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+OUTCOMES = frozenset({"ok", "error", "dlq"})
+"""``ok``: the item went on (or was answered); ``error``: it was answered with an error
+event; ``dlq``: it could not be decoded and went to the dead-letter topic."""
+CACHE_RESULTS = frozenset({"hit", "miss", "error"})
+DECISIONS = frozenset({"admit", "defer", "reject"})
+ERROR_CODES = frozenset(str(c) for c in ErrorCode)
+ENGINE_FIELDS = ("model", "version", "precision", "provider", "backend")
+MIXED = "mixed"
+
+
+class MetricSchema(NamedTuple):
+    """One metric family as defined here (before exposition suffixes)."""
+
+    type: str
+    """``histogram`` | ``counter`` | ``gauge`` | ``info``."""
+    labels: tuple[str, ...]
+    """Labels of its series; for an info, its own labels plus the info's keys."""
+
+
+_TYPES: dict[type, str] = {Histogram: "histogram", Counter: "counter", Gauge: "gauge", Info: "info"}
+_C = TypeVar("_C", Histogram, Counter, Gauge, Info)
+
+
+class LagSample(Protocol):
+    """What ``set_consumer_lag`` reads from each row (``streams.lagmon.LagRow`` is one)."""
+
+    group: str
+    topic: str
+    partition: int
+    lag: int
+
+
+class Metrics:
+    """Every collector of mmstream, created on ``registry`` (a new one by default).
+
+    A process makes one and passes it to its agents; two ``Metrics`` on one registry would
+    clash (``ValueError: Duplicated timeseries``) — that is the point of passing it in.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = CollectorRegistry() if registry is None else registry
+        # Every family by name with its type and the labels of its series: the dashboard
+        # test checks each query against it, so dashboard and code cannot drift apart.
+        self.schema: dict[str, MetricSchema] = {}
+        lat = {"buckets": LATENCY_BUCKETS_S}
+        self.stage_queue_seconds = self._make(
+            Histogram, "mmstream_stage_queue_seconds",
+            "Time an item waited before a stage started on it: broker hop plus in-worker queue.",
+            ("stage", "modality", "lane"), **lat)
+        self.stage_service_seconds = self._make(
+            Histogram, "mmstream_stage_service_seconds",
+            "Time a stage spent working on an item (for a batch: the batch's time).",
+            ("stage", "modality", "lane"), **lat)
+        self.batch_size = self._make(
+            Histogram, "mmstream_batch_size", "Items per engine call.", ("stage",), buckets=BATCH_BUCKETS)
+        self.e2e_seconds = self._make(
+            Histogram, "mmstream_e2e_seconds", "Client send to terminal event of a request.",
+            ("modality", "lane"), **lat)
+        self.ttft_seconds = self._make(
+            Histogram, "mmstream_ttft_seconds", "Client send to the first generated token.", ("lane",), **lat)
+        self.tpot_seconds = self._make(
+            Histogram, "mmstream_tpot_seconds", "Mean time per output token after the first, per request.",
+            ("lane",), **lat)
+
+        # Counters are named without `_total`: prometheus_client appends it on exposition.
+        self.requests_total = self._make(
+            Counter, "mmstream_requests", "Items a stage finished (requests; part jobs at encoders), by outcome.",
+            ("stage", "outcome"))
+        self.errors_total = self._make(
+            Counter, "mmstream_errors", "Error events a stage emitted, by stable error code.", ("stage", "code"))
+        self.cache_requests_total = self._make(
+            Counter, "mmstream_cache_requests",
+            "Reuse-cache lookups by result (error: the cache failed, costing time only).", ("modality", "result"))
+        self.admission_decisions_total = self._make(
+            Counter, "mmstream_admission_decisions", "Admission decisions on incoming requests.",
+            ("lane", "decision"))
+        self.dlq_total = self._make(
+            Counter, "mmstream_dlq", "Records a stage sent to the dead-letter topic.", ("stage",))
+
+        self.consumer_lag = self._make(
+            Gauge, "mmstream_consumer_lag",
+            "Records not yet committed by a consumer group (end offset minus committed).",
+            ("topic", "partition", "group"))
+        self.inflight = self._make(
+            Gauge, "mmstream_inflight", "Items a stage holds between consuming and finishing them.", ("stage",))
+        self.queue_depth = self._make(
+            Gauge, "mmstream_queue_depth", "Items waiting in a stage's in-process queue.", ("stage", "lane"))
+        self.engine = self._make(
+            Info, "mmstream_engine", "Engine a stage serves: model, version, precision, provider, backend.",
+            ("stage",), info_keys=ENGINE_FIELDS)
+        self._lag_keys: set[tuple[str, str, str]] = set()
+
+    def _make(self, cls: type[_C], name: str, doc: str, labels: tuple[str, ...],
+              info_keys: tuple[str, ...] = (), **kw: Any) -> _C:
+        collector = cls(name, doc, labels, registry=self.registry, **kw)
+        self.schema[name] = MetricSchema(_TYPES[cls], labels + info_keys)
+        return collector
+
+    # -- latency and throughput -------------------------------------------------------
+
+    def observe_span(self, stage: str, modality: str, lane: str, queued_ms: float, service_ms: float) -> None:
+        """Record one item's queue and service time at ``stage`` (milliseconds, >= 0)."""
+        self.stage_queue_seconds.labels(stage, modality, lane).observe(max(0.0, queued_ms) / 1000.0)
+        self.stage_service_seconds.labels(stage, modality, lane).observe(max(0.0, service_ms) / 1000.0)
+
+    def observe_batch(self, stage: str, n: int) -> None:
+        """Record that ``stage`` ran an engine call on ``n`` items."""
+        self.batch_size.labels(stage).observe(n)
+
+    def observe_e2e(self, modality: str, lane: str, e2e_ms: float) -> None:
+        """Record a request's end-to-end time, once, where its terminal event is sent."""
+        self.e2e_seconds.labels(modality, lane).observe(max(0.0, e2e_ms) / 1000.0)
+
+    def observe_ttft(self, lane: str, ttft_ms: float) -> None:
+        """Record a generate request's time to first token, once per request."""
+        self.ttft_seconds.labels(lane).observe(max(0.0, ttft_ms) / 1000.0)
+
+    def observe_tpot(self, lane: str, tpot_ms: float) -> None:
+        """Record a generate request's mean time per output token, once per request."""
+        self.tpot_seconds.labels(lane).observe(max(0.0, tpot_ms) / 1000.0)
+
+    # -- counters ---------------------------------------------------------------------
+
+    def request_done(self, stage: str, outcome: str, code: str | None = None) -> None:
+        """Count one item finished by ``stage``; with ``code``, also count the error.
+
+        Raises ``ValueError`` if ``outcome`` is not in ``OUTCOMES`` or ``code`` is not an
+        ``ErrorCode`` value.
+        """
+        _check("outcome", outcome, OUTCOMES)
+        if code is not None:
+            _check("code", str(code), ERROR_CODES)
+        self.requests_total.labels(stage, outcome).inc()
+        if code is not None:
+            self.errors_total.labels(stage, str(code)).inc()
+
+    def to_dlq(self, stage: str) -> None:
+        """Count a record ``stage`` sent to the DLQ, and the item as finished with outcome ``dlq``."""
+        self.dlq_total.labels(stage).inc()
+        self.requests_total.labels(stage, "dlq").inc()
+
+    def cache_lookup(self, modality: str, result: str) -> None:
+        """Count one reuse-cache lookup; ``result`` is ``hit``, ``miss`` or ``error``."""
+        _check("result", result, CACHE_RESULTS)
+        self.cache_requests_total.labels(modality, result).inc()
+
+    def admission(self, lane: str, decision: str) -> None:
+        """Count one admission decision: ``admit``, ``defer`` or ``reject``."""
+        _check("decision", decision, DECISIONS)
+        self.admission_decisions_total.labels(lane, decision).inc()
+
+    # -- gauges -----------------------------------------------------------------------
+
+    def set_inflight(self, stage: str, n: int) -> None:
+        """Set how many items ``stage`` holds now (for stages that count them themselves)."""
+        self.inflight.labels(stage).set(n)
+
+    def track_inflight(self, stage: str) -> AbstractContextManager[None]:
+        """``with metrics.track_inflight(stage):`` raises the gauge for the block's duration."""
+        return self.inflight.labels(stage).track_inprogress()
+
+    def set_queue_depth(self, stage: str, lane: str, n: int) -> None:
+        """Set how many items wait in ``stage``'s in-process queue of ``lane``."""
+        self.queue_depth.labels(stage, lane).set(n)
+
+    def set_consumer_lag(self, rows: Iterable[LagSample]) -> None:
+        """Replace the lag gauges with ``rows``: series absent from ``rows`` are removed,
+        so a deleted topic or group does not report its last lag forever."""
+        keys: set[tuple[str, str, str]] = set()
+        for row in rows:
+            key = (row.topic, str(row.partition), row.group)
+            keys.add(key)
+            self.consumer_lag.labels(*key).set(row.lag)
+        for key in self._lag_keys - keys:
+            self.consumer_lag.remove(*key)
+        self._lag_keys = keys
+
+    def set_engine(self, stage: str, info: Mapping[str, object]) -> None:
+        """Publish the engine ``stage`` serves. ``info`` needs the keys of ``ENGINE_FIELDS``
+        (``dataclasses.asdict(EngineInfo)`` has them); extra keys are ignored.
+
+        Raises ``KeyError`` naming a missing field.
+        """
+        missing = [f for f in ENGINE_FIELDS if f not in info]
+        if missing:
+            raise KeyError(f"engine info lacks {', '.join(missing)}")
+        self.engine.labels(stage).info({f: str(info[f]) for f in ENGINE_FIELDS})
+
+
+def request_modality(modalities: Iterable[str]) -> str:
+    """The ``modality`` label of a request: its one modality, or ``mixed``."""
+    distinct = set(modalities)
+    return next(iter(distinct)) if len(distinct) == 1 else MIXED
+
+
+def serve(port: int, registry: CollectorRegistry, addr: str = "0.0.0.0") -> int:
+    """Serve ``registry`` at ``http://<addr>:<port>/metrics`` from a daemon thread.
+
+    ``port`` 0 lets the OS pick a free port. Returns the port bound. Raises ``OSError`` if
+    the port is taken. The server lives as long as the process.
+    """
+    server, _thread = start_http_server(port, addr=addr, registry=registry)
+    return int(server.server_port)
+
+
+def _check(label: str, value: str, allowed: frozenset[str]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{label}={value!r} is not one of {sorted(allowed)}")
