@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -23,6 +24,7 @@ from streams.topics import LANES
 log = logging.getLogger(__name__)
 
 TICK_RESEND_MS = 1000.0
+RETRY_DELAYS_S = (0.2, 1.0, 3.0)
 
 
 def _record_ts_ms(event: Any) -> float | None:
@@ -104,14 +106,36 @@ def install_assembler(app: faust.App, settings: Settings) -> None:
             table[key] = result.state.to_bytes()
             due[msg.id] = (due_at(result.state, policy), result.state.lane)
 
+    async def give_up(event: Any, exc: Exception) -> None:
+        """A message that keeps failing: park it in the DLQ and, if it is a manifest,
+        answer its client with `internal` so the request does not hang unanswered."""
+        outs = [Out(names.dlq, event.key, bytes(event.value or b""),
+                    [(ERROR_HEADER, f"{ErrorCode.INTERNAL}: assembler failed: {exc!r}".encode()[:1000])])]
+        try:
+            msg = fan_in_from_wire(unpack(event.value))
+            if isinstance(msg, Manifest):
+                err = WireError(ErrorCode.INTERNAL, "the assembler could not track this request")
+                outs.append(out_map(msg.reply_to, msg.id,
+                                    Event(msg.id, EventKind.ERROR, 1, now_ms(), error=err.to_wire()).to_wire()))
+        except (DecodeError, ValueError):
+            pass
+        await send_all(app.producer, outs)
+
     @app.agent(source, name="assemble")
     async def assemble(stream: Any) -> None:
         async for event in stream.events():
-            try:
-                await handle(event)
-            except Exception:
-                log.exception("assembler: failed on %s[%s]@%s", event.message.topic,
-                              event.message.partition, event.message.offset)
+            where = f"{event.message.topic}[{event.message.partition}]@{event.message.offset}"
+            for delay in (*RETRY_DELAYS_S, None):
+                try:
+                    await handle(event)
+                    break
+                except Exception as exc:  # infrastructure trouble: retry, then never silently drop
+                    if delay is None:
+                        log.exception("assembler: giving up on %s", where)
+                        await give_up(event, exc)
+                    else:
+                        log.warning("assembler: %s failed (%r); retrying in %.1fs", where, exc, delay)
+                        await asyncio.sleep(delay)
 
     @app.timer(a.sweep_interval_ms / 1000.0, name="sweep")
     async def sweep() -> None:

@@ -70,6 +70,9 @@ class EncoderSettings:
         4096, "Token budget of one text batch (padded length x rows): keeps long texts from inflating a batch."
     )
     intra_op_threads: int = setting(0, "ONNX Runtime intra-op threads; 0 lets the runtime choose.")
+    allow_spinning: bool = setting(
+        False, "Let ONNX Runtime threads spin between ops: a little faster alone, much slower on a shared box."
+    )
     precision: str = setting("fp32", "Engine variant to serve: fp32 or int8.")
     max_queue: int = setting(256, "Most jobs held in a worker between Kafka and the engine.")
 

@@ -57,6 +57,11 @@ class TopicNames:
     def dlq(self) -> str:
         return f"{self.prefix}.dlq"
 
+    @property
+    def assembly_changelog(self) -> str:
+        """Faust's name for the changelog of table ``assembly`` in app ``<prefix>-assembler``."""
+        return f"{self.prefix}-assembler-assembly-changelog"
+
 
 def topic_specs(kafka: KafkaSettings) -> list[TopicSpec]:
     """Every topic the pipeline uses. All stage topics share one partition count so the
@@ -71,6 +76,10 @@ def topic_specs(kafka: KafkaSettings) -> list[TopicSpec]:
             specs.append(TopicSpec(names.encode(modality, lane), n, f"{modality} encode jobs, {lane} lane", big))
         specs.append(TopicSpec(names.encoded(lane), n, f"fan-in to the assembler, {lane} lane", big))
         specs.append(TopicSpec(names.generate(lane), n, f"generate jobs, {lane} lane", big))
+    # Faust would create the assembler table's changelog itself, but a topic created during
+    # the group join can miss the first assignment and leave the table without partitions.
+    specs.append(TopicSpec(names.assembly_changelog, n, "assembler fan-in state (Faust table changelog)",
+                           {**big, "cleanup.policy": "compact"}))
     specs.append(TopicSpec(names.results, n, "default reply topic", big))
     specs.append(TopicSpec(names.dlq, 1, "undecodable input with original headers", big))
     return specs

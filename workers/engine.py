@@ -66,6 +66,7 @@ class OnnxEngine:
         intra_op_threads: int = 0,
         providers: Sequence[str] = DEFAULT_PROVIDERS,
         trt_cache_dir: Path | None = None,
+        allow_spinning: bool = False,
     ) -> None:
         if intra_op_threads < 0:
             raise ValueError(f"intra_op_threads must be >= 0, got {intra_op_threads}")
@@ -73,6 +74,7 @@ class OnnxEngine:
         self.precision = precision
         self.variant = config.variant(precision)  # fails early on an unbuilt precision
         self.intra_op_threads = intra_op_threads
+        self.allow_spinning = allow_spinning
         self.providers = tuple(providers)
         self.trt_cache_dir = trt_cache_dir or config.directory / "trt-cache"
         self._session: ort.InferenceSession | None = None
@@ -112,6 +114,10 @@ class OnnxEngine:
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if not self.allow_spinning:
+            # Spinning worker threads shave microseconds off an idle box but steal whole
+            # cores from the broker and the other stages on a shared one.
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         path = self.config.model_path(self.precision)
         if not path.is_file():
             raise EngineError(f"{path} is missing: rebuild with `mmstream models build --force`")

@@ -28,7 +28,8 @@ def _install_text_encoder(app: faust.App, settings: Settings) -> None:
     from workers.text import TextEncoder, TextPreprocessor
 
     config = ModelRepository(settings.models.repository).resolve(settings.models.text_model)
-    engine = OnnxEngine(config, settings.encoder.precision, settings.encoder.intra_op_threads)
+    engine = OnnxEngine(config, settings.encoder.precision, settings.encoder.intra_op_threads,
+                        allow_spinning=settings.encoder.allow_spinning)
     info = engine.load()
     pre = TextPreprocessor(config.tokenizer_path, config.max_length)
     encoder = TextEncoder(engine, pre, embedding_dim=config.embedding_dim)
