@@ -7,7 +7,9 @@ the event loop is the caller's job. Recipe, fixed by ``PREPROCESSING_VERSION``:
 1. ``decode_image``: JPEG, PNG or WebP only; the pixel count is checked from the header
    before any pixel is decoded; EXIF orientation applied; alpha composited on white;
    first frame of an animation. JPEGs may be decoded at 1/2, 1/4 or 1/8 scale by
-   libjpeg when the result still covers the resize target (7x faster at 1024 px).
+   libjpeg when the result still covers the resize target: decode + preprocess of a
+   1024x768 JPEG drops from 9 to 4 ms, at an embedding cosine of 0.993-0.999 to the full
+   decode (scikit-image photos at 1100 px).
 2. ``preprocess``: shorter side to 256 (bicubic), centre crop 224x224, RGB scaled to
    [-1, 1], NCHW float32. EfficientNet-Lite was trained on (x - 127) / 128; on the
    scikit-image sample photos this gave the right top-1 with higher confidence than the
