@@ -16,6 +16,7 @@ from schemas.jobs import DeadlineTick, Manifest, fan_in_from_wire
 from schemas.trace import now_ms
 from streams.app import raw_topic, topic_names
 from streams.assembly import Assembly, AssemblyPolicy, due_at, step
+from streams.metrics import Metrics, request_modality
 from streams.produce import Out, out_map, send_all
 from streams.router import ERROR_HEADER, Router, TopicCache
 from streams.settings import Settings
@@ -32,7 +33,7 @@ def _record_ts_ms(event: Any) -> float | None:
     return ts * 1000.0 if ts else None
 
 
-def install_router(app: faust.App, settings: Settings) -> None:
+def install_router(app: faust.App, settings: Settings, metrics: Metrics) -> None:
     names = topic_names(settings)
     cache = TopicCache(settings.kafka.bootstrap, settings.router.topic_cache_s)
     router = Router(settings, cache.exists)
@@ -43,15 +44,24 @@ def install_router(app: faust.App, settings: Settings) -> None:
         async for event in stream.events():
             origin = f"{event.message.topic}[{event.message.partition}]@{event.message.offset}"
             try:
-                outs = await router.handle(event.value, event.headers, _record_ts_ms(event), origin)
+                routed = await router.handle(event.value, event.headers, _record_ts_ms(event), origin)
+                outs = routed.outs
             except Exception as exc:  # a bug must cost one message, not the stage
                 log.exception("router: failed on %s", origin)
+                routed = None
                 outs = [Out(names.dlq, None, bytes(event.value or b""),
                             [(ERROR_HEADER, f"{ErrorCode.INTERNAL}: {exc!r}"[:1000].encode())])]
             await send_all(app.producer, outs)
+            if routed is None or routed.outcome == "dlq":
+                metrics.to_dlq("route")
+                metrics.request_done("route", "dlq")
+            else:
+                metrics.request_done("route", routed.outcome, routed.code)
+                if routed.outcome == "ok":
+                    metrics.observe_span("route", routed.modality, routed.lane, routed.queued_ms, routed.service_ms)
 
 
-def install_assembler(app: faust.App, settings: Settings) -> None:
+def install_assembler(app: faust.App, settings: Settings, metrics: Metrics) -> None:
     names = topic_names(settings)
     a = settings.assembler
     policy = AssemblyPolicy(retention_ms=float(a.retention_ms), orphan_ttl_ms=float(a.orphan_ttl_ms))
@@ -79,6 +89,7 @@ def install_assembler(app: faust.App, settings: Settings) -> None:
             msg = fan_in_from_wire(unpack(event.value))
         except (DecodeError, ValueError) as exc:
             log.warning("assembler: to DLQ: %s", exc)
+            metrics.to_dlq("assemble")
             await send_all(app.producer, [Out(names.dlq, event.key, bytes(event.value or b""),
                                               [(ERROR_HEADER, f"undecodable fan-in message: {exc}".encode()[:1000])])])
             return
@@ -96,6 +107,7 @@ def install_assembler(app: faust.App, settings: Settings) -> None:
             # Deliver the answer before recording it: a crash in between repeats the answer
             # (clients dedupe by id) instead of losing it.
             await send_all(app.producer, [out_map(result.reply_to, msg.id, result.emit.to_wire())])
+            _observe_terminal(metrics, result.emit, result.state)
         if not result.changed:
             return
         if result.state is None:
@@ -107,6 +119,7 @@ def install_assembler(app: faust.App, settings: Settings) -> None:
             due[msg.id] = (due_at(result.state, policy), result.state.lane)
 
     async def give_up(event: Any, exc: Exception) -> None:
+        metrics.to_dlq("assemble")
         """A message that keeps failing: park it in the DLQ and, if it is a manifest,
         answer its client with `internal` so the request does not hang unanswered."""
         outs = [Out(names.dlq, event.key, bytes(event.value or b""),
@@ -147,3 +160,19 @@ def install_assembler(app: faust.App, settings: Settings) -> None:
                 due[rid] = (now + TICK_RESEND_MS, lane)
         if outs:
             await send_all(app.producer, outs)
+
+
+def _observe_terminal(metrics: Metrics, event: Event, state: Assembly | None) -> None:
+    manifest = state.manifest if state else None
+    modality = request_modality(manifest.modalities) if manifest else "text"
+    lane = manifest.lane if manifest else "rt"
+    timings = event.timings or {}
+    for st in timings.get("stages", []):
+        if st["stage"] == "assemble":
+            metrics.observe_span("assemble", modality, lane, st["queued_ms"], st["service_ms"])
+    if "e2e_ms" in timings:
+        metrics.observe_e2e(modality, lane, timings["e2e_ms"])
+    if event.error:
+        metrics.request_done("assemble", "error", event.error.get("code"))
+    else:
+        metrics.request_done("assemble", "ok")

@@ -17,6 +17,8 @@ seconds; ``run_lag_monitor`` is the entry point of the ``lagmon`` process.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import asyncio
 import logging
 import signal
@@ -265,11 +267,14 @@ class LagMonitor:
             await self.reader.close()
 
 
-def run_lag_monitor(settings: Settings, port: int, interval_s: float = DEFAULT_INTERVAL_S) -> None:
+def run_lag_monitor(settings: Settings, port: int, interval_s: float = DEFAULT_INTERVAL_S,
+                    on_bound: Callable[[int], None] | None = None) -> None:
     """Run the lag monitor in this process until SIGTERM or SIGINT: serve metrics on
-    ``port`` (0 picks one; the port is logged) and refresh them every ``interval_s``."""
+    ``port`` (0 picks one; ``on_bound`` is told which) and refresh them every ``interval_s``."""
     metrics = Metrics()
-    bound = serve(port, metrics.registry)
+    bound = serve(port, metrics.registry, settings.metrics.bind)
+    if on_bound is not None:
+        on_bound(bound)
     log.info("lagmon: metrics on :%d, prefix %r, every %.1fs", bound, settings.kafka.topic_prefix, interval_s)
 
     async def main() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from schemas.codec import JSON, CONTENT_TYPE_HEADER, DecodeError, header, unpack
@@ -32,6 +33,20 @@ def limits_from(settings: Settings) -> Limits:
                   max_deadline_ms=lim.max_deadline_ms, default_deadline_ms=lim.default_deadline_ms)
 
 
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """What the router produces for one ingress record, and how it went (for metrics)."""
+
+    outs: list[Out]
+    outcome: str
+    """``ok`` (accepted and split), ``error`` (answered with an error event) or ``dlq``."""
+    code: str | None = None
+    modality: str = "text"
+    lane: str = "rt"
+    queued_ms: float = 0.0
+    service_ms: float = 0.0
+
+
 class Router:
     """Turns one ingress record into the records to produce. No I/O of its own except the
     reply-topic existence check, which is injected."""
@@ -44,15 +59,15 @@ class Router:
         self.served_tasks = frozenset(t.strip() for t in settings.router.served_tasks.split(",") if t.strip())
         self.topic_exists = topic_exists
 
-    async def handle(self, raw: bytes, headers: Any, record_ts_ms: float | None, source: str) -> list[Out]:
+    async def handle(self, raw: bytes, headers: Any, record_ts_ms: float | None, source: str) -> Routed:
         started = now_ms()
         content_type = header(headers, CONTENT_TYPE_HEADER)
         if raw is not None and len(raw) > self.settings.limits.max_request_bytes:
-            return [self._dlq(raw, headers, source, f"{ErrorCode.PAYLOAD_TOO_LARGE}: request is {len(raw)} bytes")]
+            return Routed([self._dlq(raw, headers, source, f"{ErrorCode.PAYLOAD_TOO_LARGE}: request is {len(raw)} bytes")], "dlq")
         try:
             obj = unpack(raw, content_type)
         except DecodeError as exc:
-            return [self._dlq(raw, headers, source, f"undecodable: {exc}")]
+            return Routed([self._dlq(raw, headers, source, f"undecodable: {exc}")], "dlq")
         from_json = (content_type or "").startswith(JSON) or (content_type is None and bytes(raw).lstrip()[:1] == b"{")
         try:
             req = validate_request(obj, self.limits, from_json=from_json)
@@ -66,12 +81,12 @@ class Router:
         except WireError as err:
             who = peek_reply(obj)
             if who is None:
-                return [self._dlq(raw, headers, source, f"{err.code}: {err.message} (no readable id to answer)")]
+                return Routed([self._dlq(raw, headers, source, f"{err.code}: {err.message} (no readable id to answer)")], "dlq")
             rid, reply_to = who
             if reply_to and reply_to != self.topics.results and not await self.topic_exists(reply_to):
                 reply_to = None
             event = Event(rid, EventKind.ERROR, 0, now_ms(), error=err.to_wire())
-            return [out_map(reply_to or self.topics.results, rid, event.to_wire())]
+            return Routed([out_map(reply_to or self.topics.results, rid, event.to_wire())], "error", str(err.code))
         client_sent = record_ts_ms if record_ts_ms else started
         plan = split_request(
             req, topics=self.topics, served_modalities=self.served_modalities, client_sent_at_ms=client_sent,
@@ -84,7 +99,9 @@ class Router:
         outs = [out_map(m.reply_to, req.id, accepted.to_wire()), out_map(encoded, req.id, m.to_wire())]
         outs += [out_map(encoded, req.id, p.to_wire()) for p in plan.failed_parts]
         outs += [out_map(j.topic, j.key, j.job.to_wire()) for j in plan.jobs]
-        return outs
+        modalities = set(m.modalities)
+        return Routed(outs, "ok", modality=modalities.pop() if len(modalities) == 1 else "mixed", lane=str(req.lane),
+                      queued_ms=max(0.0, started - client_sent), service_ms=m.accepted_at_ms - started)
 
     def _dlq(self, raw: bytes, headers: Any, source: str, reason: str) -> Out:
         log.warning("router: to DLQ from %s: %s", source, reason)

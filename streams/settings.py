@@ -58,6 +58,9 @@ class LimitsSettings:
         30_000, "Deadline given to requests that set none, milliseconds from acceptance."
     )
     max_deadline_ms: int = setting(600_000, "Longest deadline a client may ask for.")
+    max_image_pixels: int = setting(
+        25_000_000, "Largest image (width x height, read from the header before decoding): the decompression-bomb guard."
+    )
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,7 @@ class EncoderSettings:
 @dataclass(frozen=True)
 class RouterSettings:
     served_modalities: str = setting(
-        "text", "Comma-separated modalities with an encoder pool; parts of others fail with unsupported_media."
+        "text,image", "Comma-separated modalities with an encoder pool; parts of others fail with unsupported_media."
     )
     served_tasks: str = setting("embed", "Comma-separated tasks this deployment answers.")
     topic_cache_s: float = setting(10.0, "How long the router trusts its list of existing reply topics.")
@@ -96,6 +99,13 @@ class AssemblerSettings:
     )
     orphan_ttl_ms: int = setting(600_000, "How long parts that never got a manifest are kept.")
     max_pending: int = setting(100_000, "Most requests one assembler tracks; past it new manifests are answered overloaded.")
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    port: int = setting(0, "Port of this worker's /metrics; 0 picks a free one (reported by `mmstream status`).")
+    bind: str = setting("127.0.0.1", "Address /metrics listens on; 0.0.0.0 to let a remote Prometheus scrape.")
+    lag_interval_s: float = setting(5.0, "How often the lag monitor reads offsets from the broker.")
 
 
 @dataclass(frozen=True)
@@ -124,6 +134,7 @@ class ModelSettings:
         "Model repository: <name>/<version>/model*.onnx plus config.json.",
     )
     text_model: str = setting("all-minilm-l6-v2", "Model served by the text encoder.")
+    image_model: str = setting("efficientnet-lite0", "Model served by the image encoder.")
 
 
 @dataclass(frozen=True)
@@ -134,6 +145,7 @@ class Settings:
     router: RouterSettings = field(default_factory=RouterSettings)
     encoder: EncoderSettings = field(default_factory=EncoderSettings)
     assembler: AssemblerSettings = field(default_factory=AssemblerSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
     local: LocalSettings = field(default_factory=LocalSettings)
     models: ModelSettings = field(default_factory=ModelSettings)
 

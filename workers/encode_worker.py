@@ -27,6 +27,7 @@ from schemas.jobs import EncodedPart, EncodeJob
 from schemas.tensor import to_wire
 from schemas.trace import Span, now_ms
 from streams.app import raw_topic, topic_names
+from streams.metrics import Metrics
 from streams.policies.batching import Batch, BatchLimits, MicroBatcher, Pending, Wait
 from streams.produce import Out, out_map, send_all
 from streams.router import ERROR_HEADER
@@ -39,22 +40,31 @@ SEND_RETRY_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 
 
 @dataclass(frozen=True, slots=True)
+class Encoded:
+    """One part's encoder output: its embedding and what users want beside it."""
+
+    embedding: np.ndarray
+    extras: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class Job:
     job: EncodeJob
     event: Any
 
 
-# run_batch(items) -> one embedding (or the item's exception) per item, in order.
-BatchFn = Callable[[Sequence[EncodeJob]], list["np.ndarray | Exception"]]
+# run_batch(items) -> one output (or the item's exception) per item, in order.
+BatchFn = Callable[[Sequence[EncodeJob]], list["Encoded | np.ndarray | Exception"]]
 
 
 class EncoderLoop:
     """The batching loop of one encoder worker (any modality)."""
 
-    def __init__(self, app: faust.App, settings: Settings, modality: str, run_batch: BatchFn,
+    def __init__(self, app: faust.App, settings: Settings, metrics: Metrics, modality: str, run_batch: BatchFn,
                  cost: Callable[[EncodeJob], float], wire_dtype: str = "float16") -> None:
         e = settings.encoder
         self.app = app
+        self.metrics = metrics
         self.names = topic_names(settings)
         self.modality = modality
         self.stage = f"encode.{modality}"
@@ -94,6 +104,8 @@ class EncoderLoop:
         try:
             job = EncodeJob.from_wire(unpack(event.value))
         except (DecodeError, ValueError) as exc:
+            self.metrics.to_dlq(self.stage)
+            self.metrics.request_done(self.stage, "dlq")
             await self._finish([Out(self.names.dlq, event.key, bytes(event.value or b""),
                                     [(ERROR_HEADER, f"undecodable encode job: {exc}".encode()[:1000])])], [event])
             return
@@ -101,6 +113,7 @@ class EncoderLoop:
             await self._finish([self._failed(job, _deadline_error())], [event])
             return
         self.queues[lane].append(Pending(Job(job, event), self.cost(job), time.monotonic()))
+        self.metrics.set_queue_depth(self.stage, lane, len(self.queues[lane]))
         self.wake.set()
 
     async def run_forever(self) -> None:
@@ -123,6 +136,7 @@ class EncoderLoop:
         queue = self.queues[batch.lane]
         for _ in batch.items:
             queue.popleft()
+        self.metrics.set_queue_depth(self.stage, batch.lane, len(queue))
         now = now_ms()
         live = [p.item for p in batch.items if p.item.job.deadline_at_ms > now]
         outs = [self._failed(p.item.job, _deadline_error()) for p in batch.items if p.item.job.deadline_at_ms <= now]
@@ -138,18 +152,25 @@ class EncoderLoop:
             if len(results) != len(live):
                 log.error("%s: engine returned %d outputs for %d inputs", self.stage, len(results), len(live))
                 results = [RuntimeError("engine returned a wrong number of outputs")] * len(live)
+            self.metrics.observe_batch(self.stage, len(live))
             for j, r in zip(live, results):
                 span = Span(self.stage, j.job.sent_at_ms, started, finished).to_wire()
+                self.metrics.observe_span(self.stage, self.modality, j.job.lane, started - j.job.sent_at_ms,
+                                          finished - started)
                 if isinstance(r, Exception):
                     err = r if isinstance(r, WireError) else WireError(ErrorCode.INTERNAL, f"{self.stage} failed: {r}")
                     outs.append(self._failed(j.job, err, span))
                 else:
+                    self.metrics.request_done(self.stage, "ok")
+                    out = r if isinstance(r, Encoded) else Encoded(r, {})
                     outs.append(out_map(self.names.encoded(j.job.lane), j.job.id, EncodedPart(
                         id=j.job.id, part=j.job.part, modality=self.modality, sent_at_ms=now_ms(),
-                        embedding=to_wire(r, self.wire_dtype), trace=j.job.trace + [span]).to_wire()))
+                        embedding=to_wire(out.embedding, self.wire_dtype), extras=out.extras,
+                        trace=j.job.trace + [span]).to_wire()))
         await self._finish(outs, [p.item.event for p in batch.items])
 
     def _failed(self, job: EncodeJob, err: WireError, span: list[Any] | None = None) -> Out:
+        self.metrics.request_done(self.stage, "error", str(err.code))
         part = EncodedPart(id=job.id, part=job.part, modality=self.modality, sent_at_ms=now_ms(),
                            error=err.to_wire(), trace=job.trace + ([span] if span else []))
         return out_map(self.names.encoded(job.lane), job.id, part.to_wire())

@@ -18,7 +18,7 @@ def make_router(**env):
 
 
 def handle(router, raw, headers=None):
-    return asyncio.run(router.handle(raw, headers or [], 1000.0, "test"))
+    return asyncio.run(router.handle(raw, headers or [], 1000.0, "test")).outs
 
 
 def test_valid_request_becomes_accepted_manifest_and_one_job_per_part():
@@ -77,3 +77,12 @@ def test_bulk_lane_and_prefix_follow_settings():
     r = make_router(kafka__topic_prefix="t9")
     outs = handle(r, pack({"id": "e5", "lane": "bulk", "parts": [{"modality": "text", "text": "x"}]}))
     assert [o.topic for o in outs] == ["t9.results", "t9.encoded.bulk", "t9.encode.text.bulk"]
+
+
+def test_outcome_says_how_the_record_went():
+    r = make_router()
+    ok = asyncio.run(r.handle(pack({"id": "o1", "parts": [{"modality": "text", "text": "x"}]}), [], None, "t"))
+    assert (ok.outcome, ok.modality, ok.lane) == ("ok", "text", "rt")
+    bad = asyncio.run(r.handle(pack({"id": "o2", "parts": []}), [], None, "t"))
+    assert (bad.outcome, bad.code) == ("error", "invalid_request")
+    assert asyncio.run(r.handle(b"\xc1", [], None, "t")).outcome == "dlq"
