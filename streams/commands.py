@@ -67,7 +67,8 @@ def _ensure_models(settings: Settings) -> None:
     from workers.repository import ModelNotFoundError, ModelRepository
 
     try:
-        ModelRepository(settings.models.repository).resolve(settings.models.text_model)
+        for name in (settings.models.text_model, settings.models.image_model):
+            ModelRepository(settings.models.repository).resolve(name)
     except ModelNotFoundError as exc:
         raise UserError(f"{exc} (run: mmstream models build)") from None
 
@@ -117,8 +118,10 @@ def cmd_status(args: argparse.Namespace, settings: Settings, repo_root: Path) ->
     if not workers:
         print("workers none (start them with: mmstream up)")
     for w in workers:
+        port = w.metrics_port
+        metrics = f"metrics=http://127.0.0.1:{port}/metrics" if port else "metrics=(not bound yet)"
         print(f"worker  {w.stage + '[' + str(w.replica) + ']':<22} {'running' if w.alive else 'DEAD':<8} "
-              f"pid={w.pid}  log={w.log_file}")
+              f"pid={w.pid}  {metrics}  log={w.log_file}")
     healthy = kafka.healthy and redis.healthy and all(w.alive for w in workers)
     return 0 if healthy else 1
 

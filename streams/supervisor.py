@@ -14,7 +14,7 @@ from pathlib import Path
 
 from streams.settings import Settings
 
-DEFAULT_REPLICAS = {"router": 1, "assembler": 1, "encode.text": 1}
+DEFAULT_REPLICAS = {"router": 1, "assembler": 1, "encode.text": 1, "encode.image": 1, "lagmon": 1}
 
 
 @dataclass(frozen=True)
@@ -24,10 +24,20 @@ class WorkerProc:
     pid: int
     log_file: str
     started_at: float
+    assigned_port: int = 0
+    """The metrics port handed to the worker (0: it picks one and writes it to its .port file)."""
 
     @property
     def alive(self) -> bool:
         return _alive(self.pid)
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The port this worker serves /metrics on, once it has bound it."""
+        try:
+            return int(Path(self.log_file).with_suffix(".port").read_text())
+        except (OSError, ValueError):
+            return self.assigned_port or None
 
 
 def _alive(pid: int) -> bool:
@@ -94,15 +104,30 @@ class Supervisor:
                     self._spawn(stage, replica)
         return [w for w in self.workers() if w.alive]
 
+    def _next_port(self) -> int:
+        """Lowest port from the base that no live worker uses (0 when the base is 0: the
+        worker picks a free one and reports it)."""
+        base = self.settings.local.metrics_base_port
+        if base == 0:
+            return 0
+        used = {w.assigned_port for w in self.workers() if w.alive}
+        port = base
+        while port in used:
+            port += 1
+        return port
+
     def _spawn(self, stage: str, replica: int) -> WorkerProc:
         log_file = self.dir / f"{stage}-{replica}.log"
+        log_file.with_suffix(".port").unlink(missing_ok=True)
+        port = self._next_port()
+        env = {**self.env, "MMSTREAM_METRICS_PORT": str(port)}
         with open(log_file, "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "streams.cli", "worker", stage, "--replica", str(replica)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=self.env, start_new_session=True,
+                env=env, start_new_session=True,
             )
-        w = WorkerProc(stage, replica, proc.pid, str(log_file), time.time())
+        w = WorkerProc(stage, replica, proc.pid, str(log_file), time.time(), port)
         self._pidfile(stage, replica).write_text(json.dumps(asdict(w)))
         return w
 
@@ -123,6 +148,7 @@ class Supervisor:
                 time.sleep(0.05)
         _reap(w.pid)
         self._pidfile(w.stage, w.replica).unlink(missing_ok=True)
+        Path(w.log_file).with_suffix(".port").unlink(missing_ok=True)
 
     def stop(self, grace_s: float = 30.0) -> int:
         """Stop every worker of this topic prefix; returns how many were running."""

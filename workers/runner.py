@@ -1,46 +1,92 @@
 """Run one stage of the pipeline in this process: `mmstream worker <stage>`.
 
 A stage's engine loads and warms up before its Faust worker starts, so the worker joins
-its consumer group only when it can serve at full speed.
+its consumer group only when it can serve at full speed. Every worker serves Prometheus
+metrics on its own port and writes the bound port next to its pid file.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-from typing import Callable
+from typing import Any, Callable
 
 import faust
 
+from schemas.errors import ErrorCode, WireError
+from schemas.jobs import EncodeJob
 from streams.app import create_app
+from streams.metrics import Metrics, serve
 from streams.settings import Settings
 from streams.topics import ensure_topics, topic_specs
 
 log = logging.getLogger(__name__)
 
-STAGES = ("router", "assembler", "encode.text")
+STAGES = ("router", "assembler", "encode.text", "encode.image", "lagmon")
+
+Installer = Callable[[faust.App, Settings, Metrics], None]
 
 
-def _install_text_encoder(app: faust.App, settings: Settings) -> None:
+def _refs_not_served(job: EncodeJob) -> WireError:
+    return WireError(ErrorCode.INVALID_REQUEST, "claim-check refs are not served yet; send the bytes inline",
+                     f"parts.{job.part}.ref")
+
+
+def _install_text_encoder(app: faust.App, settings: Settings, metrics: Metrics) -> None:
     from workers.encode_worker import EncoderLoop
     from workers.engine import OnnxEngine
     from workers.repository import ModelRepository
     from workers.text import TextEncoder, TextPreprocessor
 
     config = ModelRepository(settings.models.repository).resolve(settings.models.text_model)
-    engine = OnnxEngine(config, settings.encoder.precision, settings.encoder.intra_op_threads,
-                        allow_spinning=settings.encoder.allow_spinning)
-    info = engine.load()
+    engine = _engine(OnnxEngine, config, settings, metrics, "encode.text")
     pre = TextPreprocessor(config.tokenizer_path, config.max_length)
     encoder = TextEncoder(engine, pre, embedding_dim=config.embedding_dim)
     encoder.warmup()
-    log.info("encode.text: %s", info)
-    loop = EncoderLoop(app, settings, "text", lambda jobs: encoder.run_batch([j.text for j in jobs]),
-                       cost=lambda job: float(pre.count_tokens(job.text or "")))
-    loop.install()
+    EncoderLoop(app, settings, metrics, "text", lambda jobs: encoder.run_batch([j.text for j in jobs]),
+                cost=lambda job: float(pre.count_tokens(job.text or ""))).install()
 
 
-def _installer(stage: str) -> Callable[[faust.App, Settings], None]:
+def _install_image_encoder(app: faust.App, settings: Settings, metrics: Metrics) -> None:
+    from workers.encode_worker import Encoded, EncoderLoop
+    from workers.engine import OnnxEngine
+    from workers.image import ImageEncoder, load_labels
+    from workers.repository import ModelRepository
+
+    config = ModelRepository(settings.models.repository).resolve(settings.models.image_model)
+    engine = _engine(OnnxEngine, config, settings, metrics, "encode.image")
+    encoder = ImageEncoder(engine, load_labels(config.directory / "labels.json"),
+                           max_pixels=settings.limits.max_image_pixels)
+    encoder.warmup()
+
+    def run_batch(jobs: list[EncodeJob]) -> list[Any]:
+        inline = [j for j in jobs if j.data is not None]
+        results = iter(encoder.run_batch([(j.data, j.mime) for j in inline]))
+        out: list[Any] = []
+        for j in jobs:
+            if j.data is None:
+                out.append(_refs_not_served(j))
+                continue
+            r = next(results)
+            out.append(r if isinstance(r, Exception) else
+                       Encoded(r.embedding, {"top5": [[label, round(p, 5)] for label, p in r.top5]}))
+        return out
+
+    # Every image is resized to 224x224 before the engine, so one image costs one unit.
+    EncoderLoop(app, settings, metrics, "image", run_batch, cost=lambda job: 1.0).install()
+
+
+def _engine(engine_cls: Any, config: Any, settings: Settings, metrics: Metrics, stage: str) -> Any:
+    engine = engine_cls(config, settings.encoder.precision, settings.encoder.intra_op_threads,
+                        allow_spinning=settings.encoder.allow_spinning)
+    info = engine.load()
+    metrics.set_engine(stage, dataclasses.asdict(info))
+    log.info("%s: %s", stage, info)
+    return engine
+
+
+def _installer(stage: str) -> Installer:
     if stage == "router":
         from streams.agents import install_router
         return install_router
@@ -49,20 +95,41 @@ def _installer(stage: str) -> Callable[[faust.App, Settings], None]:
         return install_assembler
     if stage == "encode.text":
         return _install_text_encoder
+    if stage == "encode.image":
+        return _install_image_encoder
     raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
 
 
-def build_stage(settings: Settings, stage: str, replica: int = 0) -> faust.App:
+def build_stage(settings: Settings, stage: str, metrics: Metrics, replica: int = 0) -> faust.App:
     """The Faust app of ``stage`` with its agents installed (and its engine warm)."""
     install = _installer(stage)
     app = create_app(settings, stage, replica)
-    install(app, settings)
+    install(app, settings, metrics)
     return app
 
 
+def port_file(settings: Settings, stage: str, replica: int) -> Any:
+    return settings.local.state_dir / "workers" / settings.kafka.topic_prefix / f"{stage}-{replica}.port"
+
+
 def run_stage(settings: Settings, stage: str, replica: int = 0, loglevel: str = "info") -> None:
-    """Create the topics, build the stage and run its worker until SIGTERM/SIGINT."""
+    """Create the topics, build the stage, serve its metrics and run it until SIGTERM/SIGINT."""
     asyncio.run(ensure_topics(settings.kafka.bootstrap, topic_specs(settings.kafka), settings.kafka.replication_factor))
-    app = build_stage(settings, stage, replica)
+    if stage == "lagmon":
+        from streams.lagmon import run_lag_monitor
+
+        run_lag_monitor(settings, settings.metrics.port, settings.metrics.lag_interval_s,
+                        on_bound=lambda port: _write_port(settings, stage, replica, port))
+        return
+    metrics = Metrics()
+    app = build_stage(settings, stage, metrics, replica)
+    _write_port(settings, stage, replica, serve(settings.metrics.port, metrics.registry, settings.metrics.bind))
     worker = faust.Worker(app, loglevel=loglevel, quiet=True)
     worker.execute_from_commandline()
+
+
+def _write_port(settings: Settings, stage: str, replica: int, port: int) -> None:
+    path = port_file(settings, stage, replica)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(str(port))
+    log.info("%s[%d]: metrics on http://%s:%d/metrics", stage, replica, settings.metrics.bind, port)

@@ -50,6 +50,7 @@ def start_pipeline(infra: Settings, replicas: dict[str, int], **extra_env: str) 
     env = dict(os.environ)
     env["MMSTREAM_KAFKA_TOPIC_PREFIX"] = f"t{uuid.uuid4().hex[:10]}"
     env["MMSTREAM_KAFKA_PARTITIONS"] = "2"
+    env["MMSTREAM_LOCAL_METRICS_BASE_PORT"] = "0"  # never collide with a developer's `mmstream up`
     env.update(extra_env)
     settings = Settings.from_env(env)
     asyncio.run(ensure_topics(settings.kafka.bootstrap, topic_specs(settings.kafka)))
@@ -83,6 +84,6 @@ async def wait_ready(pipe: Pipeline, timeout_s: float = 180.0) -> None:
 
 @pytest.fixture(scope="session")
 def pipeline(infra: Settings) -> Pipeline:
-    pipe = start_pipeline(infra, {"router": 1, "assembler": 1, "encode.text": 1})
+    pipe = start_pipeline(infra, {"router": 1, "assembler": 1, "encode.text": 1, "encode.image": 1, "lagmon": 1})
     yield pipe
     pipe.supervisor.stop()
