@@ -180,6 +180,9 @@ def _timings(state: Assembly, now_ms: float) -> dict[str, Any]:
         "e2e_ms": round(now_ms - m.client_sent_at_ms, 3),
         "accepted_at_ms": m.accepted_at_ms,
         "stages": breakdown(stages),
-        "parts": [{"index": p.part, "modality": p.modality, "stages": breakdown(spans_from_wire(p.trace))}
+        # Per part: the breakdown, and the raw spans (epoch ms) so a client can see which
+        # parts of its request ran at the same time.
+        "parts": [{"index": p.part, "modality": p.modality, "stages": breakdown(spans_from_wire(p.trace)),
+                   "spans": p.trace}
                   for p in sorted(state.parts.values(), key=lambda p: p.part)],
     }

@@ -19,12 +19,14 @@ class Out:
     key: bytes | None
     value: bytes
     headers: list[tuple[str, bytes]] = field(default_factory=list)
+    partition: int | None = None
+    """None: the producer's partitioner picks from the key."""
 
 
-def out_map(topic: str, key: str | bytes, obj: dict[str, Any]) -> Out:
+def out_map(topic: str, key: str | bytes, obj: dict[str, Any], partition: int | None = None) -> Out:
     """An output whose value is a MessagePack map."""
     k = key.encode() if isinstance(key, str) else key
-    return Out(topic, k, pack(obj), [(CONTENT_TYPE_HEADER, MSGPACK.encode())])
+    return Out(topic, k, pack(obj), [(CONTENT_TYPE_HEADER, MSGPACK.encode())], partition)
 
 
 async def send_all(producer: Any, outs: list[Out]) -> None:
@@ -33,6 +35,6 @@ async def send_all(producer: Any, outs: list[Out]) -> None:
     Raises the first send error; the caller decides what that means for its input.
     """
     ts = now_ms() / 1000.0
-    pending = [await producer.send(o.topic, o.key, o.value, None, ts, o.headers) for o in outs]
+    pending = [await producer.send(o.topic, o.key, o.value, o.partition, ts, o.headers) for o in outs]
     if pending:
         await asyncio.gather(*pending)

@@ -89,7 +89,8 @@ class Router:
             return Routed([out_map(reply_to or self.topics.results, rid, event.to_wire())], "error", str(err.code))
         client_sent = record_ts_ms if record_ts_ms else started
         plan = split_request(
-            req, topics=self.topics, served_modalities=self.served_modalities, client_sent_at_ms=client_sent,
+            req, topics=self.topics, partitions=self.settings.kafka.partitions,
+            served_modalities=self.served_modalities, client_sent_at_ms=client_sent,
             started_at_ms=started, now_ms=now_ms(), default_deadline_ms=self.settings.limits.default_deadline_ms,
         )
         m = plan.manifest
@@ -98,7 +99,7 @@ class Router:
         encoded = self.topics.encoded(req.lane)
         outs = [out_map(m.reply_to, req.id, accepted.to_wire()), out_map(encoded, req.id, m.to_wire())]
         outs += [out_map(encoded, req.id, p.to_wire()) for p in plan.failed_parts]
-        outs += [out_map(j.topic, j.key, j.job.to_wire()) for j in plan.jobs]
+        outs += [out_map(j.topic, j.key, j.job.to_wire(), j.partition) for j in plan.jobs]
         modalities = set(m.modalities)
         return Routed(outs, "ok", modality=modalities.pop() if len(modalities) == 1 else "mixed", lane=str(req.lane),
                       queued_ms=max(0.0, started - client_sent), service_ms=m.accepted_at_ms - started)

@@ -4,6 +4,7 @@ pool serves here). Pure: the router agent produces what this returns."""
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 from schemas.errors import ErrorCode, WireError
@@ -18,6 +19,7 @@ class RoutedJob:
     topic: str
     key: bytes
     job: EncodeJob
+    partition: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,10 +30,19 @@ class RoutePlan:
     """Parts answered by the router itself (sent to the assembler like encoder output)."""
 
 
+def spread_partitions(request_id: str, n_parts: int, partitions: int) -> list[int]:
+    """Consecutive partitions from a stable start per request, so the parts of one request
+    land on different partitions (and so on different replicas) and encode in parallel,
+    while different requests start at different places."""
+    start = zlib.crc32(request_id.encode()) % partitions
+    return [(start + i) % partitions for i in range(n_parts)]
+
+
 def split_request(
     req: Request,
     *,
     topics: TopicNames,
+    partitions: int,
     served_modalities: frozenset[str],
     client_sent_at_ms: float,
     started_at_ms: float,
@@ -54,6 +65,7 @@ def split_request(
     )
     jobs: list[RoutedJob] = []
     failed: list[EncodedPart] = []
+    spread = spread_partitions(req.id, len(req.parts), partitions)
     for i, part in enumerate(req.parts):
         modality = str(part.modality)
         if modality not in served_modalities:
@@ -67,5 +79,5 @@ def split_request(
             deadline_at_ms=deadline_at, sent_at_ms=now_ms, text=part.text, data=part.data, ref=part.ref,
             mime=part.mime,
         )
-        jobs.append(RoutedJob(topics.encode(modality, req.lane), f"{req.id}:{i}".encode(), job))
+        jobs.append(RoutedJob(topics.encode(modality, req.lane), f"{req.id}:{i}".encode(), job, spread[i]))
     return RoutePlan(manifest, jobs, failed)

@@ -171,6 +171,8 @@ class EncoderLoop:
 
     def _failed(self, job: EncodeJob, err: WireError, span: list[Any] | None = None) -> Out:
         self.metrics.request_done(self.stage, "error", str(err.code))
+        if err.field is None:  # say which part of the request it was
+            err = WireError(err.code, err.message, f"parts.{job.part}", err.retry_after_ms)
         part = EncodedPart(id=job.id, part=job.part, modality=self.modality, sent_at_ms=now_ms(),
                            error=err.to_wire(), trace=job.trace + ([span] if span else []))
         return out_map(self.names.encoded(job.lane), job.id, part.to_wire())

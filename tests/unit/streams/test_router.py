@@ -86,3 +86,13 @@ def test_outcome_says_how_the_record_went():
     bad = asyncio.run(r.handle(pack({"id": "o2", "parts": []}), [], None, "t"))
     assert (bad.outcome, bad.code) == ("error", "invalid_request")
     assert asyncio.run(r.handle(b"\xc1", [], None, "t")).outcome == "dlq"
+
+
+def test_parts_of_one_request_are_spread_over_partitions():
+    from streams.split import spread_partitions
+
+    r = make_router(kafka__partitions="4")
+    raw = pack({"id": "s1", "parts": [{"modality": "text", "text": str(i)} for i in range(4)]})
+    outs = handle(r, raw)
+    assert sorted(o.partition for o in outs if o.topic == "mm.encode.text.rt") == [0, 1, 2, 3]
+    assert spread_partitions("x", 6, 4) == [(spread_partitions("x", 1, 4)[0] + i) % 4 for i in range(6)]

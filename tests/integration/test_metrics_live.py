@@ -1,0 +1,56 @@
+"""After a short real run, every worker's /metrics has the families and labels the
+dashboard relies on (parsed with prometheus-client's own parser)."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from schemas.request import Modality, Part, Request
+from streams.client import Client, new_id
+
+pytestmark = pytest.mark.integration
+
+
+def scrape(port: int) -> dict[str, list]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+async def test_workers_expose_stage_metrics_after_traffic(pipeline):
+    async with Client(pipeline.bootstrap, pipeline.prefix) as client:
+        subs = [await client.submit(Request(id=new_id(), parts=(Part(Modality.TEXT, text=f"metrics {i}"),)))
+                for i in range(10)]
+        await asyncio.gather(*(s.result(timeout_s=60) for s in subs))
+        bad = await client.submit_raw(new_id(), b"\xc1 not a request", "application/msgpack")
+    await asyncio.sleep(6)  # one lag-monitor refresh
+    workers = {w.stage: w for w in pipeline.supervisor.workers()}
+    ports = {stage: w.metrics_port for stage, w in workers.items()}
+    assert all(ports.values()), ports
+
+    router = scrape(ports["router"])
+    done = {(s.labels["stage"], s.labels["outcome"]): s.value for s in router["mmstream_requests"]
+            if s.name.endswith("_total")}
+    assert done[("route", "ok")] >= 10 and done[("route", "dlq")] >= 1
+    assert any(s.labels == {"stage": "route", "modality": "text", "lane": "rt"}
+               for s in router["mmstream_stage_queue_seconds"])
+
+    encoder = scrape(ports["encode.text"])
+    assert any(s.name == "mmstream_batch_size_count" and s.value >= 1 for s in encoder["mmstream_batch_size"])
+    info = encoder["mmstream_engine_info"]  # the parser keeps the _info suffix of an info family
+    assert info and info[0].labels["model"] == "all-minilm-l6-v2" and info[0].labels["provider"]
+
+    assembler = scrape(ports["assembler"])
+    e2e = [s for s in assembler["mmstream_e2e_seconds"] if s.name == "mmstream_e2e_seconds_count"]
+    assert e2e and e2e[0].labels == {"modality": "text", "lane": "rt"} and e2e[0].value >= 10
+
+    lag = scrape(ports["lagmon"])["mmstream_consumer_lag"]
+    groups = {s.labels["group"] for s in lag}
+    assert {f"{pipeline.prefix}-router", f"{pipeline.prefix}-encode-text", f"{pipeline.prefix}-assembler"} <= groups
+    for family in (router, encoder, assembler):
+        for name, samples in family.items():
+            for s in samples:
+                assert "id" not in s.labels, f"{name} has a request-id label"
