@@ -1,18 +1,31 @@
-"""`mmstream bench`: open-loop Poisson arrivals against the running pipeline.
+"""`mmstream bench`: open-loop Poisson arrivals against the running pipeline, or against the
+monolithic baseline (``streams.monolith``) fed by the very same schedule.
 
 Open loop: requests are sent on a schedule fixed by the seed, whether or not earlier ones
-have been answered, so a slow pipeline shows up as queueing instead of a lower offered
-rate. e2e is measured by the client (send -> terminal event received).
+have been answered, so a slow server shows up as queueing instead of a lower offered
+rate. e2e is measured by the client (send -> terminal event received) in pipeline mode,
+and from arrival in the queue to the batch's end in monolithic mode.
+
+Both modes draw the same arrival times and the same requests from ``seed``, and both
+state ``floor_ms``: each engine's service time alone at batch 1, measured in this process
+before the run, so a report can say how much of the latency is not compute.
+
+Output: one run dict per rate (schema in ``streams.report.BENCH_SCHEMA``); a sweep
+(several rates) returns ``{"mode", "workload", "seed", "runs": [run, ...]}``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import io
+import os
 import random
+import resource
 import time
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
 
 from schemas.request import Lane, Modality, Part, Request
 from streams.client import Client, Submission, new_id
@@ -22,15 +35,72 @@ from streams.stats import summary
 WORDS = ("stream partition consumer latency model image token batch queue cache request encoder "
          "pipeline broker replica offset video audio text embedding vector kafka worker stage").split()
 
+MODES = ("pipeline", "monolithic")
+WORKLOADS = ("text", "mixed")
+# Request kinds of the mixed workload and their shares (text-only, text + 1 image, text + 2).
+MIXED_KINDS = (("text", 0.5), ("text+image", 0.3), ("text+2images", 0.2))
+SAMPLE_PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry")
+FLOOR_TEXT_WORDS = 13  # the median length of `text_request` (e^2.6 words)
+
 
 @dataclass(frozen=True)
 class BenchConfig:
+    """One benchmark invocation: a workload at one or several offered rates, in one mode."""
+
     workload: str = "text"
+    """``text`` (one text part) or ``mixed`` (``MIXED_KINDS``)."""
     rate: float = 20.0
+    """Offered requests per second (used when ``rates`` is empty)."""
     duration_s: float = 20.0
+    """Seconds of arrivals per rate."""
     drain_s: float = 30.0
+    """Seconds to wait for stragglers after the last arrival; unanswered ones count as lost."""
     seed: int = 1
+    """Seeds arrivals and requests: the same seed gives both modes the same schedule."""
     lane: str = "rt"
+    mode: str = "pipeline"
+    """``pipeline`` (the running workers, over Kafka) or ``monolithic`` (``streams.monolith``)."""
+    rates: tuple[float, ...] = ()
+    """A sweep: one run per rate, in order. Empty: just ``rate``."""
+    max_batch_size: int | None = None
+    """Monolith's fixed batch size; None: ``settings.encoder.max_batch_size`` (as the encoders)."""
+    max_wait_ms: float | None = None
+    """Monolith's batch wait; None: ``settings.encoder.max_wait_ms`` (as the encoders)."""
+    floor_repeats: int = 20
+    """Batch-1 engine calls per engine for ``floor_ms`` (the median is reported)."""
+
+    def __post_init__(self) -> None:
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"unknown workload {self.workload!r}; workloads: {', '.join(WORKLOADS)}")
+        if self.mode not in MODES:
+            raise ValueError(f"unknown mode {self.mode!r}; modes: {', '.join(MODES)}")
+        if any(r <= 0 for r in self.sweep) or self.duration_s <= 0:
+            raise ValueError("rates and duration must be positive")
+
+    @property
+    def sweep(self) -> tuple[float, ...]:
+        return tuple(self.rates) or (self.rate,)
+
+
+@dataclass
+class Record:
+    """One request's outcome, the same shape for both modes."""
+
+    kind: str
+    parts: tuple[str, ...]
+    sent_at_ms: float
+    done_at_ms: float | None = None
+    outcome: str | None = None
+    """``ok``, an error code, or None when nothing came back (lost)."""
+    stages: list[dict[str, Any]] = field(default_factory=list)
+
+
+def parse_rates(text: str) -> tuple[float, ...]:
+    """``"5,10,20"`` -> ``(5.0, 10.0, 20.0)``; raises ``ValueError`` on anything else."""
+    rates = tuple(float(x) for x in text.split(",") if x.strip())
+    if not rates or any(r <= 0 for r in rates):
+        raise ValueError(f"--rates takes positive numbers separated by commas, got {text!r}")
+    return rates
 
 
 def arrival_offsets(rate: float, duration_s: float, rng: random.Random) -> list[float]:
@@ -44,38 +114,184 @@ def arrival_offsets(rate: float, duration_s: float, rng: random.Random) -> list[
     return out
 
 
+def _text(rng: random.Random, n: int | None = None) -> str:
+    n = n if n is not None else min(120, max(5, int(rng.lognormvariate(2.6, 0.7))))
+    return " ".join(rng.choice(WORDS) for _ in range(n)).capitalize() + "."
+
+
 def text_request(rng: random.Random, lane: str) -> Request:
     """A text of 5 to 120 words (mostly short, like real queries), deterministic from rng."""
-    n = min(120, max(5, int(rng.lognormvariate(2.6, 0.7))))
-    text = " ".join(rng.choice(WORDS) for _ in range(n)).capitalize() + "."
-    return Request(id=new_id(), parts=(Part(Modality.TEXT, text=text),), lane=Lane(lane))
+    return Request(id=new_id(), parts=(Part(Modality.TEXT, text=_text(rng)),), lane=Lane(lane))
+
+
+@functools.lru_cache(maxsize=1)
+def sample_images() -> tuple[tuple[bytes, str], ...]:
+    """JPEG bytes (quality 90) of scikit-image's sample photos: the same bytes every call and
+    every run. Raises ``RuntimeError`` naming the package when scikit-image is missing."""
+    try:
+        import skimage.data
+    except ImportError:
+        raise RuntimeError("the mixed workload needs scikit-image (pip install scikit-image)") from None
+    from PIL import Image
+
+    out = []
+    for name in SAMPLE_PHOTOS:
+        buf = io.BytesIO()
+        Image.fromarray(getattr(skimage.data, name)()).convert("RGB").save(buf, "JPEG", quality=90)
+        out.append((buf.getvalue(), "image/jpeg"))
+    return tuple(out)
+
+
+def mixed_request(rng: random.Random, lane: str) -> Request:
+    """A text part plus 0, 1 or 2 sample photos with the shares of ``MIXED_KINDS``."""
+    x, kind = rng.random(), MIXED_KINDS[-1][0]
+    acc = 0.0
+    for name, share in MIXED_KINDS:
+        acc += share
+        if x < acc:
+            kind = name
+            break
+    images = sample_images()
+    n_images = {"text": 0, "text+image": 1, "text+2images": 2}[kind]
+    parts = [Part(Modality.TEXT, text=_text(rng))]
+    for _ in range(n_images):
+        data, mime = images[rng.randrange(len(images))]
+        parts.append(Part(Modality.IMAGE, data=data, mime=mime))
+    return Request(id=new_id(), parts=tuple(parts), lane=Lane(lane))
+
+
+def request_kind(request: Request) -> str:
+    """``text``, ``text+image`` or ``text+2images`` (any other mix: its modalities joined)."""
+    n_images = sum(p.modality == Modality.IMAGE for p in request.parts)
+    if all(p.modality in (Modality.TEXT, Modality.IMAGE) for p in request.parts) and len(request.parts) == n_images + 1:
+        return ("text", "text+image", "text+2images")[n_images] if n_images < 3 else f"text+{n_images}images"
+    return "+".join(str(p.modality) for p in request.parts)
+
+
+def schedule(cfg: BenchConfig, rate: float) -> tuple[list[float], list[Request]]:
+    """The arrival offsets and requests of one run: a function of (seed, rate, workload) only."""
+    rng = random.Random(f"{cfg.seed}:{rate}")
+    offsets = arrival_offsets(rate, cfg.duration_s, rng)
+    make = text_request if cfg.workload == "text" else mixed_request
+    return offsets, [make(rng, cfg.lane) for _ in offsets]
+
+
+# -- process accounting --------------------------------------------------------------
+
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of ``pid`` from /proc/<pid>/stat; None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) * _TICK_S  # utime, stime (fields 14, 15)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def proc_peak_rss_mb(pid: int) -> float | None:
+    """Peak resident set (VmHWM) of ``pid`` since it started, in MiB; None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024.0, 1)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _workers(settings: Settings) -> list[tuple[str, int]]:
+    from streams.supervisor import Supervisor
+
+    return [(f"{w.stage}[{w.replica}]", w.pid) for w in Supervisor(settings).workers() if w.alive]
+
+
+# -- running ---------------------------------------------------------------------------
 
 
 async def run_bench(settings: Settings, cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
-    if cfg.workload != "text":
-        raise ValueError(f"unknown workload {cfg.workload!r}")
-    rng = random.Random(cfg.seed)
-    offsets = arrival_offsets(cfg.rate, cfg.duration_s, rng)
-    requests = [text_request(rng, cfg.lane) for _ in offsets]
-    subs: list[Submission] = []
-    async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix) as client:
-        waits: list[asyncio.Task] = []
-        start = time.monotonic()
-        bar = _Progress(len(offsets), enabled=progress)
+    """Run ``cfg``: one run per rate of ``cfg.sweep``, each fed by ``schedule(cfg, rate)``.
+
+    Loads the text engine (and the image engine for ``mixed``) in this process first to
+    measure ``floor_ms``; monolithic mode then serves with them. Raises ``ValueError`` on a
+    bad config, ``ClientError`` when the pipeline is not up (pipeline mode), and whatever
+    loading a model raises.
+    """
+    from streams.monolith import Engines
+
+    engines = await asyncio.to_thread(Engines, settings, cfg.workload == "mixed")
+    floor = engines.floor_ms(_text(random.Random(0), FLOOR_TEXT_WORDS),
+                             sample_images()[0] if cfg.workload == "mixed" else None, cfg.floor_repeats)
+    runs = []
+    for rate in cfg.sweep:
+        if cfg.mode == "pipeline":
+            run = await _run_pipeline(settings, cfg, rate, progress)
+        else:
+            run = await _run_monolith(settings, cfg, rate, engines, progress)
+        run["floor_ms"] = floor
+        run["engines"] = engines.info
+        run["overhead_ms"] = overhead(run["latency_ms"], floor)
+        runs.append(run)
+    if len(runs) == 1:
+        return runs[0]
+    return {"mode": cfg.mode, "workload": cfg.workload, "seed": cfg.seed, "config": _config(cfg), "runs": runs}
+
+
+async def _send_on_schedule(offsets: Sequence[float], requests: Sequence[Request],
+                            send: Callable[[Request], Any], progress: bool) -> float:
+    """Call ``send`` for each request at its offset; returns the seconds the sending took."""
+    bar = _Progress(len(offsets), enabled=progress)
+    start = time.monotonic()
+    try:
         for offset, req in zip(offsets, requests):
             delay = start + offset - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            sub = await client.submit(req)
-            subs.append(sub)
-            waits.append(asyncio.create_task(_wait(sub, cfg.duration_s + cfg.drain_s)))
+            result = send(req)
+            if asyncio.iscoroutine(result):
+                await result
             bar.advance()
-        sent_elapsed = time.monotonic() - start
-        await asyncio.wait(waits, timeout=cfg.drain_s) if waits else None
+    finally:
+        bar.close()
+    return time.monotonic() - start
+
+
+async def _run_pipeline(settings: Settings, cfg: BenchConfig, rate: float, progress: bool) -> dict[str, Any]:
+    offsets, requests = schedule(cfg, rate)
+    workers = _workers(settings)
+    pairs: list[tuple[Request, Submission]] = []
+    async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix) as client:
+        waits: list[asyncio.Task] = []
+        cpu0 = {name: proc_cpu_s(pid) for name, pid in workers}
+        own0 = time.process_time()
+
+        async def send(req: Request) -> None:
+            sub = await client.submit(req)
+            pairs.append((req, sub))
+            waits.append(asyncio.create_task(_wait(sub, cfg.duration_s + cfg.drain_s)))
+
+        sent_s = await _send_on_schedule(offsets, requests, send, progress)
+        if waits:
+            await asyncio.wait(waits, timeout=cfg.drain_s)
         for t in waits:
             t.cancel()
-        bar.close()
-    return _report(cfg, subs, sent_elapsed)
+        cpu1 = {name: proc_cpu_s(pid) for name, pid in workers}
+        own_cpu_s = time.process_time() - own0
+    records = [_pipeline_record(req, sub) for req, sub in pairs]
+    worker_cpu = {n: round(cpu1[n] - cpu0[n], 3) for n in cpu0 if cpu0[n] is not None and cpu1.get(n) is not None}
+    ok = sum(r.outcome == "ok" for r in records)
+    cpu = {
+        "scope": "sum of the pipeline workers' processes (broker and client excluded)",
+        "total_s": round(sum(worker_cpu.values()), 3),
+        "per_process_s": worker_cpu,
+        "client_s": round(own_cpu_s, 3),
+    }
+    cpu["per_request_ms"] = round(cpu["total_s"] * 1000.0 / ok, 3) if ok else None
+    rss = {name: proc_peak_rss_mb(pid) for name, pid in workers}
+    return build_run("pipeline", cfg, rate, records, sent_s, cpu, rss)
 
 
 async def _wait(sub: Submission, timeout_s: float) -> None:
@@ -85,42 +301,135 @@ async def _wait(sub: Submission, timeout_s: float) -> None:
         pass
 
 
-def _report(cfg: BenchConfig, subs: list[Submission], sent_elapsed: float) -> dict[str, Any]:
-    done = [s for s in subs if s.terminal is not None]
-    ok = [s for s in done if s.terminal.kind == "result"]
-    errors = Counter(s.terminal.error["code"] for s in done if s.terminal.kind == "error" and s.terminal.error)
-    e2e = [s.terminal_at_ms - s.sent_at_ms for s in ok]
-    stages: dict[str, dict[str, list[float]]] = defaultdict(lambda: {"queued": [], "service": []})
-    for s in ok:
-        for st in (s.terminal.timings or {}).get("stages", []):
-            stages[st["stage"]]["queued"].append(st["queued_ms"])
-            stages[st["stage"]]["service"].append(st["service_ms"])
-    if ok:
-        first = min(s.sent_at_ms for s in ok)
-        last = max(s.terminal_at_ms for s in ok)
-        achieved = len(ok) / max(1e-9, (last - first) / 1000.0)
+def _pipeline_record(req: Request, sub: Submission) -> Record:
+    rec = Record(request_kind(req), tuple(str(p.modality) for p in req.parts), sub.sent_at_ms)
+    t = sub.terminal
+    if t is None:
+        return rec
+    rec.done_at_ms = sub.terminal_at_ms
+    if t.kind == "result":
+        rec.outcome = "ok"
     else:
-        achieved = 0.0
-    e2e_summary = summary(e2e)
-    engine = summary(stages["encode.text"]["service"]) if "encode.text" in stages else {"count": 0}
-    overhead = (round(e2e_summary["p50"] - engine["p50"], 3)
-                if e2e_summary.get("count") and engine.get("count") else None)
+        rec.outcome = (t.error or {}).get("code", "internal")
+    rec.stages = [dict(s) for s in (t.timings or {}).get("stages", [])]
+    return rec
+
+
+async def _run_monolith(settings: Settings, cfg: BenchConfig, rate: float, engines: Any,
+                        progress: bool) -> dict[str, Any]:
+    from streams.monolith import FifoLimits, Monolith
+
+    offsets, requests = schedule(cfg, rate)
+    limits = FifoLimits(cfg.max_batch_size or settings.encoder.max_batch_size,
+                        (cfg.max_wait_ms if cfg.max_wait_ms is not None else settings.encoder.max_wait_ms) / 1000.0)
+    mono = Monolith(engines, limits)
+    cpu0 = time.process_time()
+    server = asyncio.create_task(mono.run())
+    sent_s = await _send_on_schedule(offsets, requests, mono.submit, progress)
+    mono.close()
+    try:
+        await asyncio.wait_for(asyncio.shield(server), cfg.drain_s)
+    except asyncio.TimeoutError:
+        pass  # what is still queued counts as lost; the thread finishes its batch and stops
+    cpu_s = time.process_time() - cpu0
+    records = []
+    for o in mono.outcomes:
+        rec = Record(request_kind(o.request), tuple(str(p.modality) for p in o.request.parts), o.arrived_at_ms)
+        if o.finished_at_ms is not None:
+            rec.done_at_ms = o.finished_at_ms
+            rec.outcome = "ok" if len(o.errors) < len(o.request.parts) else "internal"
+            rec.stages = list(o.spans)
+        records.append(rec)
+    ok = sum(r.outcome == "ok" for r in records)
+    cpu = {"scope": "the bench process (monolith and its arrival loop)", "total_s": round(cpu_s, 3),
+           "per_process_s": {"monolith": round(cpu_s, 3)},
+           "per_request_ms": round(cpu_s * 1000.0 / ok, 3) if ok else None}
+    rss = {"monolith": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)}
+    run = build_run("monolithic", cfg, rate, records, sent_s, cpu, rss)
+    run["batch_size"] = summary(mono.batch_sizes)
+    run["batching"] = {"max_batch_size": limits.max_batch_size, "max_wait_ms": limits.max_wait_s * 1000.0}
+    if not server.done():
+        server.cancel()
+    return run
+
+
+# -- the report of one run ---------------------------------------------------------------
+
+
+def build_run(mode: str, cfg: BenchConfig, rate: float, records: Sequence[Record], sent_s: float,
+              cpu: dict[str, Any], rss_mb: dict[str, float | None]) -> dict[str, Any]:
+    """The JSON of one run from its records (pure: no clocks, no I/O)."""
+    done = [r for r in records if r.outcome is not None]
+    ok = [r for r in done if r.outcome == "ok"]
+    errors = Counter(r.outcome for r in done if r.outcome != "ok")
+    by_kind: dict[str, list[Record]] = defaultdict(list)
+    for r in ok:
+        by_kind[r.kind].append(r)
+    if ok:
+        window_s = max(1e-9, (max(r.done_at_ms for r in ok) - min(r.sent_at_ms for r in ok)) / 1000.0)
+    else:
+        window_s = 0.0
+    latency: dict[str, Any] = {}
+    samples: dict[str, list[float]] = {}
+    for kind, recs in sorted(by_kind.items()):
+        e2e = [r.done_at_ms - r.sent_at_ms for r in recs]
+        stages: dict[str, dict[str, list[float]]] = defaultdict(lambda: {"queued": [], "service": []})
+        for r in recs:
+            for st in r.stages:
+                stages[st["stage"]]["queued"].append(st["queued_ms"])
+                stages[st["stage"]]["service"].append(st["service_ms"])
+        latency[kind] = {"e2e": summary(e2e),
+                         "stages": {name: {"queued": summary(v["queued"]), "service": summary(v["service"])}
+                                    for name, v in stages.items()}}
+        samples[kind] = [round(x, 3) for x in sorted(e2e)]
+    parts = Counter(m for r in ok for m in r.parts)
     return {
-        "mode": "pipeline",
+        "mode": mode,
         "workload": cfg.workload,
-        "config": asdict(cfg),
-        "offered_rate": round(len(subs) / sent_elapsed, 3) if sent_elapsed > 0 else 0.0,
-        "achieved_rate": round(achieved, 3),
-        "requests": {"sent": len(subs), "ok": len(ok), "errors": dict(errors), "lost": len(subs) - len(done)},
-        "latency_ms": {
-            "text": {
-                "e2e": e2e_summary,
-                "stages": {name: {"queued": summary(v["queued"]), "service": summary(v["service"])}
-                           for name, v in stages.items()},
-            }
+        "config": {**_config(cfg), "rate": rate},
+        "offered_rate": round(len(records) / sent_s, 3) if sent_s > 0 else 0.0,
+        "achieved_rate": round(len(ok) / window_s, 3) if window_s else 0.0,
+        "requests": {"sent": len(records), "ok": len(ok), "errors": dict(errors),
+                     "lost": len(records) - len(done)},
+        "latency_ms": latency,
+        "throughput": {
+            "requests_per_s": {k: round(len(v) / window_s, 3) for k, v in sorted(by_kind.items())} if window_s else {},
+            "parts_per_s": {m: round(n / window_s, 3) for m, n in sorted(parts.items())} if window_s else {},
         },
-        "overhead_ms": {"p50_e2e_minus_engine_service": overhead},
+        "cpu": cpu,
+        "peak_rss_mb": rss_mb,
+        "samples_ms": {"e2e": samples},
     }
+
+
+def overhead(latency: dict[str, Any], floor: dict[str, float]) -> dict[str, Any]:
+    """Latency beyond pure compute, per request kind (milliseconds, at p50 and p95).
+
+    ``total``: e2e minus the compute floor of the kind's parts run one after another at
+    batch 1 (a text kind's floor is the text engine's; ``text+2images`` adds two image
+    floors). ``hops``: per engine stage, queue + service minus that engine's floor: what
+    one hop costs beyond the engine itself.
+    """
+    out: dict[str, Any] = {}
+    for kind, lat in latency.items():
+        n_images = {"text": 0, "text+image": 1, "text+2images": 2}.get(kind)
+        if n_images is None or not lat["e2e"].get("count"):
+            continue
+        base = floor.get("encode.text", 0.0) + n_images * floor.get("encode.image", 0.0)
+        hops = {}
+        for stage, st in lat["stages"].items():
+            if stage in floor and st["service"].get("count"):
+                hops[stage] = {q: round(st["queued"][q] + st["service"][q] - floor[stage], 3) for q in ("p50", "p95")}
+        out[kind] = {"floor_ms": round(base, 3),
+                     "total": {q: round(lat["e2e"][q] - base, 3) for q in ("p50", "p95")},
+                     "hops": hops}
+    return out
+
+
+def _config(cfg: BenchConfig) -> dict[str, Any]:
+    d = asdict(cfg)
+    d["rates"] = list(cfg.sweep)
+    return d
 
 
 class _Progress:
