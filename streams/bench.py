@@ -451,3 +451,58 @@ class _Progress:
     def close(self) -> None:
         if self._p:
             self._p.stop()
+
+
+# -- command line -------------------------------------------------------------------------
+
+
+def config_from_args(args: Any) -> BenchConfig:
+    """A ``BenchConfig`` from the parsed ``mmstream bench`` arguments (see ``cli_main``).
+    Raises ``ValueError`` on a bad value."""
+    return BenchConfig(workload=args.workload, rate=args.rate, duration_s=args.duration, drain_s=args.drain,
+                       seed=args.seed, lane=args.lane, mode=args.mode,
+                       rates=parse_rates(args.rates) if args.rates else (),
+                       max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms)
+
+
+def cli_main(args: Any, settings: Settings) -> int:
+    """``mmstream bench [run] ...`` and ``mmstream bench compare A.json [B.json] --report DIR``.
+
+    run: runs the benchmark, prints the JSON (and writes it to ``--out``), and with
+    ``--report DIR`` writes the report there; exits 1 when a request was lost.
+    compare: validates the given JSONs and writes the report of all of them to ``--report``
+    (default ``bench-report``); exits 2 when one does not validate.
+    """
+    import json
+    from pathlib import Path
+
+    from streams import report
+
+    if getattr(args, "action", "run") == "compare":
+        if not args.inputs:
+            raise ValueError("bench compare needs one or more bench JSON files")
+        try:
+            docs = [json.loads(Path(p).read_text()) for p in args.inputs]
+            path = report.write_report(docs, Path(args.report or "bench-report"),
+                                       labels=_compare_labels(docs, [Path(p) for p in args.inputs]))
+        except report.BenchSchemaError as exc:
+            print(f"mmstream: {exc}")
+            return 2
+        print(f"wrote {path}")
+        return 0
+    doc = asyncio.run(run_bench(settings, config_from_args(args)))
+    report.validate(doc)
+    text = json.dumps(doc, indent=2)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    print(text)
+    if args.report:
+        print(f"wrote {report.write_report([doc], Path(args.report))}")
+    runs = doc.get("runs", [doc])
+    return 0 if all(r["requests"]["lost"] == 0 for r in runs) else 1
+
+
+def _compare_labels(docs: list[dict[str, Any]], paths: list[Any]) -> list[str]:
+    modes = [d.get("mode", "?") for d in docs]
+    return [m if modes.count(m) == 1 else f"{m} ({p.stem})" for m, p in zip(modes, paths)]
