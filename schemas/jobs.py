@@ -41,6 +41,8 @@ class EncodeJob:
     ref: str | None = None
     mime: str | None = None
     trace: list[Any] = field(default_factory=list)
+    chunk: int | None = None
+    """For a fanned-out part (a video's frames): which chunk of the part this job is."""
 
     TYPE = "encode"
 
@@ -49,7 +51,7 @@ class EncodeJob:
         m.update(id=self.id, part=self.part, n_parts=self.n_parts, modality=self.modality, lane=self.lane,
                  tenant=self.tenant, deadline_at_ms=self.deadline_at_ms, sent_at_ms=self.sent_at_ms,
                  trace=self.trace)
-        for name in ("text", "data", "ref", "mime"):
+        for name in ("text", "data", "ref", "mime", "chunk"):
             value = getattr(self, name)
             if value is not None:
                 m[name] = value
@@ -62,7 +64,8 @@ class EncodeJob:
             return cls(id=str(m["id"]), part=int(m["part"]), n_parts=int(m["n_parts"]), modality=str(m["modality"]),
                        lane=str(m["lane"]), tenant=str(m["tenant"]), deadline_at_ms=float(m["deadline_at_ms"]),
                        sent_at_ms=float(m["sent_at_ms"]), text=m.get("text"), data=m.get("data"),
-                       ref=m.get("ref"), mime=m.get("mime"), trace=list(m.get("trace") or []))
+                       ref=m.get("ref"), mime=m.get("mime"), trace=list(m.get("trace") or []),
+                       chunk=None if m.get("chunk") is None else int(m["chunk"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed encode job: {exc}") from None
 
@@ -121,14 +124,27 @@ class EncodedPart:
     cache: str | None = None
     """'hit' or 'miss' when the reuse cache was consulted."""
     trace: list[Any] = field(default_factory=list)
+    n_chunks: int | None = None
+    """Set on the header of a part that fans out (a video's frame chunks): how many chunk
+    results the assembler waits for before it pools them into this part."""
+    chunk: int | None = None
+    """Set on one chunk's result: its index among the part's ``n_chunks``."""
 
     TYPE = "part"
+
+    @property
+    def is_header(self) -> bool:
+        return self.n_chunks is not None and self.chunk is None and self.error is None
 
     def to_wire(self) -> dict[str, Any]:
         m = _base(self.TYPE)
         m.update(id=self.id, part=self.part, modality=self.modality, sent_at_ms=self.sent_at_ms,
                  embedding=self.embedding, error=self.error, extras=self.extras, cache=self.cache,
                  trace=self.trace)
+        if self.n_chunks is not None:
+            m["n_chunks"] = self.n_chunks
+        if self.chunk is not None:
+            m["chunk"] = self.chunk
         return m
 
     @classmethod
@@ -137,7 +153,9 @@ class EncodedPart:
         try:
             return cls(id=str(m["id"]), part=int(m["part"]), modality=str(m["modality"]),
                        sent_at_ms=float(m["sent_at_ms"]), embedding=m.get("embedding"), error=m.get("error"),
-                       extras=dict(m.get("extras") or {}), cache=m.get("cache"), trace=list(m.get("trace") or []))
+                       extras=dict(m.get("extras") or {}), cache=m.get("cache"), trace=list(m.get("trace") or []),
+                       n_chunks=None if m.get("n_chunks") is None else int(m["n_chunks"]),
+                       chunk=None if m.get("chunk") is None else int(m["chunk"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed encoded part: {exc}") from None
 

@@ -21,6 +21,7 @@ from schemas.events import Event, EventKind
 from schemas.jobs import DeadlineTick, EncodedPart, Manifest
 from schemas.trace import Span, breakdown, spans_from_wire
 from streams.lifecycle import RequestStatus, advance
+from streams.pooling import pool_chunks
 
 TERMINAL_SEQ = 1  # seq 0 is the router's `accepted`
 
@@ -33,6 +34,10 @@ class Assembly:
     """Lane of the topic the request's messages arrive on (where its deadline ticks go)."""
     manifest: Manifest | None = None
     parts: dict[int, EncodedPart] = field(default_factory=dict)
+    """Finished parts (a fanned-out part lands here once its chunks are pooled)."""
+    headers: dict[int, EncodedPart] = field(default_factory=dict)
+    """Headers of fanned-out parts still waiting for chunks."""
+    chunks: dict[int, dict[int, EncodedPart]] = field(default_factory=dict)
     done_at_ms: float | None = None
 
     @property
@@ -45,6 +50,9 @@ class Assembly:
             "manifest": self.manifest.to_wire() if self.manifest else None,
             # A finished request keeps only its tombstone, not its embeddings.
             "parts": {} if self.done else {str(i): p.to_wire() for i, p in self.parts.items()},
+            "headers": {} if self.done else {str(i): p.to_wire() for i, p in self.headers.items()},
+            "chunks": {} if self.done else {str(i): {str(k): c.to_wire() for k, c in cs.items()}
+                                            for i, cs in self.chunks.items()},
             "done_at_ms": self.done_at_ms,
         }, use_bin_type=True)
 
@@ -55,6 +63,9 @@ class Assembly:
             status=RequestStatus(m["status"]), first_seen_ms=float(m["first_seen_ms"]), lane=m.get("lane", "rt"),
             manifest=Manifest.from_wire(m["manifest"]) if m.get("manifest") else None,
             parts={int(i): EncodedPart.from_wire(p) for i, p in (m.get("parts") or {}).items()},
+            headers={int(i): EncodedPart.from_wire(p) for i, p in (m.get("headers") or {}).items()},
+            chunks={int(i): {int(k): EncodedPart.from_wire(c) for k, c in cs.items()}
+                    for i, cs in (m.get("chunks") or {}).items()},
             done_at_ms=m.get("done_at_ms"),
         )
 
@@ -95,10 +106,32 @@ def step(state: Assembly | None, msg: Manifest | EncodedPart | DeadlineTick, now
     elif isinstance(msg, EncodedPart):
         if msg.part in state.parts or (state.manifest and not 0 <= msg.part < state.manifest.n_parts):
             return Step(state, changed=False)
-        state = replace(state, parts={**state.parts, msg.part: msg})
+        if msg.chunk is not None:
+            have = state.chunks.get(msg.part, {})
+            if msg.chunk in have:
+                return Step(state, changed=False)
+            state = replace(state, chunks={**state.chunks, msg.part: {**have, msg.chunk: msg}})
+        elif msg.is_header:
+            if msg.part in state.headers:
+                return Step(state, changed=False)
+            state = replace(state, headers={**state.headers, msg.part: msg})
+        else:
+            state = replace(state, parts={**state.parts, msg.part: msg})
+        state = _pool_if_complete(state, msg.part)
     if state.manifest is not None and len(state.parts) >= state.manifest.n_parts:
         return _complete(state, now_ms, deadline_hit=False)
     return Step(state)
+
+
+def _pool_if_complete(state: Assembly, part: int) -> Assembly:
+    header = state.headers.get(part)
+    chunks = state.chunks.get(part, {})
+    if header is None or header.n_chunks is None or len(chunks) < header.n_chunks:
+        return state
+    pooled = pool_chunks(header, chunks, complete=True)
+    headers = {i: h for i, h in state.headers.items() if i != part}
+    rest = {i: c for i, c in state.chunks.items() if i != part}
+    return replace(state, parts={**state.parts, part: pooled}, headers=headers, chunks=rest)
 
 
 def _tick(state: Assembly, now_ms: float, policy: AssemblyPolicy) -> Step:
@@ -129,6 +162,8 @@ def _complete(state: Assembly, now_ms: float, deadline_hit: bool) -> Step:
     results: list[dict[str, Any]] = []
     for i in range(m.n_parts):
         p = state.parts.get(i)
+        if p is None and i in state.headers:  # the deadline came first: pool what is there
+            p = pool_chunks(state.headers[i], state.chunks.get(i, {}), complete=False)
         if p is None:
             results.append({"index": i, "modality": m.modalities[i], "embedding": None,
                             "error": timeout.to_wire(), "extras": {}, "cache": None})

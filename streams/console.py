@@ -49,6 +49,8 @@ def latency_table(rows: list[tuple[str, Event, float]]) -> Any:
         for s in stage_times(ev):
             if s not in stages:
                 stages.append(s)
+    # Pipeline order: route first, encoders in between, assemble last.
+    stages.sort(key=lambda s: (s != "route", s == "assemble", s))
     table = Table(title="latency per request (ms): queued / service per stage")
     table.add_column("request")
     table.add_column("outcome")

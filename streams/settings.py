@@ -83,10 +83,18 @@ class EncoderSettings:
 @dataclass(frozen=True)
 class RouterSettings:
     served_modalities: str = setting(
-        "text,image", "Comma-separated modalities with an encoder pool; parts of others fail with unsupported_media."
+        "text,image,video", "Comma-separated modalities with an encoder pool; parts of others fail with unsupported_media."
     )
     served_tasks: str = setting("embed", "Comma-separated tasks this deployment answers.")
     topic_cache_s: float = setting(10.0, "How long the router trusts its list of existing reply topics.")
+
+
+@dataclass(frozen=True)
+class VideoSettings:
+    max_seconds: float = setting(120.0, "Longest video accepted; longer ones fail with payload_too_large.")
+    fps: float = setting(1.0, "Frames sampled per second of video.")
+    max_frames: int = setting(16, "Most frames sampled from one video: bounds its cost on the image pool.")
+    frames_per_chunk: int = setting(4, "Frames per image-pool job: smaller chunks spread one video over more replicas.")
 
 
 @dataclass(frozen=True)
@@ -146,6 +154,7 @@ class Settings:
     encoder: EncoderSettings = field(default_factory=EncoderSettings)
     assembler: AssemblerSettings = field(default_factory=AssemblerSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
+    video: VideoSettings = field(default_factory=VideoSettings)
     local: LocalSettings = field(default_factory=LocalSettings)
     models: ModelSettings = field(default_factory=ModelSettings)
 

@@ -166,7 +166,7 @@ class EncoderLoop:
                     outs.append(out_map(self.names.encoded(j.job.lane), j.job.id, EncodedPart(
                         id=j.job.id, part=j.job.part, modality=self.modality, sent_at_ms=now_ms(),
                         embedding=to_wire(out.embedding, self.wire_dtype), extras=out.extras,
-                        trace=j.job.trace + [span]).to_wire()))
+                        trace=j.job.trace + [span], chunk=j.job.chunk).to_wire()))
         await self._finish(outs, [p.item.event for p in batch.items])
 
     def _failed(self, job: EncodeJob, err: WireError, span: list[Any] | None = None) -> Out:
@@ -174,7 +174,7 @@ class EncoderLoop:
         if err.field is None:  # say which part of the request it was
             err = WireError(err.code, err.message, f"parts.{job.part}", err.retry_after_ms)
         part = EncodedPart(id=job.id, part=job.part, modality=self.modality, sent_at_ms=now_ms(),
-                           error=err.to_wire(), trace=job.trace + ([span] if span else []))
+                           error=err.to_wire(), trace=job.trace + ([span] if span else []), chunk=job.chunk)
         return out_map(self.names.encoded(job.lane), job.id, part.to_wire())
 
     async def _finish(self, outs: list[Out], events: list[Any]) -> None:

@@ -13,6 +13,7 @@ import logging
 from typing import Any, Callable
 
 import faust
+import numpy as np
 
 from schemas.errors import ErrorCode, WireError
 from schemas.jobs import EncodeJob
@@ -23,7 +24,7 @@ from streams.topics import ensure_topics, topic_specs
 
 log = logging.getLogger(__name__)
 
-STAGES = ("router", "assembler", "encode.text", "encode.image", "lagmon")
+STAGES = ("router", "assembler", "encode.text", "encode.image", "encode.video", "lagmon")
 
 Installer = Callable[[faust.App, Settings, Metrics], None]
 
@@ -60,21 +61,37 @@ def _install_image_encoder(app: faust.App, settings: Settings, metrics: Metrics)
                            max_pixels=settings.limits.max_image_pixels)
     encoder.warmup()
 
+    from workers.video import FRAME_BYTES, FRAMES_MIME, frames_from_bytes
+
+    def frame_chunk(job: EncodeJob) -> Any:
+        """A video's frame chunk: the sum of its frames' embeddings (pooled by the assembler)."""
+        try:
+            outputs = encoder.encode(frames_from_bytes(job.data or b""))
+        except Exception as exc:
+            return exc
+        return Encoded(np.sum([o.embedding for o in outputs], axis=0),
+                       {"frames": len(outputs), "labels": [o.top5[0][0] for o in outputs]})
+
     def run_batch(jobs: list[EncodeJob]) -> list[Any]:
-        inline = [j for j in jobs if j.data is not None]
-        results = iter(encoder.run_batch([(j.data, j.mime) for j in inline]))
+        photos = [j for j in jobs if j.data is not None and j.mime != FRAMES_MIME]
+        results = iter(encoder.run_batch([(j.data, j.mime) for j in photos]))
         out: list[Any] = []
         for j in jobs:
             if j.data is None:
                 out.append(_refs_not_served(j))
-                continue
-            r = next(results)
-            out.append(r if isinstance(r, Exception) else
-                       Encoded(r.embedding, {"top5": [[label, round(p, 5)] for label, p in r.top5]}))
+            elif j.mime == FRAMES_MIME:
+                out.append(frame_chunk(j))
+            else:
+                r = next(results)
+                out.append(r if isinstance(r, Exception) else
+                           Encoded(r.embedding, {"top5": [[label, round(p, 5)] for label, p in r.top5]}))
         return out
 
-    # Every image is resized to 224x224 before the engine, so one image costs one unit.
-    EncoderLoop(app, settings, metrics, "image", run_batch, cost=lambda job: 1.0).install()
+    def cost(job: EncodeJob) -> float:
+        # Every image is resized to 224x224 before the engine: one image (or frame) is one unit.
+        return max(1.0, len(job.data or b"") / FRAME_BYTES) if job.mime == FRAMES_MIME else 1.0
+
+    EncoderLoop(app, settings, metrics, "image", run_batch, cost=cost).install()
 
 
 def _engine(engine_cls: Any, config: Any, settings: Settings, metrics: Metrics, stage: str) -> Any:
@@ -97,6 +114,9 @@ def _installer(stage: str) -> Installer:
         return _install_text_encoder
     if stage == "encode.image":
         return _install_image_encoder
+    if stage == "encode.video":
+        from workers.video_stage import install_video_fanout
+        return install_video_fanout
     raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
 
 

@@ -84,6 +84,8 @@ async def wait_ready(pipe: Pipeline, timeout_s: float = 180.0) -> None:
 
 @pytest.fixture(scope="session")
 def pipeline(infra: Settings) -> Pipeline:
-    pipe = start_pipeline(infra, {"router": 1, "assembler": 1, "encode.text": 1, "encode.image": 1, "lagmon": 1})
+    pipe = start_pipeline(infra, {"router": 1, "assembler": 1, "encode.text": 1, "encode.image": 1,
+                                  "encode.video": 1, "lagmon": 1},
+                          MMSTREAM_VIDEO_FRAMES_PER_CHUNK="2")  # several chunks per test clip
     yield pipe
     pipe.supervisor.stop()

@@ -3,13 +3,11 @@ failing only their own part, and the parts of one request encoding in parallel."
 
 from __future__ import annotations
 
-import io
 import struct
 import zlib
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from schemas.request import Modality, Part, Request
 from schemas.tensor import from_wire
@@ -21,12 +19,7 @@ pytestmark = pytest.mark.integration
 CATS = {"tabby", "tiger cat", "Egyptian cat", "Persian cat", "Siamese cat"}
 
 
-def photo(name: str, fmt: str = "JPEG") -> bytes:
-    from skimage import data
-
-    buf = io.BytesIO()
-    Image.fromarray(getattr(data, name)()).save(buf, fmt)
-    return buf.getvalue()
+from tests.media import photo, video
 
 
 def png_header_claiming(width: int, height: int) -> bytes:
@@ -95,3 +88,22 @@ async def test_four_images_encode_in_parallel_on_four_workers(image_pool):
     assert len(windows) == 4
     starts, finishes = [s[2] for s in windows], [s[3] for s in windows]
     assert max(starts) < min(finishes), windows
+
+
+async def test_a_video_is_sampled_encoded_in_chunks_and_pooled(pipeline):
+    clip = video(["chelsea", "coffee", "astronaut", "chelsea", "rocket"], seconds_each=1.0)
+    async with Client(pipeline.bootstrap, pipeline.prefix) as client:
+        sub = await client.submit(Request(id=new_id(), parts=(
+            Part(Modality.VIDEO, data=clip, mime="video/mp4"),
+            Part(Modality.VIDEO, data=b"\x00\x00\x00\x18ftypmp42 broken", mime="video/mp4"))))
+        event = await sub.result(timeout_s=120)
+    assert event.kind == "result" and event.payload["partial"]
+    good, bad = event.payload["parts"]
+    emb = from_wire(good["embedding"]).astype(np.float32)
+    assert emb.shape == (1280,) and abs(float(np.linalg.norm(emb)) - 1.0) < 1e-2
+    extras = good["extras"]
+    assert extras["frames_sampled"] == 5 and extras["frames_encoded"] == 5 and extras["complete"]
+    assert len(extras["frame_labels"]) == 5 and extras["frame_labels"][0] in CATS
+    stages = [s[0] for s in event.timings["parts"][0]["spans"]]
+    assert stages[0] == "encode.video" and "encode.image" in stages
+    assert bad["error"]["code"] == "unsupported_media" and bad["error"]["field"] == "parts.1"

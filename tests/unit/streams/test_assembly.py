@@ -118,3 +118,44 @@ def test_at_most_one_terminal_event_and_exactly_one_once_complete(msgs, tick_tim
     complete = "m" in msgs and ({"p0", "p1", "p2"} <= set(msgs))
     if complete:
         assert emitted == 1
+
+
+def video_msgs(n_chunks=3):
+    m = Manifest(id="r", task="embed", tenant="t", lane="rt", reply_to="mm.results", n_parts=1,
+                 modalities=["video"], deadline_at_ms=100.0, accepted_at_ms=1.0, client_sent_at_ms=0.0, sent_at_ms=1.0)
+    header = EncodedPart(id="r", part=0, modality="video", sent_at_ms=2.0, n_chunks=n_chunks,
+                         extras={"duration_s": 3.0}, trace=[["encode.video", 1.0, 1.5, 2.0]])
+    rng = np.random.default_rng(1)
+    frames = [rng.normal(size=(2, 8)) for _ in range(n_chunks)]
+    frames = [f / np.linalg.norm(f, axis=1, keepdims=True) for f in frames]
+    chunks = [EncodedPart(id="r", part=0, modality="image", sent_at_ms=5.0 + k, chunk=k,
+                          embedding=to_wire(frames[k].sum(axis=0), "float32"),
+                          extras={"frames": 2, "labels": [f"l{k}a", f"l{k}b"]}, trace=[["encode.image", 2.0, 3.0, 4.0 + k]])
+              for k in range(n_chunks)]
+    expected = np.concatenate(frames).mean(axis=0)
+    return m, header, chunks, expected / np.linalg.norm(expected)
+
+
+def test_video_chunks_pool_into_one_part_whatever_the_order():
+    from schemas.tensor import from_wire
+
+    m, header, chunks, expected = video_msgs()
+    for order in ([m, header, *chunks], [*reversed(chunks), chunks[0], m, header], [chunks[1], header, m, chunks[2], chunks[0]]):
+        _, events = run(order)
+        assert len(events) == 1, order
+        part = events[0].payload["parts"][0]
+        got = from_wire(part["embedding"]).astype(np.float32)
+        assert float(got @ expected) > 0.999
+        assert part["extras"]["frames_encoded"] == 6 and part["extras"]["complete"]
+        assert part["extras"]["frame_labels"] == ["l0a", "l0b", "l1a", "l1b", "l2a", "l2b"]
+        assert part["extras"]["duration_s"] == 3.0
+
+
+def test_video_at_deadline_pools_the_chunks_it_has():
+    m, header, chunks, _ = video_msgs()
+    state, events = run([m, header, chunks[0]])
+    assert not events
+    r = step(state, DeadlineTick("r"), 100.0, POLICY)
+    part = r.emit.payload["parts"][0]
+    assert r.emit.kind == "result" and part["embedding"] is not None
+    assert part["extras"]["frames_encoded"] == 2 and part["extras"]["complete"] is False

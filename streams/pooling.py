@@ -1,0 +1,37 @@
+"""Pooling the chunk results of a fanned-out part (a video's frame chunks) into one part.
+
+Each chunk result carries the SUM of its frames' unit embeddings (float32 on the wire) and
+``extras.frames`` / ``extras.labels``; the pooled embedding is the mean over all frames,
+L2-normalized, so chunking never changes the answer. Pure: plain data in and out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from schemas.jobs import EncodedPart
+from schemas.tensor import from_wire, to_wire
+
+
+def pool_chunks(header: EncodedPart, chunks: dict[int, EncodedPart], complete: bool) -> EncodedPart:
+    """One part from its header and the chunk results that arrived (``complete``: all of them)."""
+    ok = [chunks[k] for k in sorted(chunks) if chunks[k].error is None and chunks[k].embedding is not None]
+    last = max(chunks.values(), key=lambda c: c.sent_at_ms) if chunks else header
+    trace = list(header.trace) + [s for s in last.trace if s not in header.trace]
+    if not ok:
+        failed = next((c.error for c in chunks.values() if c.error), None)
+        error = failed or {"code": "deadline_exceeded", "message": "no frame chunk was encoded before the deadline",
+                           "field": f"parts.{header.part}", "retriable": True, "retry_after_ms": 0}
+        return EncodedPart(id=header.id, part=header.part, modality=header.modality, sent_at_ms=last.sent_at_ms,
+                           error=error, extras=dict(header.extras), trace=trace)
+    total = sum((from_wire(c.embedding).astype(np.float64) for c in ok), np.zeros(1))
+    frames = sum(int(c.extras.get("frames", 1)) for c in ok)
+    norm = float(np.linalg.norm(total))
+    pooled = (total / norm if norm > 0 else total).astype(np.float32)
+    extras: dict[str, Any] = dict(header.extras)
+    extras.update(frames_encoded=frames, complete=complete and len(ok) == header.n_chunks,
+                  frame_labels=[label for c in ok for label in c.extras.get("labels", [])])
+    return EncodedPart(id=header.id, part=header.part, modality=header.modality, sent_at_ms=last.sent_at_ms,
+                       embedding=to_wire(pooled, "float16"), extras=extras, trace=trace)

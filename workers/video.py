@@ -1,0 +1,108 @@
+"""Video parts: decode, sample frames, and fan them out as frame chunks to the image pool.
+
+The video stage does no model work of its own. It decodes a clip (PyAV, off the event
+loop), samples up to ``max_frames`` frames at ``fps``, and cuts them into chunks of
+``frames_per_chunk``. Each chunk becomes an encode job on the IMAGE topic (so N image
+replicas encode one video's chunks in parallel); a header part tells the assembler how
+many chunk results to pool into the video's embedding (streams/pooling.py).
+
+Frames travel as raw RGB, 256x256, uint8 (``FRAMES_MIME``): the image encoder's own
+resize-and-crop then takes the same centre 224x224 it takes from a photo.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+from schemas.errors import ErrorCode, WireError
+
+FRAMES_MIME = "video/x-mm-frames"
+FRAME_SIDE = 256
+FRAME_BYTES = FRAME_SIDE * FRAME_SIDE * 3
+PREPROCESSING_VERSION = "video-frames-256-v1"
+
+
+@dataclass(frozen=True, slots=True)
+class SampledVideo:
+    frames: np.ndarray
+    """uint8 [n, 256, 256, 3]."""
+    duration_s: float
+    has_audio: bool
+
+
+def decode_video(data: bytes, max_seconds: float, max_frames: int, fps: float) -> SampledVideo:
+    """Sample frames of an MP4/WebM/... clip at ``fps`` (at most ``max_frames``).
+
+    Raises ``WireError``: ``payload_too_large`` past ``max_seconds``, ``unsupported_media``
+    for bytes PyAV cannot read as a video.
+    """
+    import av
+
+    try:
+        container = av.open(io.BytesIO(data), mode="r")
+    except (av.error.FFmpegError, ValueError) as exc:
+        raise WireError(ErrorCode.UNSUPPORTED_MEDIA, f"not a readable video ({exc.__class__.__name__})") from None
+    with container:
+        if not container.streams.video:
+            raise WireError(ErrorCode.UNSUPPORTED_MEDIA, "the file has no video stream")
+        stream = container.streams.video[0]
+        duration = _duration_s(container, stream)
+        if duration is not None and duration > max_seconds:
+            raise WireError(ErrorCode.PAYLOAD_TOO_LARGE,
+                            f"video is {duration:.1f} s long; the limit is {max_seconds:.0f} s")
+        frames: list[np.ndarray] = []
+        next_t, last_t = 0.0, 0.0
+        try:
+            for frame in container.decode(stream):
+                t = float(frame.time) if frame.time is not None else last_t
+                last_t = t
+                if t > max_seconds:
+                    raise WireError(ErrorCode.PAYLOAD_TOO_LARGE, f"video runs past the limit of {max_seconds:.0f} s")
+                if t + 1e-6 >= next_t:
+                    frames.append(_square(frame.to_image()))
+                    next_t = t + 1.0 / fps
+                    if len(frames) >= max_frames:
+                        break
+        except av.error.FFmpegError as exc:
+            if not frames:
+                raise WireError(ErrorCode.UNSUPPORTED_MEDIA, f"the video stream does not decode ({exc})") from None
+        if not frames:
+            raise WireError(ErrorCode.UNSUPPORTED_MEDIA, "the video has no decodable frame")
+        return SampledVideo(np.stack(frames), duration if duration is not None else last_t,
+                            bool(container.streams.audio))
+
+
+def _duration_s(container, stream) -> float | None:
+    if stream.duration is not None and stream.time_base is not None:
+        return float(stream.duration * stream.time_base)
+    if container.duration is not None:
+        return container.duration / 1_000_000.0
+    return None
+
+
+def _square(image: Image.Image) -> np.ndarray:
+    """Shorter side to 256, centre crop 256x256, RGB uint8."""
+    image = image.convert("RGB")
+    w, h = image.size
+    scale = FRAME_SIDE / min(w, h)
+    size = (max(FRAME_SIDE, round(w * scale)), max(FRAME_SIDE, round(h * scale)))
+    image = image.resize(size, Image.Resampling.BICUBIC)
+    left, top = (size[0] - FRAME_SIDE) // 2, (size[1] - FRAME_SIDE) // 2
+    return np.asarray(image.crop((left, top, left + FRAME_SIDE, top + FRAME_SIDE)), dtype=np.uint8)
+
+
+def chunk_frames(frames: np.ndarray, per_chunk: int) -> list[bytes]:
+    """Raw bytes of consecutive frame groups, ``per_chunk`` frames each (the last may be short)."""
+    return [frames[i:i + per_chunk].tobytes() for i in range(0, len(frames), per_chunk)]
+
+
+def frames_from_bytes(data: bytes) -> list[Image.Image]:
+    """The frames of one chunk, as PIL images; raises ``WireError`` if the size is not whole frames."""
+    if not data or len(data) % FRAME_BYTES:
+        raise WireError(ErrorCode.INVALID_REQUEST, f"a frame chunk of {len(data)} bytes is not whole 256x256 RGB frames")
+    arr = np.frombuffer(data, dtype=np.uint8).reshape(-1, FRAME_SIDE, FRAME_SIDE, 3)
+    return [Image.fromarray(f) for f in arr]
