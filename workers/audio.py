@@ -3,7 +3,7 @@
 Recipe, fixed by ``PREPROCESSING_VERSION``:
 
 1. ``decode_audio``: WAV, FLAC, Ogg (Vorbis/Opus) or MP3, decoded by PyAV (FFmpeg bundled
-   in its wheel), downmixed to mono and resampled to 16 kHz float32. The duration is
+   in its wheel), resampled to 16 kHz float32 and downmixed to mono by averaging channels. The duration is
    checked from the header when the container states one, and again while decoding, so an
    over-long clip is refused without decoding all of it.
 2. ``speech_segments``: Silero VAD v6 (the ONNX copy bundled with faster-whisper, run on
@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 
 # The reuse cache keys on this (with the model id and version): bump it whenever the
 # samples or features fed to the model for a given input could change.
-PREPROCESSING_VERSION = "audio-pyav-16k-mono-silero6-t50-sil500-pad200-pack30-whisper80mel-v1"
+PREPROCESSING_VERSION = "audio-pyav-16k-meanmono-silero6-t50-sil500-pad200-pack30-whisper80mel-v1"
 
 SAMPLE_RATE = 16_000
 WINDOW_SAMPLES = 30 * SAMPLE_RATE  # Whisper's fixed 30 s input
@@ -127,14 +127,18 @@ def _decode_stream(container: Any, limit: int) -> np.ndarray:
     import av
 
     stream = container.streams.audio[0]
-    resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
+    # Planar float at 16 kHz, channels kept: they are averaged below. FFmpeg's own mono
+    # downmix scales each channel by 1/sqrt(2), which makes a centred stereo source 3 dB
+    # louder than its mono original.
+    resampler = av.AudioResampler(format="fltp", layout=None, rate=SAMPLE_RATE)
     chunks: list[np.ndarray] = []
     total = 0
 
     def take(frames: Any) -> None:
         nonlocal total
         for frame in frames:
-            array = frame.to_ndarray().reshape(-1)
+            planes = frame.to_ndarray()  # [channels, samples]
+            array = planes[0] if len(planes) == 1 else planes.mean(axis=0)
             chunks.append(array)
             total += len(array)
 
