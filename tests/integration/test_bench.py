@@ -1,0 +1,39 @@
+"""The bench against real workers and the real models: both modes produce valid JSON,
+and `mmstream top --once` shows every stage of the pipeline."""
+
+from __future__ import annotations
+
+import pytest
+from rich.console import Console
+
+from streams.bench import BenchConfig, run_bench
+from streams.report import validate, write_report
+from streams.supervisor import DEFAULT_REPLICAS
+from streams.top import run_top
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("mode", ["pipeline", "monolithic"])
+async def test_a_short_bench_run_produces_valid_json(pipeline, mode, tmp_path) -> None:
+    cfg = BenchConfig(workload="text", rate=4.0, duration_s=5.0, drain_s=20.0, seed=5, mode=mode)
+    doc = await run_bench(pipeline.settings, cfg, progress=False)
+    [run] = validate(doc)
+    assert run["mode"] == mode
+    assert run["requests"]["sent"] > 5 and run["requests"]["lost"] == 0
+    assert run["requests"]["ok"] == run["requests"]["sent"]
+    assert run["floor_ms"]["encode.text"] > 0
+    assert "encode.text" in run["latency_ms"]["text"]["stages"]
+    assert run["cpu"]["per_request_ms"] > 0
+    if mode == "pipeline":
+        assert {"router[0]", "encode.text[0]", "assembler[0]"} <= set(run["cpu"]["per_process_s"])
+    assert write_report([doc], tmp_path).is_file()
+
+
+async def test_top_once_shows_every_stage(pipeline) -> None:
+    console = Console(record=True, width=200)
+    assert await run_top(pipeline.settings, once=True, interval_s=0.5, console=console) == 0
+    text = console.export_text()
+    for stage in DEFAULT_REPLICAS:
+        assert stage in text
+    assert f"{pipeline.prefix}.ingress.rt" in text
