@@ -90,6 +90,19 @@ class RouterSettings:
 
 
 @dataclass(frozen=True)
+class CacheSettings:
+    enabled: bool = setting(True, "Reuse encoder outputs from Redis; off, every part is computed.")
+    cross_tenant: bool = setting(
+        False, "Share cached outputs between tenants (same content, same answer); off, the tenant is in the key."
+    )
+    ttl_text_s: int = setting(3600, "How long a text embedding stays reusable.")
+    ttl_image_s: int = setting(3600, "How long an image (or video frame chunk) embedding stays reusable.")
+    timeout_ms: float = setting(50.0, "Redis socket timeout: past it a lookup counts as a miss and a failure.")
+    breaker_failures: int = setting(3, "Consecutive Redis failures that open the breaker (cache bypassed).")
+    breaker_cooldown_s: float = setting(10.0, "How long the breaker stays open before one trial call.")
+
+
+@dataclass(frozen=True)
 class VideoSettings:
     max_seconds: float = setting(120.0, "Longest video accepted; longer ones fail with payload_too_large.")
     fps: float = setting(1.0, "Frames sampled per second of video.")
@@ -155,6 +168,7 @@ class Settings:
     assembler: AssemblerSettings = field(default_factory=AssemblerSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     video: VideoSettings = field(default_factory=VideoSettings)
+    cache: CacheSettings = field(default_factory=CacheSettings)
     local: LocalSettings = field(default_factory=LocalSettings)
     models: ModelSettings = field(default_factory=ModelSettings)
 

@@ -45,6 +45,8 @@ class Encoded:
 
     embedding: np.ndarray
     extras: dict[str, Any]
+    cache: str | None = None
+    """'hit' or 'miss' when the reuse cache was consulted for this part."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +168,7 @@ class EncoderLoop:
                     outs.append(out_map(self.names.encoded(j.job.lane), j.job.id, EncodedPart(
                         id=j.job.id, part=j.job.part, modality=self.modality, sent_at_ms=now_ms(),
                         embedding=to_wire(out.embedding, self.wire_dtype), extras=out.extras,
-                        trace=j.job.trace + [span], chunk=j.job.chunk).to_wire()))
+                        trace=j.job.trace + [span], chunk=j.job.chunk, cache=out.cache).to_wire()))
         await self._finish(outs, [p.item.event for p in batch.items])
 
     def _failed(self, job: EncodeJob, err: WireError, span: list[Any] | None = None) -> Out:

@@ -45,8 +45,12 @@ def _install_text_encoder(app: faust.App, settings: Settings, metrics: Metrics) 
     pre = TextPreprocessor(config.tokenizer_path, config.max_length)
     encoder = TextEncoder(engine, pre, embedding_dim=config.embedding_dim)
     encoder.warmup()
-    EncoderLoop(app, settings, metrics, "text", lambda jobs: encoder.run_batch([j.text for j in jobs]),
-                cost=lambda job: float(pre.count_tokens(job.text or ""))).install()
+    from workers.text import PREPROCESSING_VERSION, normalize
+
+    run = _with_cache(settings, metrics, "text", lambda jobs: encoder.run_batch([j.text for j in jobs]),
+                      lambda job: normalize(job.text or "").encode(), config, PREPROCESSING_VERSION,
+                      settings.cache.ttl_text_s)
+    EncoderLoop(app, settings, metrics, "text", run, cost=lambda job: float(pre.count_tokens(job.text or ""))).install()
 
 
 def _install_image_encoder(app: faust.App, settings: Settings, metrics: Metrics) -> None:
@@ -91,7 +95,36 @@ def _install_image_encoder(app: faust.App, settings: Settings, metrics: Metrics)
         # Every image is resized to 224x224 before the engine: one image (or frame) is one unit.
         return max(1.0, len(job.data or b"") / FRAME_BYTES) if job.mime == FRAMES_MIME else 1.0
 
-    EncoderLoop(app, settings, metrics, "image", run_batch, cost=cost).install()
+    from workers.image import PREPROCESSING_VERSION
+
+    # Keyed by the bytes as sent (not yet by decoded pixels): the same file hits.
+    run = _with_cache(settings, metrics, "image", run_batch, lambda job: job.data, config,
+                      f"{PREPROCESSING_VERSION}+{FRAMES_MIME}", settings.cache.ttl_image_s)
+    EncoderLoop(app, settings, metrics, "image", run, cost=cost).install()
+
+
+def _with_cache(settings: Settings, metrics: Metrics, modality: str, run_batch: Any,
+                content: Callable[[EncodeJob], bytes | None], config: Any, preprocessing: str, ttl_s: int) -> Any:
+    """``run_batch`` behind the Redis reuse cache, or as it is when the cache is off."""
+    if not settings.cache.enabled:
+        return run_batch
+    from streams.policies.breaker import CircuitBreaker
+    from streams.policies.cache_keys import cache_key, content_digest
+    from workers.cache import CachingBatch, EncoderCache
+
+    c = settings.cache
+    cache = EncoderCache(settings.redis.url, ttl_s, c.timeout_ms / 1000.0,
+                         CircuitBreaker(c.breaker_failures, c.breaker_cooldown_s))
+
+    def key_of(job: EncodeJob) -> str | None:
+        data = content(job)
+        if not data:
+            return None
+        return cache_key(modality=modality, digest=content_digest(data), model=config.name, version=config.version,
+                         precision=settings.encoder.precision, preprocessing=preprocessing,
+                         tenant=None if c.cross_tenant else job.tenant)
+
+    return CachingBatch(run_batch, key_of, cache, metrics, modality)
 
 
 def _engine(engine_cls: Any, config: Any, settings: Settings, metrics: Metrics, stage: str) -> Any:

@@ -1,0 +1,26 @@
+"""Keys of the reuse cache. A key changes whenever anything that could change the answer
+changes: modality, model id, version, precision, preprocessing version, the normalized
+content, and the tenant (unless the deployment opts into cross-tenant sharing). So the
+cache can never change an answer, only skip recomputing it."""
+
+from __future__ import annotations
+
+import hashlib
+
+KEY_VERSION = "v1"
+
+
+def content_digest(content: bytes) -> str:
+    """sha256 of the normalized content, hex."""
+    return hashlib.sha256(content).hexdigest()
+
+
+def cache_key(*, modality: str, digest: str, model: str, version: str, precision: str,
+              preprocessing: str, tenant: str | None) -> str:
+    """The Redis key of one encoder output. ``tenant=None`` means shared across tenants."""
+    scope = f"t={tenant}" if tenant is not None else "shared"
+    for name, value in (("modality", modality), ("model", model), ("version", version), ("precision", precision),
+                        ("preprocessing", preprocessing)):
+        if not value or "|" in value:
+            raise ValueError(f"{name} {value!r} cannot be part of a cache key")
+    return f"mm:enc:{KEY_VERSION}|{modality}|{model}|{version}|{precision}|{preprocessing}|{scope}|{digest}"

@@ -1,0 +1,76 @@
+"""The Redis reuse cache on the real pipeline: a hit gives exactly the miss's embedding,
+and with Redis gone mid-run every request still succeeds (the cache only costs time)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import subprocess
+import time
+
+import pytest
+
+from schemas.request import Modality, Part, Request
+from streams.client import Client, new_id
+from tests.integration.conftest import start_pipeline
+from tests.media import photo
+
+pytestmark = pytest.mark.integration
+
+
+async def _ask(client, *parts, tenant="default"):
+    sub = await client.submit(Request(id=new_id(), parts=tuple(parts), tenant=tenant))
+    return await sub.result(timeout_s=60)
+
+
+async def test_a_hit_returns_the_same_embedding_as_the_miss(pipeline):
+    text = f"cache me {new_id()}"
+    image = photo("chelsea")
+    async with Client(pipeline.bootstrap, pipeline.prefix) as client:
+        first = await _ask(client, Part(Modality.TEXT, text=text), Part(Modality.IMAGE, data=image, mime="image/jpeg"))
+        second = await _ask(client, Part(Modality.TEXT, text=f"  {text} "), Part(Modality.IMAGE, data=image, mime="image/jpeg"))
+        other_tenant = await _ask(client, Part(Modality.TEXT, text=text), tenant="someone-else")
+    # The image may already be cached by an earlier test; the fresh text cannot be.
+    assert first.payload["parts"][0]["cache"] == "miss"
+    assert [p["cache"] for p in second.payload["parts"]] == ["hit", "hit"]
+    for a, b in zip(first.payload["parts"], second.payload["parts"]):
+        assert a["embedding"] == b["embedding"] and a["extras"] == b["extras"]
+    assert second.cache == {"hits": 2, "misses": 0}
+    assert other_tenant.payload["parts"][0]["cache"] == "miss"  # tenants do not share by default
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def own_redis():
+    port = _free_port()
+    proc = subprocess.Popen([shutil.which("redis-server"), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    time.sleep(0.5)
+    yield port, proc
+    proc.kill()
+    proc.wait()
+
+
+async def test_requests_succeed_while_redis_is_down(infra, own_redis):
+    port, redis_proc = own_redis
+    pipe = await asyncio.to_thread(start_pipeline, infra, {"router": 1, "assembler": 1, "encode.text": 1},
+                                   MMSTREAM_REDIS_URL=f"redis://127.0.0.1:{port}/0",
+                                   MMSTREAM_ROUTER_SERVED_MODALITIES="text")
+    try:
+        async with Client(pipe.bootstrap, pipe.prefix) as client:
+            before = [await _ask(client, Part(Modality.TEXT, text=f"before {i}")) for i in range(5)]
+            redis_proc.kill()
+            redis_proc.wait()
+            during = await asyncio.gather(*[_ask(client, Part(Modality.TEXT, text=f"during {i}")) for i in range(20)])
+            repeat = await _ask(client, Part(Modality.TEXT, text="before 0"))
+        assert all(e.kind == "result" for e in before + during + [repeat])
+        assert [e.payload["parts"][0]["cache"] for e in before] == ["miss"] * 5
+        assert repeat.payload["parts"][0]["cache"] == "miss"  # Redis is gone: recomputed, not failed
+    finally:
+        await asyncio.to_thread(pipe.supervisor.stop)

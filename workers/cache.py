@@ -1,0 +1,145 @@
+"""The Redis reuse cache of encoder outputs, used from the engine thread.
+
+``CachingBatch`` wraps an encoder's batch function: it looks every cacheable job up with
+one MGET, runs only the misses (identical misses in one batch run once: single-flight
+within a worker), and writes the new outputs back with one pipelined SET ... EX. Redis
+being slow or down only costs time: a short socket timeout, then a circuit breaker that
+skips the cache for a cool-down; every such failure is counted and logged, never shown
+to the client.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Sequence
+
+import msgpack
+import numpy as np
+
+from schemas.jobs import EncodeJob
+from schemas.tensor import from_wire, to_wire
+from streams.metrics import Metrics
+from streams.policies.breaker import CircuitBreaker
+
+log = logging.getLogger(__name__)
+
+
+class EncoderCache:
+    """MGET/SET of packed outputs, behind a circuit breaker. Thread-compatible: one caller."""
+
+    def __init__(self, url: str, ttl_s: int, timeout_s: float = 0.05, breaker: CircuitBreaker | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        import redis
+
+        self.client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                                           retry_on_timeout=False)
+        self.ttl_s = ttl_s
+        self.breaker = breaker or CircuitBreaker()
+        self.clock = clock
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None] | None:
+        """Values (None per miss), or None when the cache is unavailable (skipped or failed)."""
+        if not keys or not self.breaker.allow(self.clock()):
+            return None
+        try:
+            values = self.client.mget(list(keys))
+        except Exception as exc:  # any Redis trouble only costs time
+            self._failed("MGET", exc)
+            return None
+        self.breaker.record(True, self.clock())
+        return values
+
+    def set_many(self, items: Sequence[tuple[str, bytes]]) -> bool:
+        if not items or not self.breaker.allow(self.clock()):
+            return False
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for key, value in items:
+                pipe.set(key, value, ex=self.ttl_s)
+            pipe.execute()
+        except Exception as exc:
+            self._failed("SET", exc)
+            return False
+        self.breaker.record(True, self.clock())
+        return True
+
+    def _failed(self, op: str, exc: Exception) -> None:
+        was = self.breaker.state
+        self.breaker.record(False, self.clock())
+        if self.breaker.state != was:
+            log.warning("reuse cache: %s failed (%r); bypassing the cache for %.0f s",
+                        op, exc, self.breaker.cooldown_s)
+        else:
+            log.debug("reuse cache: %s failed: %r", op, exc)
+
+
+def pack_output(embedding: np.ndarray, extras: dict[str, Any], wire_dtype: str) -> bytes:
+    return msgpack.packb({"e": to_wire(embedding, wire_dtype), "x": extras}, use_bin_type=True)
+
+
+def unpack_output(raw: bytes) -> tuple[np.ndarray, dict[str, Any]]:
+    m = msgpack.unpackb(raw, raw=False)
+    return from_wire(m["e"]), dict(m.get("x") or {})
+
+
+class CachingBatch:
+    """``run_batch`` with the reuse cache in front. ``key_of(job)`` gives a job's cache key,
+    or None for jobs that are not cached."""
+
+    def __init__(self, run_batch: Callable[[list[EncodeJob]], list[Any]], key_of: Callable[[EncodeJob], str | None],
+                 cache: EncoderCache, metrics: Metrics, modality: str, wire_dtype: str = "float16") -> None:
+        self.run_batch = run_batch
+        self.key_of = key_of
+        self.cache = cache
+        self.metrics = metrics
+        self.modality = modality
+        self.wire_dtype = wire_dtype
+
+    def __call__(self, jobs: list[EncodeJob]) -> list[Any]:
+        from workers.encode_worker import Encoded
+
+        keys = [self.key_of(j) for j in jobs]
+        cacheable = sorted({k for k in keys if k is not None})
+        values = self.cache.get_many(cacheable) if cacheable else None
+        found: dict[str, tuple[np.ndarray, dict[str, Any]]] = {}
+        for key, raw in zip(cacheable, values or []):
+            if raw is not None:
+                try:
+                    found[key] = unpack_output(raw)
+                except Exception:  # a corrupt entry is a miss
+                    log.warning("reuse cache: unreadable entry %s; recomputing", key)
+        # Each missing key runs once (single-flight within the batch); uncached jobs run as they are.
+        todo: list[EncodeJob] = []
+        runs_at: dict[str, int] = {}
+        slots: list[int | str] = []  # per job: its index in `todo`, or its key when it is a hit
+        for j, k in zip(jobs, keys):
+            if k is not None and k in found:
+                slots.append(k)
+            elif k is not None and k in runs_at:
+                slots.append(runs_at[k])
+            else:
+                if k is not None:
+                    runs_at[k] = len(todo)
+                slots.append(len(todo))
+                todo.append(j)
+        computed = [r if isinstance(r, (Encoded, Exception)) else Encoded(r, {})
+                    for r in (self.run_batch(todo) if todo else [])]
+        writes = [(k, pack_output(computed[i].embedding, computed[i].extras, self.wire_dtype))
+                  for k, i in runs_at.items() if isinstance(computed[i], Encoded)]
+        if writes:
+            self.cache.set_many(writes)
+        out: list[Any] = []
+        for k, slot in zip(keys, slots):
+            if isinstance(slot, str):
+                emb, extras = found[slot]
+                out.append(Encoded(emb, extras, cache="hit"))
+                self.metrics.cache_lookup(self.modality, "hit")
+                continue
+            r = computed[slot]
+            if k is not None:
+                self.metrics.cache_lookup(self.modality, "miss" if values is not None else "error")
+                if isinstance(r, Encoded):
+                    r = Encoded(r.embedding, r.extras, cache="miss")
+            out.append(r)
+        return out
