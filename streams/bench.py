@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import io
+import logging
 import os
 import random
 import resource
@@ -31,6 +32,8 @@ from schemas.request import Lane, Modality, Part, Request
 from streams.client import Client, Submission, new_id
 from streams.settings import Settings
 from streams.stats import summary
+
+log = logging.getLogger(__name__)
 
 WORDS = ("stream partition consumer latency model image token batch queue cache request encoder "
          "pipeline broker replica offset video audio text embedding vector kafka worker stage").split()
@@ -262,6 +265,9 @@ async def _send_on_schedule(offsets: Sequence[float], requests: Sequence[Request
 async def _run_pipeline(settings: Settings, cfg: BenchConfig, rate: float, progress: bool) -> dict[str, Any]:
     offsets, requests = schedule(cfg, rate)
     workers = _workers(settings)
+    if not workers:
+        log.warning("no local workers for topic prefix %r: CPU and RSS will be empty (pipeline elsewhere?)",
+                    settings.kafka.topic_prefix)
     pairs: list[tuple[Request, Submission]] = []
     async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix) as client:
         waits: list[asyncio.Task] = []
