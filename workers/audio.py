@@ -266,7 +266,7 @@ class WhisperEngine:
         self._model: Any = None
         self._tokenizer: Any = None
         self._features: Any = None
-        self._device_used = ""
+        self._provider = ""
         self._lock = threading.Lock()
 
     @property
@@ -276,9 +276,10 @@ class WhisperEngine:
 
     @property
     def info(self) -> EngineInfo:
+        """Raises ``EngineError`` before ``load``. ``provider`` is CTranslate2's device and
+        compute type, e.g. "cpu/int8" or "cuda/int8_float16"."""
         self._loaded()
-        provider = "CUDA" if self._device_used == "cuda" else "CPU"
-        return EngineInfo(self.config.name, self.config.version, self.precision, provider, self.backend)
+        return EngineInfo(self.config.name, self.config.version, self.precision, self._provider, self.backend)
 
     def load(self) -> EngineInfo:
         """Load the model; raises ``EngineError`` when its files are missing or unusable."""
@@ -303,10 +304,10 @@ class WhisperEngine:
         except (RuntimeError, ValueError, OSError) as e:
             raise EngineError(f"cannot load {self.model_dir} on {device} as {compute_type}: {e}") from None
         with self._lock:
-            self._model, self._tokenizer, self._device_used = model, tokenizer, device
+            self._model, self._tokenizer, self._provider = model, tokenizer, f"{device}/{compute_type}"
             self._features = FeatureExtractor(feature_size=model.n_mels)
         info = self.info
-        log.info("loaded %s/%s %s (%s) on %s", info.model, info.version, info.precision, compute_type, info.provider)
+        log.info("loaded %s/%s %s on %s", info.model, info.version, info.precision, info.provider)
         return info
 
     def features(self, window: np.ndarray) -> np.ndarray:

@@ -12,6 +12,11 @@ Fidelity is measured at build time on clips spoken by espeak-ng (a Debian packag
 by the build only): word error rate of each variant against the script, int8 vs fp32
 transcript agreement, and the cosine of int8 to fp32 embeddings.
 
+The build key (``workers.models.build``) covers part 1's version (part 2 is pinned with
+it); the ctranslate2, faster-whisper and av versions are not in it, because they change
+only the recorded fidelity, not the files: after upgrading them, rebuild with ``--force``
+to refresh the numbers.
+
 ModelConfig is shaped for ONNX: ``inputs`` / ``outputs`` describe the encoder's features
 and output for information, ``tokenizer`` names ct2/tokenizer.json and ``max_length`` is
 Whisper's text context (448 tokens).
