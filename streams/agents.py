@@ -16,7 +16,10 @@ from schemas.jobs import DeadlineTick, Manifest, fan_in_from_wire
 from schemas.trace import now_ms
 from streams.app import raw_topic, topic_names
 from streams.assembly import Assembly, AssemblyPolicy, due_at, step
+from streams.lagmon import LagReader
+from streams.load import LoadView
 from streams.metrics import Metrics, request_modality
+from streams.policies.admission import Backpressure
 from streams.produce import Out, out_map, send_all
 from streams.router import ERROR_HEADER, Router, TopicCache
 from streams.settings import Settings
@@ -36,8 +39,35 @@ def _record_ts_ms(event: Any) -> float | None:
 def install_router(app: faust.App, settings: Settings, metrics: Metrics) -> None:
     names = topic_names(settings)
     cache = TopicCache(settings.kafka.bootstrap, settings.router.topic_cache_s)
-    router = Router(settings, cache.exists)
+    load = LoadView()
+    router = Router(settings, cache.exists, load)
     source = raw_topic(app, *(names.ingress(lane) for lane in LANES))
+    adm = settings.admission
+    backpressure = Backpressure(adm.backpressure_high_ms, adm.backpressure_low_ms)
+    reader = LagReader(settings.kafka.bootstrap)
+
+    @app.timer(adm.refresh_ms / 1000.0, name="load")
+    async def refresh_load() -> None:
+        """Re-read lag, re-estimate queued work, and pause or resume bulk ingress."""
+        if not adm.enabled:
+            return
+        try:
+            await reader.start()
+            load.update(await reader.measure(settings.kafka.topic_prefix), settings.kafka.topic_prefix)
+        except Exception as exc:  # keep the last estimate; admission must not stop routing
+            log.warning("router: could not read consumer lag: %r", exc)
+            await reader.close()
+            return
+        change = backpressure.update(load.total_ms)
+        bulk = [tp for tp in app.consumer.assignment() if tp.topic == names.ingress("bulk")]
+        if change == "pause" or (backpressure.paused and bulk):
+            app.consumer.pause_partitions(bulk)
+        elif change == "resume":
+            app.consumer.resume_partitions(bulk)
+        if change:
+            metrics.admission("bulk", "defer" if change == "pause" else "admit")
+            log.warning("router: %s bulk ingress (queued work %.0f ms; high %.0f, low %.0f)", change,
+                        load.total_ms, backpressure.high_ms, backpressure.low_ms)
 
     @app.agent(source, name="route")
     async def route(stream: Any) -> None:
@@ -57,6 +87,8 @@ def install_router(app: faust.App, settings: Settings, metrics: Metrics) -> None
                 metrics.request_done("route", "dlq")
             else:
                 metrics.request_done("route", routed.outcome, routed.code)
+                if routed.admission:
+                    metrics.admission(routed.lane, routed.admission)
                 if routed.outcome == "ok":
                     metrics.observe_span("route", routed.modality, routed.lane, routed.queued_ms, routed.service_ms)
 

@@ -17,14 +17,12 @@ seconds; ``run_lag_monitor`` is the entry point of the ``lagmon`` process.
 
 from __future__ import annotations
 
-from typing import Callable
-
 import asyncio
 import logging
 import signal
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient

@@ -17,6 +17,8 @@ from schemas.errors import ErrorCode, WireError
 from schemas.events import Event, EventKind
 from schemas.request import Limits, peek_reply, validate_request
 from schemas.trace import now_ms
+from streams.load import LoadView
+from streams.policies.admission import Admit, AdmissionLimits, Reject, admit
 from streams.produce import Out, out_map
 from streams.settings import Settings
 from streams.split import split_request
@@ -45,19 +47,25 @@ class Routed:
     lane: str = "rt"
     queued_ms: float = 0.0
     service_ms: float = 0.0
+    admission: str | None = None
+    """``admit`` or ``reject`` when admission decided; None when it was off or not reached."""
 
 
 class Router:
     """Turns one ingress record into the records to produce. No I/O of its own except the
     reply-topic existence check, which is injected."""
 
-    def __init__(self, settings: Settings, topic_exists: Callable[[str], Awaitable[bool]]) -> None:
+    def __init__(self, settings: Settings, topic_exists: Callable[[str], Awaitable[bool]],
+                 load: LoadView | None = None) -> None:
         self.settings = settings
         self.topics = TopicNames(settings.kafka.topic_prefix)
         self.limits = limits_from(settings)
         self.served_modalities = frozenset(m.strip() for m in settings.router.served_modalities.split(",") if m.strip())
         self.served_tasks = frozenset(t.strip() for t in settings.router.served_tasks.split(",") if t.strip())
         self.topic_exists = topic_exists
+        self.load = load if load is not None else LoadView()
+        a = settings.admission
+        self.admission = AdmissionLimits(a.max_queued_ms_rt, a.max_queued_ms_bulk) if a.enabled else None
 
     async def handle(self, raw: bytes, headers: Any, record_ts_ms: float | None, source: str) -> Routed:
         started = now_ms()
@@ -88,6 +96,12 @@ class Router:
             event = Event(rid, EventKind.ERROR, 0, now_ms(), error=err.to_wire())
             return Routed([out_map(reply_to or self.topics.results, rid, event.to_wire())], "error", str(err.code))
         client_sent = record_ts_ms if record_ts_ms else started
+        decision = self._admit(req)
+        if isinstance(decision, Reject):
+            err = WireError(decision.code, decision.message, None, decision.retry_after_ms)
+            event = Event(req.id, EventKind.ERROR, 0, now_ms(), error=err.to_wire())
+            return Routed([out_map(req.reply_to or self.topics.results, req.id, event.to_wire())], "error",
+                          str(err.code), lane=str(req.lane), admission="reject")
         plan = split_request(
             req, topics=self.topics, partitions=self.settings.kafka.partitions,
             served_modalities=self.served_modalities, client_sent_at_ms=client_sent,
@@ -102,7 +116,25 @@ class Router:
         outs += [out_map(j.topic, j.key, j.job.to_wire(), j.partition) for j in plan.jobs]
         modalities = set(m.modalities)
         return Routed(outs, "ok", modality=modalities.pop() if len(modalities) == 1 else "mixed", lane=str(req.lane),
-                      queued_ms=max(0.0, started - client_sent), service_ms=m.accepted_at_ms - started)
+                      queued_ms=max(0.0, started - client_sent), service_ms=m.accepted_at_ms - started,
+                      admission="admit" if decision is not None else None)
+
+    def _admit(self, req: Any) -> Admit | Reject | None:
+        """The admission decision for a valid request (None when admission is off)."""
+        if self.admission is None:
+            return None
+        cost = self.load.cost
+        stages: dict[str, float] = {}
+        for part in req.parts:
+            m = str(part.modality)
+            if m not in self.served_modalities:
+                continue
+            size = len(part.text or "") if m == "text" else 0
+            stage = "encode.image" if m == "video" else f"encode.{m}"  # video frames land on the image pool
+            stages[stage] = stages.get(stage, 0.0) + cost.cost_ms(m, cost.units(m, size, self.settings.video.max_frames))
+        deadline = req.deadline_ms or self.settings.limits.default_deadline_ms
+        return admit(lane=str(req.lane), stages=stages, queued_ms=self.load.queued_ms, deadline_ms=deadline,
+                     limits=self.admission)
 
     def _dlq(self, raw: bytes, headers: Any, source: str, reason: str) -> Out:
         log.warning("router: to DLQ from %s: %s", source, reason)

@@ -111,6 +111,18 @@ class VideoSettings:
 
 
 @dataclass(frozen=True)
+class AdmissionSettings:
+    enabled: bool = setting(True, "Admit by queued work per stage and lane; off, everything valid is accepted.")
+    max_queued_ms_rt: float = setting(5_000.0, "Queued engine work (ms) at a stage past which new rt requests get overloaded.")
+    max_queued_ms_bulk: float = setting(
+        1_000.0, "Queued engine work (ms) past which new bulk requests get overloaded: lower than rt, so bulk is shed first."
+    )
+    refresh_ms: int = setting(1_000, "How often the router re-reads consumer lag to estimate queued work.")
+    backpressure_high_ms: float = setting(3_000.0, "Total queued work (ms) past which the router stops reading bulk ingress.")
+    backpressure_low_ms: float = setting(1_000.0, "Total queued work (ms) under which it reads bulk ingress again.")
+
+
+@dataclass(frozen=True)
 class AssemblerSettings:
     sweep_interval_ms: int = setting(
         100, "How often the assembler looks for requests past their deadline: the deadline's resolution."
@@ -164,6 +176,7 @@ class Settings:
     redis: RedisSettings = field(default_factory=RedisSettings)
     limits: LimitsSettings = field(default_factory=LimitsSettings)
     router: RouterSettings = field(default_factory=RouterSettings)
+    admission: AdmissionSettings = field(default_factory=AdmissionSettings)
     encoder: EncoderSettings = field(default_factory=EncoderSettings)
     assembler: AssemblerSettings = field(default_factory=AssemblerSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
