@@ -17,6 +17,7 @@ Output: one run dict per rate (schema in ``streams.report.BENCH_SCHEMA``); a swe
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import io
 import logging
@@ -71,6 +72,10 @@ class BenchConfig:
     """Monolith's batch wait; None: ``settings.encoder.max_wait_ms`` (as the encoders)."""
     floor_repeats: int = 20
     """Batch-1 engine calls per engine for ``floor_ms`` (the median is reported)."""
+    tenant: str | None = None
+    """Tenant of the pipeline's requests. None: a fresh one per run, so the reuse cache
+    (keyed by tenant) cannot answer from an earlier run and the modes compare compute
+    with compute; the ``cache`` counts of the run say what it answered within the run."""
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
@@ -159,8 +164,15 @@ def mixed_request(rng: random.Random, lane: str) -> Request:
     parts = [Part(Modality.TEXT, text=_text(rng))]
     for _ in range(n_images):
         data, mime = images[rng.randrange(len(images))]
-        parts.append(Part(Modality.IMAGE, data=data, mime=mime))
+        parts.append(Part(Modality.IMAGE, data=_with_comment(data, rng.getrandbits(64)), mime=mime))
     return Request(id=new_id(), parts=tuple(parts), lane=Lane(lane))
+
+
+def _with_comment(jpeg: bytes, tag: int) -> bytes:
+    """``jpeg`` with a comment segment (COM) naming ``tag`` after its SOI marker: the same
+    pixels, but bytes of their own, so a content-keyed cache sees a new image."""
+    comment = f"mmstream-bench {tag:016x}".encode()
+    return jpeg[:2] + b"\xff\xfe" + (len(comment) + 2).to_bytes(2, "big") + comment + jpeg[2:]
 
 
 def request_kind(request: Request) -> str:
@@ -264,6 +276,8 @@ async def _send_on_schedule(offsets: Sequence[float], requests: Sequence[Request
 
 async def _run_pipeline(settings: Settings, cfg: BenchConfig, rate: float, progress: bool) -> dict[str, Any]:
     offsets, requests = schedule(cfg, rate)
+    tenant = cfg.tenant or f"bench-{new_id()[:12]}"
+    requests = [dataclasses.replace(r, tenant=tenant) for r in requests]
     workers = _workers(settings)
     if not workers:
         log.warning("no local workers for topic prefix %r: CPU and RSS will be empty (pipeline elsewhere?)",
@@ -297,7 +311,11 @@ async def _run_pipeline(settings: Settings, cfg: BenchConfig, rate: float, progr
     }
     cpu["per_request_ms"] = round(cpu["total_s"] * 1000.0 / ok, 3) if ok else None
     rss = {name: proc_peak_rss_mb(pid) for name, pid in workers}
-    return build_run("pipeline", cfg, rate, records, sent_s, cpu, rss)
+    run = build_run("pipeline", cfg, rate, records, sent_s, cpu, rss)
+    cache = [sub.terminal.cache or {} for _, sub in pairs if sub.terminal is not None]
+    run["cache"] = {"tenant": tenant, "hits": sum(int(c.get("hits", 0)) for c in cache),
+                    "misses": sum(int(c.get("misses", 0)) for c in cache)}
+    return run
 
 
 async def _wait(sub: Submission, timeout_s: float) -> None:

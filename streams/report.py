@@ -81,6 +81,8 @@ RUN_SCHEMA: dict[str, Any] = {
             "properties": {"e2e": {"type": "object", "additionalProperties": {"type": "array", "items": _NUM}}},
         },
         "batch_size": SUMMARY_SCHEMA,
+        "cache": {"type": "object", "required": ["hits", "misses"],
+                  "properties": {"hits": {"type": "integer"}, "misses": {"type": "integer"}}},
     },
 }
 SWEEP_SCHEMA: dict[str, Any] = {
@@ -217,8 +219,10 @@ def _md_runs(series: list[list[dict[str, Any]]], names: list[str]) -> list[str]:
             cpu = run["cpu"]
             rss = ", ".join(f"{k} {v:.0f}" for k, v in run["peak_rss_mb"].items() if v is not None)
             tput = ", ".join(f"{k} {fmt(v)}/s" for k, v in run["throughput"]["parts_per_s"].items())
+            cache = run.get("cache")
+            hits = f" Reuse cache: {cache['hits']} hits, {cache['misses']} misses." if cache else ""
             lines += ["", f"CPU per request: {fmt(cpu['per_request_ms'])} ms ({cpu['scope']}). "
-                      f"Peak RSS (MiB): {rss}. Parts encoded: {tput}.", ""]
+                      f"Peak RSS (MiB): {rss}. Parts encoded: {tput}.{hits}", ""]
     lines += ["Overhead is latency beyond compute: e2e minus the batch-1 floors of the request's parts "
               "run one after another; per hop, queued + service minus that engine's floor.", ""]
     return lines

@@ -27,6 +27,7 @@ async def test_a_short_bench_run_produces_valid_json(pipeline, mode, tmp_path) -
     assert run["cpu"]["per_request_ms"] > 0
     if mode == "pipeline":
         assert {"router[0]", "encode.text[0]", "assembler[0]"} <= set(run["cpu"]["per_process_s"])
+        assert run["cache"]["tenant"].startswith("bench-")
     assert write_report([doc], tmp_path).is_file()
 
 

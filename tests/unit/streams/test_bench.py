@@ -137,7 +137,9 @@ def test_mixed_workload_shares_and_deterministic_images() -> None:
     assert abs(kinds.count("text+2images") / n - 0.2) < 0.05
     _, again = schedule(BenchConfig(workload="mixed", seed=1, duration_s=20), 100)
     assert [r.parts for r in again] == [r.parts for r in requests]
-    assert all(p.data[:2] == b"\xff\xd8" for r in requests for p in r.parts if p.modality == Modality.IMAGE)
+    images = [p.data for r in requests for p in r.parts if p.modality == Modality.IMAGE]
+    assert all(d[:2] == b"\xff\xd8" for d in images)
+    assert len(set(images)) == len(images)  # each its own bytes: a content-keyed cache cannot answer
 
 
 def test_config_and_rates_are_checked() -> None:
