@@ -57,6 +57,9 @@ WINDOW_SAMPLES = 30 * SAMPLE_RATE  # Whisper's fixed 30 s input
 MEL_FRAMES = 3000  # 10 ms hop
 SAMPLES_PER_ENCODER_FRAME = 320  # the encoder halves the mel frames: 20 ms per output frame
 MAX_DECODE_TOKENS = 448  # Whisper's text context
+# Whisper's own test for a window without speech (openai/whisper's transcribe defaults).
+NO_SPEECH_PROB = 0.6
+MIN_MEAN_LOGPROB = -1.0
 
 # Container format names (PyAV / FFmpeg demuxers) that we decode. The bytes decide; the
 # declared media type only refuses types we do not serve.
@@ -328,7 +331,12 @@ class WhisperEngine:
             return model.encode(ctranslate2.StorageView.from_array(np.ascontiguousarray(features, np.float32)), to_cpu=True)
 
     def transcribe(self, encoded: Any, languages: Sequence[str | None], beam_size: int = 1) -> list[tuple[str, str]]:
-        """(text, language) per row of ``encoded``; a None language is detected from that row."""
+        """(text, language) per row of ``encoded``; a None language is detected from that row.
+
+        A row Whisper itself judges silent (Whisper's rule: no-speech probability above 0.6
+        and mean token log-probability below -1) gets "": the VAD lets through some music
+        and noise, on which Whisper otherwise invents stock phrases ("Thank you.").
+        """
         from faster_whisper.tokenizer import Tokenizer
 
         model = self._loaded()
@@ -342,9 +350,14 @@ class WhisperEngine:
             prompts = [[t.sot, t.language, t.transcribe, t.no_timestamps] for t in tokenizers]
             results = model.generate(
                 encoded, prompts, beam_size=beam_size, max_length=MAX_DECODE_TOKENS,
-                suppress_blank=True, suppress_tokens=[-1],
+                suppress_blank=True, suppress_tokens=[-1], return_scores=True, return_no_speech_prob=True,
             )  # fmt: skip
-        return [(t.decode(r.sequences_ids[0]).strip(), lang) for t, r, lang in zip(tokenizers, results, chosen)]
+        out = []
+        for tokenizer, result, lang in zip(tokenizers, results, chosen):
+            # scores[0] is the sequence log-probability divided by its length (length_penalty 1).
+            silent = result.no_speech_prob > NO_SPEECH_PROB and result.scores[0] < MIN_MEAN_LOGPROB
+            out.append(("" if silent else tokenizer.decode(result.sequences_ids[0]).strip(), lang))
+        return out
 
     def _loaded(self) -> Any:
         if self._model is None:
