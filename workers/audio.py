@@ -100,7 +100,8 @@ def decode_audio(data: bytes, mime: str | None, max_seconds: float) -> np.ndarra
     except Exception:  # FFmpeg's probe failing surfaces as several av.error types
         raise WireError(ErrorCode.UNSUPPORTED_MEDIA, f"found {_describe(data)}; supported: {_supported()}") from None
     with container:
-        formats = set(container.format.name.split(","))
+        name = container.format.name
+        formats = set(name.split(","))
         if not formats & set(SUPPORTED_FORMATS) or not container.streams.audio:
             raise WireError(
                 ErrorCode.UNSUPPORTED_MEDIA,
@@ -117,11 +118,11 @@ def decode_audio(data: bytes, mime: str | None, max_seconds: float) -> np.ndarra
         except MemoryError:
             raise
         except Exception as e:  # damaged packets raise av.error.InvalidDataError and friends
-            raise WireError(ErrorCode.UNSUPPORTED_MEDIA, f"{container.format.name} data is corrupt or truncated ({e})") from None
+            raise WireError(ErrorCode.UNSUPPORTED_MEDIA, f"{name} data is corrupt or truncated ({e})") from None
     if len(samples) > limit:
         raise _too_long(len(samples) / SAMPLE_RATE, max_seconds)
     if len(samples) == 0:
-        raise WireError(ErrorCode.UNSUPPORTED_MEDIA, f"{container.format.name} data holds no audio samples")
+        raise WireError(ErrorCode.UNSUPPORTED_MEDIA, f"{name} data holds no audio samples")
     return samples
 
 

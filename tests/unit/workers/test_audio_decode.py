@@ -114,6 +114,13 @@ def test_over_long_mp3_is_payload_too_large() -> None:
     assert e.value.code == ErrorCode.PAYLOAD_TOO_LARGE
 
 
+def test_streamed_wav_with_a_placeholder_size_is_measured_by_its_data() -> None:
+    """Writers to a pipe (espeak-ng --stdout, ffmpeg) cannot seek back to fill in sizes."""
+    data = bytearray(wav_bytes(tone(1.0, SAMPLE_RATE), SAMPLE_RATE))
+    data[4:8] = data[40:44] = (0x7FFFF000).to_bytes(4, "little")
+    assert len(decode_audio(bytes(data), "audio/wav", max_seconds=2)) == SAMPLE_RATE
+
+
 def test_clip_at_the_limit_is_accepted() -> None:
     samples = decode_audio(wav_bytes(tone(2.0, SAMPLE_RATE), SAMPLE_RATE), "audio/wav", max_seconds=2)
     assert len(samples) == 2 * SAMPLE_RATE
