@@ -105,7 +105,10 @@ class Record:
 
 def parse_rates(text: str) -> tuple[float, ...]:
     """``"5,10,20"`` -> ``(5.0, 10.0, 20.0)``; raises ``ValueError`` on anything else."""
-    rates = tuple(float(x) for x in text.split(",") if x.strip())
+    try:
+        rates = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        rates = ()
     if not rates or any(r <= 0 for r in rates):
         raise ValueError(f"--rates takes positive numbers separated by commas, got {text!r}")
     return rates
@@ -498,33 +501,49 @@ def cli_main(args: Any, settings: Settings) -> int:
     (default ``bench-report``); exits 2 when one does not validate.
     """
     import json
+    import sys
     from pathlib import Path
 
     from streams import report
 
     if getattr(args, "action", "run") == "compare":
-        if not args.inputs:
-            raise ValueError("bench compare needs one or more bench JSON files")
         try:
-            docs = [json.loads(Path(p).read_text()) for p in args.inputs]
+            if not args.inputs:
+                raise ValueError("bench compare needs one or more bench JSON files")
+            docs = [_read_json(Path(p)) for p in args.inputs]
             path = report.write_report(docs, Path(args.report or "bench-report"),
                                        labels=_compare_labels(docs, [Path(p) for p in args.inputs]))
-        except report.BenchSchemaError as exc:
-            print(f"mmstream: {exc}")
+        except (ValueError, OSError) as exc:  # BenchSchemaError is a ValueError
+            print(f"mmstream: {exc}", file=sys.stderr)
             return 2
         print(f"wrote {path}")
         return 0
-    doc = asyncio.run(run_bench(settings, config_from_args(args)))
+    try:
+        cfg = config_from_args(args)
+    except ValueError as exc:
+        print(f"mmstream: {exc}", file=sys.stderr)
+        return 2
+    doc = asyncio.run(run_bench(settings, cfg))
     report.validate(doc)
     text = json.dumps(doc, indent=2)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n")
-    print(text)
+        print(f"wrote {args.out}", file=sys.stderr)
+    print(text)  # stdout carries the JSON only
     if args.report:
-        print(f"wrote {report.write_report([doc], Path(args.report))}")
+        print(f"wrote {report.write_report([doc], Path(args.report))}", file=sys.stderr)
     runs = doc.get("runs", [doc])
     return 0 if all(r["requests"]["lost"] == 0 for r in runs) else 1
+
+
+def _read_json(path: Any) -> Any:
+    import json
+
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not JSON ({exc})") from None
 
 
 def _compare_labels(docs: list[dict[str, Any]], paths: list[Any]) -> list[str]:
