@@ -49,14 +49,17 @@ def install_router(app: faust.App, settings: Settings, metrics: Metrics) -> None
     @app.timer(adm.refresh_ms / 1000.0, name="load")
     async def refresh_load() -> None:
         """Re-read lag, re-estimate queued work, and pause or resume bulk ingress."""
-        if not adm.enabled:
+        if not adm.enabled and router.partitioner.strategy != "least-loaded":
             return
         try:
             await reader.start()
             load.update(await reader.measure(settings.kafka.topic_prefix), settings.kafka.topic_prefix)
+            router.partitioner.refresh(load.partition_ms)
         except Exception as exc:  # keep the last estimate; admission must not stop routing
             log.warning("router: could not read consumer lag: %r", exc)
             await reader.close()
+            return
+        if not adm.enabled:
             return
         change = backpressure.update(load.total_ms)
         bulk = [tp for tp in app.consumer.assignment() if tp.topic == names.ingress("bulk")]
@@ -64,8 +67,9 @@ def install_router(app: faust.App, settings: Settings, metrics: Metrics) -> None
             app.consumer.pause_partitions(bulk)
         elif change == "resume":
             app.consumer.resume_partitions(bulk)
+        if change == "pause":
+            metrics.admission("bulk", "defer")
         if change:
-            metrics.admission("bulk", "defer" if change == "pause" else "admit")
             log.warning("router: %s bulk ingress (queued work %.0f ms; high %.0f, low %.0f)", change,
                         load.total_ms, backpressure.high_ms, backpressure.low_ms)
 

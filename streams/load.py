@@ -19,18 +19,23 @@ class LoadView:
     cost: CostModel = field(default_factory=CostModel)
     queued_ms: dict[str, float] = field(default_factory=dict)
     """Stage (``encode.<modality>``) -> estimated ms of engine work waiting there."""
+    partition_ms: dict[str, dict[int, float]] = field(default_factory=dict)
+    """Encode topic -> partition -> estimated ms of work waiting there (for routing)."""
 
     def update(self, rows: Iterable[LagRow], topic_prefix: str) -> None:
         queued: dict[str, float] = {}
+        by_partition: dict[str, dict[int, float]] = {}
         head = f"{topic_prefix}.encode."
         for row in rows:
             if not row.topic.startswith(head):
                 continue
             modality = row.topic[len(head):].rsplit(".", 1)[0]
-            per_record = self.cost.cost_ms(modality, UNITS_PER_RECORD.get(modality, 1.0))
+            work = row.lag * self.cost.cost_ms(modality, UNITS_PER_RECORD.get(modality, 1.0))
             stage = f"encode.{modality}"
-            queued[stage] = queued.get(stage, 0.0) + row.lag * per_record
+            queued[stage] = queued.get(stage, 0.0) + work
+            by_partition.setdefault(row.topic, {})[row.partition] = work
         self.queued_ms = queued
+        self.partition_ms = by_partition
 
     @property
     def total_ms(self) -> float:

@@ -19,6 +19,7 @@ from schemas.request import Limits, peek_reply, validate_request
 from schemas.trace import now_ms
 from streams.load import LoadView
 from streams.policies.admission import Admit, AdmissionLimits, Reject, admit
+from streams.policies.partitioning import Partitioner
 from streams.produce import Out, out_map
 from streams.settings import Settings
 from streams.split import split_request
@@ -64,6 +65,7 @@ class Router:
         self.served_tasks = frozenset(t.strip() for t in settings.router.served_tasks.split(",") if t.strip())
         self.topic_exists = topic_exists
         self.load = load if load is not None else LoadView()
+        self.partitioner = Partitioner(settings.router.partitioner)
         a = settings.admission
         self.admission = AdmissionLimits(a.max_queued_ms_rt, a.max_queued_ms_bulk) if a.enabled else None
 
@@ -103,7 +105,8 @@ class Router:
             return Routed([out_map(req.reply_to or self.topics.results, req.id, event.to_wire())], "error",
                           str(err.code), lane=str(req.lane), admission="reject")
         plan = split_request(
-            req, topics=self.topics, partitions=self.settings.kafka.partitions,
+            req, topics=self.topics, partitions=self.settings.kafka.partitions, partitioner=self.partitioner,
+            cost_ms=self._part_cost, modality_topics=self.settings.router.modality_topics,
             served_modalities=self.served_modalities, client_sent_at_ms=client_sent,
             started_at_ms=started, now_ms=now_ms(), default_deadline_ms=self.settings.limits.default_deadline_ms,
         )
@@ -118,6 +121,11 @@ class Router:
         return Routed(outs, "ok", modality=modalities.pop() if len(modalities) == 1 else "mixed", lane=str(req.lane),
                       queued_ms=max(0.0, started - client_sent), service_ms=m.accepted_at_ms - started,
                       admission="admit" if decision is not None else None)
+
+    def _part_cost(self, part: Any) -> float:
+        m = str(part.modality)
+        cost = self.load.cost
+        return cost.cost_ms(m, cost.units(m, len(part.text or ""), self.settings.video.max_frames))
 
     def _admit(self, req: Any) -> Admit | Reject | None:
         """The admission decision for a valid request (None when admission is off)."""

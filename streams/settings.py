@@ -87,6 +87,13 @@ class RouterSettings:
     )
     served_tasks: str = setting("embed", "Comma-separated tasks this deployment answers.")
     topic_cache_s: float = setting(10.0, "How long the router trusts its list of existing reply topics.")
+    modality_topics: bool = setting(
+        True, "One encode topic and pool per modality; off, every part goes to one shared topic and generic pool "
+        "(the no-routing baseline: light text waits behind video)."
+    )
+    partitioner: str = setting(
+        "least-loaded", "How a job's partition inside a pool is chosen: least-loaded, spread, hash or round-robin."
+    )
 
 
 @dataclass(frozen=True)

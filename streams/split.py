@@ -9,9 +9,12 @@ from dataclasses import dataclass
 
 from schemas.errors import ErrorCode, WireError
 from schemas.jobs import EncodedPart, EncodeJob, Manifest
-from schemas.request import Request
+from typing import Callable
+
+from schemas.request import Part, Request
 from schemas.trace import Span
-from streams.topics import TopicNames
+from streams.policies.partitioning import Partitioner
+from streams.topics import ANY, TopicNames
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,7 +22,7 @@ class RoutedJob:
     topic: str
     key: bytes
     job: EncodeJob
-    partition: int
+    partition: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +46,9 @@ def split_request(
     *,
     topics: TopicNames,
     partitions: int,
+    partitioner: Partitioner | None = None,
+    cost_ms: Callable[[Part], float] = lambda part: 1.0,
+    modality_topics: bool = True,
     served_modalities: frozenset[str],
     client_sent_at_ms: float,
     started_at_ms: float,
@@ -65,7 +71,19 @@ def split_request(
     )
     jobs: list[RoutedJob] = []
     failed: list[EncodedPart] = []
-    spread = spread_partitions(req.id, len(req.parts), partitions)
+    partitioner = partitioner or Partitioner("spread")
+
+    def topic_of(part: Part) -> str:
+        return topics.encode(part.modality if modality_topics else ANY, req.lane)
+
+    by_topic: dict[str, list[int]] = {}
+    for i, part in enumerate(req.parts):
+        if str(part.modality) in served_modalities:
+            by_topic.setdefault(topic_of(part), []).append(i)
+    chosen: dict[int, int | None] = {}
+    for topic, idx in by_topic.items():
+        for i, p in zip(idx, partitioner.pick(topic, partitions, req.id, [cost_ms(req.parts[i]) for i in idx])):
+            chosen[i] = p
     for i, part in enumerate(req.parts):
         modality = str(part.modality)
         if modality not in served_modalities:
@@ -79,5 +97,5 @@ def split_request(
             deadline_at_ms=deadline_at, sent_at_ms=now_ms, text=part.text, data=part.data, ref=part.ref,
             mime=part.mime,
         )
-        jobs.append(RoutedJob(topics.encode(modality, req.lane), f"{req.id}:{i}".encode(), job, spread[i]))
+        jobs.append(RoutedJob(topic_of(part), f"{req.id}:{i}".encode(), job, chosen[i]))
     return RoutePlan(manifest, jobs, failed)

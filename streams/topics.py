@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 
 LANES = (Lane.RT, Lane.BULK)
 MODALITIES = tuple(Modality)
+ANY = "any"
+"""The shared encode topic of the no-routing baseline (one generic pool for every modality)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +74,7 @@ def topic_specs(kafka: KafkaSettings) -> list[TopicSpec]:
     specs: list[TopicSpec] = []
     for lane in LANES:
         specs.append(TopicSpec(names.ingress(lane), n, f"client requests, {lane} lane", big))
-        for modality in MODALITIES:
+        for modality in (*MODALITIES, ANY):
             specs.append(TopicSpec(names.encode(modality, lane), n, f"{modality} encode jobs, {lane} lane", big))
         specs.append(TopicSpec(names.encoded(lane), n, f"fan-in to the assembler, {lane} lane", big))
         specs.append(TopicSpec(names.generate(lane), n, f"generate jobs, {lane} lane", big))

@@ -157,7 +157,7 @@ class EncoderLoop:
             self.metrics.observe_batch(self.stage, len(live))
             for j, r in zip(live, results):
                 span = Span(self.stage, j.job.sent_at_ms, started, finished).to_wire()
-                self.metrics.observe_span(self.stage, self.modality, j.job.lane, started - j.job.sent_at_ms,
+                self.metrics.observe_span(self.stage, self._modality(j.job), j.job.lane, started - j.job.sent_at_ms,
                                           finished - started)
                 if isinstance(r, Exception):
                     err = r if isinstance(r, WireError) else WireError(ErrorCode.INTERNAL, f"{self.stage} failed: {r}")
@@ -166,16 +166,20 @@ class EncoderLoop:
                     self.metrics.request_done(self.stage, "ok")
                     out = r if isinstance(r, Encoded) else Encoded(r, {})
                     outs.append(out_map(self.names.encoded(j.job.lane), j.job.id, EncodedPart(
-                        id=j.job.id, part=j.job.part, modality=self.modality, sent_at_ms=now_ms(),
+                        id=j.job.id, part=j.job.part, modality=self._modality(j.job), sent_at_ms=now_ms(),
                         embedding=to_wire(out.embedding, self.wire_dtype), extras=out.extras,
                         trace=j.job.trace + [span], chunk=j.job.chunk, cache=out.cache).to_wire()))
         await self._finish(outs, [p.item.event for p in batch.items])
+
+    def _modality(self, job: EncodeJob) -> str:
+        """The part's modality (a generic pool, ``any``, serves several)."""
+        return job.modality if self.modality == "any" else self.modality
 
     def _failed(self, job: EncodeJob, err: WireError, span: list[Any] | None = None) -> Out:
         self.metrics.request_done(self.stage, "error", str(err.code))
         if err.field is None:  # say which part of the request it was
             err = WireError(err.code, err.message, f"parts.{job.part}", err.retry_after_ms)
-        part = EncodedPart(id=job.id, part=job.part, modality=self.modality, sent_at_ms=now_ms(),
+        part = EncodedPart(id=job.id, part=job.part, modality=self._modality(job), sent_at_ms=now_ms(),
                            error=err.to_wire(), trace=job.trace + ([span] if span else []), chunk=job.chunk)
         return out_map(self.names.encoded(job.lane), job.id, part.to_wire())
 

@@ -1,0 +1,172 @@
+"""The batch functions of the encode stages, built from the model repository: one per
+modality (behind the reuse cache), plus the generic one of the no-routing baseline.
+
+Each builder returns a ``Runner``: the function the engine thread calls with a batch of
+jobs (one output or exception per job) and the cost of one job for the batcher.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from schemas.errors import ErrorCode, WireError
+from schemas.jobs import EncodeJob
+from streams.metrics import Metrics
+from streams.settings import Settings
+from workers.encode_worker import Encoded
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Runner:
+    run_batch: Callable[[list[EncodeJob]], list[Any]]
+    cost: Callable[[EncodeJob], float]
+
+
+def refs_not_served(job: EncodeJob) -> WireError:
+    return WireError(ErrorCode.INVALID_REQUEST, "claim-check refs are not served yet; send the bytes inline",
+                     f"parts.{job.part}.ref")
+
+
+def load_engine(settings: Settings, metrics: Metrics, model: str, stage: str) -> tuple[Any, Any]:
+    """(model config, loaded engine) for ``model``; reports the engine on the metrics."""
+    from workers.engine import OnnxEngine
+    from workers.repository import ModelRepository
+
+    config = ModelRepository(settings.models.repository).resolve(model)
+    engine = OnnxEngine(config, settings.encoder.precision, settings.encoder.intra_op_threads,
+                        allow_spinning=settings.encoder.allow_spinning)
+    info = engine.load()
+    metrics.set_engine(stage, dataclasses.asdict(info))
+    log.info("%s: %s", stage, info)
+    return config, engine
+
+
+def text_runner(settings: Settings, metrics: Metrics, stage: str = "encode.text") -> Runner:
+    from workers.text import PREPROCESSING_VERSION, TextEncoder, TextPreprocessor, normalize
+
+    config, engine = load_engine(settings, metrics, settings.models.text_model, stage)
+    pre = TextPreprocessor(config.tokenizer_path, config.max_length)
+    encoder = TextEncoder(engine, pre, embedding_dim=config.embedding_dim)
+    encoder.warmup()
+    run = with_cache(settings, metrics, "text", lambda jobs: encoder.run_batch([j.text for j in jobs]),
+                     lambda job: normalize(job.text or "").encode(), config, PREPROCESSING_VERSION,
+                     settings.cache.ttl_text_s)
+    return Runner(run, lambda job: float(pre.count_tokens(job.text or "")))
+
+
+def image_runner(settings: Settings, metrics: Metrics, stage: str = "encode.image") -> tuple[Runner, Any]:
+    """The image pool's runner (photos and video frame chunks) and the ImageEncoder itself."""
+    from workers.image import PREPROCESSING_VERSION, ImageEncoder, load_labels
+    from workers.video import FRAME_BYTES, FRAMES_MIME, frames_from_bytes
+
+    config, engine = load_engine(settings, metrics, settings.models.image_model, stage)
+    encoder = ImageEncoder(engine, load_labels(config.directory / "labels.json"),
+                           max_pixels=settings.limits.max_image_pixels)
+    encoder.warmup()
+
+    def frame_chunk(job: EncodeJob) -> Any:
+        """A video's frame chunk: the SUM of its frames' embeddings (the assembler pools)."""
+        try:
+            outputs = encoder.encode(frames_from_bytes(job.data or b""))
+        except Exception as exc:
+            return exc
+        return Encoded(np.sum([o.embedding for o in outputs], axis=0),
+                       {"frames": len(outputs), "labels": [o.top5[0][0] for o in outputs]})
+
+    def run_batch(jobs: list[EncodeJob]) -> list[Any]:
+        photos = [j for j in jobs if j.data is not None and j.mime != FRAMES_MIME]
+        results = iter(encoder.run_batch([(j.data, j.mime) for j in photos]))
+        out: list[Any] = []
+        for j in jobs:
+            if j.data is None:
+                out.append(refs_not_served(j))
+            elif j.mime == FRAMES_MIME:
+                out.append(frame_chunk(j))
+            else:
+                r = next(results)
+                out.append(r if isinstance(r, Exception) else
+                           Encoded(r.embedding, {"top5": [[label, round(p, 5)] for label, p in r.top5]}))
+        return out
+
+    def cost(job: EncodeJob) -> float:
+        # Every image is resized to 224x224 before the engine: one image (or frame) is one unit.
+        return max(1.0, len(job.data or b"") / FRAME_BYTES) if job.mime == FRAMES_MIME else 1.0
+
+    # Keyed by the bytes as sent (not yet by decoded pixels): the same file hits.
+    run = with_cache(settings, metrics, "image", run_batch, lambda job: job.data, config,
+                     f"{PREPROCESSING_VERSION}+{FRAMES_MIME}", settings.cache.ttl_image_s)
+    return Runner(run, cost), encoder
+
+
+def generic_runner(settings: Settings, metrics: Metrics) -> Runner:
+    """The no-routing baseline: one pool for every modality, one queue, one batch loop.
+    A video is decoded and its frames encoded right here, not fanned out."""
+    from workers.video import decode_video
+
+    text = text_runner(settings, metrics, "encode.any")
+    image, image_encoder = image_runner(settings, metrics, "encode.any")
+    v = settings.video
+
+    def video(job: EncodeJob) -> Any:
+        try:
+            if job.data is None:
+                raise refs_not_served(job)
+            clip = decode_video(job.data, v.max_seconds, v.max_frames, v.fps)
+            from PIL import Image
+
+            outs = image_encoder.encode([Image.fromarray(f) for f in clip.frames])
+        except Exception as exc:
+            return exc
+        pooled = np.mean([o.embedding for o in outs], axis=0)
+        pooled /= max(float(np.linalg.norm(pooled)), 1e-12)
+        return Encoded(pooled, {"duration_s": round(clip.duration_s, 3), "frames_sampled": len(outs),
+                                "frames_encoded": len(outs), "complete": True, "has_audio": clip.has_audio,
+                                "frame_labels": [o.top5[0][0] for o in outs]})
+
+    def run_batch(jobs: list[EncodeJob]) -> list[Any]:
+        out: list[Any] = [None] * len(jobs)
+        for modality, runner in (("text", text.run_batch), ("image", image.run_batch)):
+            idx = [i for i, j in enumerate(jobs) if j.modality == modality]
+            for i, r in zip(idx, runner([jobs[i] for i in idx]) if idx else []):
+                out[i] = r
+        for i, j in enumerate(jobs):
+            if j.modality == "video":
+                out[i] = video(j)
+            elif out[i] is None:
+                out[i] = WireError(ErrorCode.UNSUPPORTED_MEDIA, f"no {j.modality} encoder in the generic pool",
+                                   f"parts.{j.part}")
+        return out
+
+    # One queue for everything: a job is a job (what makes text wait behind video).
+    return Runner(run_batch, lambda job: 1.0)
+
+
+def with_cache(settings: Settings, metrics: Metrics, modality: str, run_batch: Any,
+               content: Callable[[EncodeJob], bytes | None], config: Any, preprocessing: str, ttl_s: int) -> Any:
+    """``run_batch`` behind the Redis reuse cache, or as it is when the cache is off."""
+    if not settings.cache.enabled:
+        return run_batch
+    from streams.policies.breaker import CircuitBreaker
+    from streams.policies.cache_keys import cache_key, content_digest
+    from workers.cache import CachingBatch, EncoderCache
+
+    c = settings.cache
+    cache = EncoderCache(settings.redis.url, ttl_s, c.timeout_ms / 1000.0,
+                         CircuitBreaker(c.breaker_failures, c.breaker_cooldown_s))
+
+    def key_of(job: EncodeJob) -> str | None:
+        data = content(job)
+        if not data:
+            return None
+        return cache_key(modality=modality, digest=content_digest(data), model=config.name, version=config.version,
+                         precision=settings.encoder.precision, preprocessing=preprocessing,
+                         tenant=None if c.cross_tenant else job.tenant)
+
+    return CachingBatch(run_batch, key_of, cache, metrics, modality)
