@@ -79,3 +79,19 @@ def test_report_refuses_an_invalid_input(tmp_path: Path) -> None:
     with pytest.raises(BenchSchemaError):
         write_report([run], tmp_path)
     json.dumps(synthetic_run())  # the JSON really is JSON
+
+
+def test_bench_compare_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from argparse import Namespace
+
+    from streams.bench import cli_main
+
+    a, b, bad = tmp_path / "pipe.json", tmp_path / "mono.json", tmp_path / "bad.json"
+    a.write_text(json.dumps(synthetic_run("pipeline")))
+    b.write_text(json.dumps(synthetic_run("monolithic", seed=3)))
+    bad.write_text(json.dumps({"mode": "pipeline"}))
+    out = tmp_path / "report"
+    assert cli_main(Namespace(action="compare", inputs=[a, b], report=out), None) == 0
+    assert "| pipeline p50 / p95 / p99 | monolithic p50 / p95 / p99 |" in (out / "report.md").read_text()
+    assert cli_main(Namespace(action="compare", inputs=[a, bad], report=out), None) == 2
+    assert "schema" in capsys.readouterr().err
