@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
-from workers.models import efficientnet, minilm, whisper
+from workers.models import efficientnet, minilm, whisper, smollm
 from workers.repository import (
     CONFIG_FILE,
     ModelConfig,
@@ -59,6 +59,7 @@ class Recipe:
 RECIPES: Mapping[str, Recipe] = {
     minilm.NAME: Recipe(minilm.NAME, minilm.VERSION, minilm.PACKAGE, minilm.build),
     efficientnet.NAME: Recipe(efficientnet.NAME, efficientnet.VERSION, efficientnet.PACKAGE, efficientnet.build),
+    smollm.NAME: Recipe(smollm.NAME, smollm.VERSION, smollm.PACKAGE, smollm.build),
     whisper.NAME: Recipe(whisper.NAME, whisper.VERSION, whisper.PACKAGE, whisper.build),
 }
 

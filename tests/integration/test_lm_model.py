@@ -1,0 +1,182 @@
+"""The real SmolLM2-135M export: it answers, batching and the prefix cache change nothing.
+
+Needs no broker: it builds the model into the machine's model repository (once per
+machine; later runs find it up to date) and runs it on the CPU. Skips when the build
+dependencies (torch, transformers, gguf, the model package) are absent. Run with ``-s`` to
+see the latency table.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from streams.policies.prompt import PromptSettings, TextPart, build_prompt
+from streams.policies.scheduler import (
+    ContinuousBatchScheduler,
+    Finished,
+    SchedulerLimits,
+    SequenceRequest,
+    StaticBatchScheduler,
+)
+from streams.settings import Settings
+from workers.lm import LMEngine, SamplingParams, StopChecker, execute_step
+from workers.models.build import ensure_built
+from workers.models.smollm import NAME
+from workers.prefix_cache import PrefixCache
+from workers.repository import ModelConfig
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("gguf")
+tokenizers = pytest.importorskip("tokenizers")
+
+SYSTEM = PromptSettings(system="You are a helpful assistant. Answer briefly.")
+QUESTIONS = (
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "Write a haiku about the sea in exactly three lines, please, and nothing else at all.",
+    "hi",
+)
+
+
+@pytest.fixture(scope="module")
+def config() -> ModelConfig:
+    return ensure_built(Settings.from_env().models.repository, NAME, log=print)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(config: ModelConfig):
+    return tokenizers.Tokenizer.from_file(str(config.tokenizer_path))
+
+
+@pytest.fixture(scope="module")
+def engines(config: ModelConfig) -> dict[str, LMEngine]:
+    return {p: LMEngine.from_config(config, p, intra_op_threads=2) for p in ("fp32", "int8")}
+
+
+def encode(tokenizer, question: str, settings: PromptSettings = SYSTEM) -> list[int]:
+    return tokenizer.encode(build_prompt([TextPart(question)], settings), add_special_tokens=False).ids
+
+
+def serve(engine: LMEngine, scheduler, prompts: dict[str, list[int]], params: SamplingParams,
+          stops: StopChecker | None = None, arrivals: dict[str, int] | None = None) -> dict[str, Finished]:
+    """The generator stage's loop without Kafka: arrive, schedule, execute, update."""
+    arrivals = arrivals or {}
+    sequences, done, step = {}, {}, 0
+    while len(done) < len(prompts):
+        for seq_id, ids in prompts.items():
+            if arrivals.get(seq_id, 0) == step:
+                seq = sequences[seq_id] = engine.new_sequence(seq_id, ids, params)
+                scheduler.add(SequenceRequest(seq_id, len(ids), params.max_tokens, "rt", float(step),
+                                              num_cached_tokens=seq.num_cached))
+        out = scheduler.schedule(float(step))
+        for fin in scheduler.update(execute_step(engine, out, sequences, stops)):
+            done[fin.seq_id] = fin
+            engine.release(sequences.pop(fin.seq_id))
+        step += 1
+    return done
+
+
+def test_answers_the_capital_of_france(engines: dict[str, LMEngine], tokenizer) -> None:
+    ids = encode(tokenizer, QUESTIONS[0])
+    for precision, engine in engines.items():
+        answer = tokenizer.decode(engine.generate_greedy(ids, 24))
+        assert "Paris" in answer, (precision, answer)
+
+
+def test_batched_equals_alone(engines: dict[str, LMEngine], tokenizer) -> None:
+    """Different lengths, staggered arrivals, chunked prefill mixed with decodes: every
+    sequence's greedy tokens are those it produces alone (fp32)."""
+    engine = engines["fp32"]
+    prompts = {f"q{i}": encode(tokenizer, q) for i, q in enumerate(QUESTIONS)}
+    alone = {k: engine.generate_greedy(ids, 20) for k, ids in prompts.items()}
+    scheduler = ContinuousBatchScheduler(
+        SchedulerLimits(max_tokens_per_step=48, max_running=4, max_prefill_chunk=24),
+        eos_token_ids=engine.eos_token_ids,
+    )
+    batched = serve(engine, scheduler, prompts, SamplingParams(max_tokens=20),
+                    arrivals={"q0": 0, "q1": 0, "q2": 1, "q3": 3})
+    assert {k: list(f.tokens) for k, f in batched.items()} == alone
+
+
+def test_int8_batch_drift_is_measured(config: ModelConfig, engines: dict[str, LMEngine], tokenizer) -> None:
+    """Dynamic int8 picks activation scales per call over the whole batch, so a row can
+    shift with its batch-mates (fp32 rows do not). Alone, the scheduler path is exact; in a
+    batch of 4 the drift is printed, and the build records it in the int8 fidelity."""
+    engine = engines["int8"]
+    prompts = {f"q{i}": encode(tokenizer, q) for i, q in enumerate(QUESTIONS)}
+    alone = {k: engine.generate_greedy(ids, 16) for k, ids in prompts.items()}
+    one_at_a_time = ContinuousBatchScheduler(SchedulerLimits(max_tokens_per_step=512, max_running=1),
+                                             eos_token_ids=engine.eos_token_ids)
+    serial = serve(engine, one_at_a_time, prompts, SamplingParams(max_tokens=16))
+    assert {k: list(f.tokens) for k, f in serial.items()} == alone
+    static = StaticBatchScheduler(SchedulerLimits(max_tokens_per_step=512, max_running=4),
+                                  eos_token_ids=engine.eos_token_ids)
+    batched = serve(engine, static, prompts, SamplingParams(max_tokens=16))
+    agree = sum(_prefix(list(batched[k].tokens), alone[k]) for k in alone)
+    print(f"\nint8 batch of 4 vs alone: {agree}/{sum(map(len, alone.values()))} greedy tokens agree; "
+          f"build fidelity {dict(config.variant('int8').fidelity)}")
+    assert "batch_vs_alone_agreement" in config.variant("int8").fidelity
+
+
+def test_prefix_cache_hit_equals_miss(config: ModelConfig, engines: dict[str, LMEngine], tokenizer) -> None:
+    cache = PrefixCache(max_bytes=64 << 20, block_tokens=16, namespace=f"{NAME}/fp32")
+    cached = LMEngine.from_config(config, "fp32", intra_op_threads=2, prefix_cache=cache)
+    first, second = encode(tokenizer, QUESTIONS[0]), encode(tokenizer, QUESTIONS[1])
+    miss = {q: engines["fp32"].generate_greedy(ids, 12) for q, ids in (("a", first), ("b", second))}
+    assert cached.generate_greedy(first, 12) == miss["a"]  # fills the cache
+    hits_before = cache.stats.hits
+    assert cached.generate_greedy(second, 12) == miss["b"]  # shares the system prompt's blocks
+    assert cached.generate_greedy(first, 12) == miss["a"]  # all but the last block reused
+    assert cache.stats.hits >= hits_before + 2, cache.stats
+
+
+def test_stop_strings_and_seeded_sampling(engines: dict[str, LMEngine], tokenizer) -> None:
+    engine = engines["int8"]
+    ids = encode(tokenizer, QUESTIONS[1])
+    stops = StopChecker(tokenizer, engine.eos_token_ids)
+    limits = SchedulerLimits(max_tokens_per_step=256, max_running=2)
+    done = serve(engine, ContinuousBatchScheduler(limits, engine.eos_token_ids), {"s": ids},
+                 SamplingParams(max_tokens=30, stop=(",",)), stops)
+    assert done["s"].reason in ("stop", "eos")
+    params = SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, seed=7)
+    runs = [serve(engine, ContinuousBatchScheduler(limits, engine.eos_token_ids), {"r": ids}, params)["r"].tokens
+            for _ in range(2)]
+    assert runs[0] == runs[1]
+
+
+def test_latency_fp32_int8_batch_1_and_4(engines: dict[str, LMEngine], tokenizer) -> None:
+    """Prefill of the first question (one call) and per-step decode, batch 1 and 4; printed."""
+    ids = encode(tokenizer, QUESTIONS[0])
+    print(f"\nprompt {len(ids)} tokens; median of 3 prefills, 16 decode steps")
+    for precision, engine in engines.items():
+        for batch in (1, 4):
+            prefill, decode = [], []
+            for _ in range(3):
+                seqs = [engine.new_sequence(str(i), ids, SamplingParams()) for i in range(batch)]
+                start = time.perf_counter()
+                logits = engine.prefill([(s, len(ids)) for s in seqs])
+                prefill.append(time.perf_counter() - start)
+            for s, row in zip(seqs, logits):
+                engine.append(s, int(np.argmax(row)))
+            for _ in range(16):
+                start = time.perf_counter()
+                logits = engine.decode(seqs)
+                decode.append(time.perf_counter() - start)
+                for s, row in zip(seqs, logits):
+                    engine.append(s, int(np.argmax(row)))
+            print(f"{precision} batch {batch}: prefill {1e3 * np.median(prefill):.1f} ms, "
+                  f"decode {1e3 * np.median(decode):.1f} ms/step "
+                  f"({1e3 * np.median(decode) / batch:.1f} ms/token)")
+
+
+def _prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
