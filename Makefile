@@ -5,14 +5,15 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 MMSTREAM := $(VENV)/bin/mmstream
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml infra/requirements-models.txt | sha1sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml infra/requirements-models.txt infra/system-deps.sh | sha1sum | cut -c1-12)
 
 .PHONY: setup models demo test unit down clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml infra/requirements-models.txt
+$(STAMP): pyproject.toml infra/requirements-models.txt infra/system-deps.sh
 	@bash infra/check-prereqs.sh
+	@bash infra/system-deps.sh
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[build,test]'

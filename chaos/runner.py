@@ -25,6 +25,7 @@ from schemas.request import Modality, Part, Request
 from streams.client import Client, new_id
 from streams.settings import Settings
 from streams.supervisor import Supervisor
+from streams.topic_reader import read_to_end
 
 
 @dataclass
@@ -85,31 +86,14 @@ def _apply(supervisor: Supervisor, fault: dict[str, Any]) -> None:
 
 
 async def check(settings: Settings, scenario: dict[str, Any], ids: list[str]) -> ChaosReport:
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
     topic = f"{settings.kafka.topic_prefix}.results"
     wanted = set(ids)
     report = ChaosReport(scenario["name"], len(ids), {i: 0 for i in ids})
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka.bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        tps = [TopicPartition(topic, p) for p in (consumer.partitions_for_topic(topic) or set())]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        remaining = {tp for tp in tps if ends[tp] > 0}
-        while remaining:
-            for records in (await consumer.getmany(timeout_ms=500)).values():
-                for r in records:
-                    ev = Event.from_wire(unpack(r.value))
-                    if ev.terminal and ev.id in wanted:
-                        report.terminal_per_id[ev.id] += 1
-                        report.outcomes[str(ev.kind)] = report.outcomes.get(str(ev.kind), 0) + 1
-            for tp in list(remaining):
-                if await consumer.position(tp) >= ends[tp]:
-                    remaining.discard(tp)
-    finally:
-        await consumer.stop()
+    for record in await read_to_end(settings.kafka.bootstrap, topic):
+        ev = Event.from_wire(unpack(record.value))
+        if ev.terminal and ev.id in wanted:
+            report.terminal_per_id[ev.id] += 1
+            report.outcomes[str(ev.kind)] = report.outcomes.get(str(ev.kind), 0) + 1
     missing = [i for i, n in report.terminal_per_id.items() if n == 0]
     repeated = [i for i, n in report.terminal_per_id.items() if n > 1]
     if missing:

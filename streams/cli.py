@@ -45,14 +45,25 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("demo", help="send a set of real requests and print answers and a latency table")
 
-    b = sub.add_parser("bench", help="open-loop Poisson benchmark")
-    b.add_argument("--workload", default="text", choices=["text"])
+    b = sub.add_parser("bench", help="open-loop Poisson benchmark (or: bench compare A.json B.json)")
+    b.add_argument("action", nargs="?", default="run", choices=["run", "compare"])
+    b.add_argument("inputs", nargs="*", type=Path, help="for compare: the JSON reports to put side by side")
+    b.add_argument("--workload", default="text", choices=["text", "mixed"])
+    b.add_argument("--mode", default="pipeline", choices=["pipeline", "monolithic"])
     b.add_argument("--rate", type=float, default=20.0, help="offered requests per second")
+    b.add_argument("--rates", help="sweep these rates, e.g. 5,10,20 (one run each)")
     b.add_argument("--duration", type=float, default=20.0, help="seconds of arrivals")
     b.add_argument("--drain", type=float, default=30.0, help="seconds to wait for stragglers")
     b.add_argument("--seed", type=int, default=1)
     b.add_argument("--lane", default="rt", choices=["rt", "bulk"])
+    b.add_argument("--max-batch-size", type=int, help="monolithic mode: its fixed batch size")
+    b.add_argument("--max-wait-ms", type=float, help="monolithic mode: its batch wait")
     b.add_argument("--out", type=Path, help="write the JSON report here")
+    b.add_argument("--report", type=Path, help="write report.md and PNG plots into this folder")
+
+    t = sub.add_parser("top", help="live view of lag, rates and per-stage latency")
+    t.add_argument("--once", action="store_true", help="print one frame and exit")
+    t.add_argument("--interval", type=float, default=1.0)
 
     m = sub.add_parser("models", help="the model repository")
     msub = m.add_subparsers(dest="models_command", required=True)

@@ -20,7 +20,7 @@ class UserError(Exception):
 def run(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
     handler = {
         "up": cmd_up, "down": cmd_down, "status": cmd_status, "config": cmd_config, "worker": cmd_worker,
-        "send": cmd_send, "demo": cmd_demo, "bench": cmd_bench, "models": cmd_models,
+        "send": cmd_send, "demo": cmd_demo, "bench": cmd_bench, "top": cmd_top, "models": cmd_models,
     }[args.command]
     return handler(args, settings, repo_root)
 
@@ -67,7 +67,7 @@ def _ensure_models(settings: Settings) -> None:
     from workers.repository import ModelNotFoundError, ModelRepository
 
     try:
-        for name in (settings.models.text_model, settings.models.image_model):
+        for name in (settings.models.text_model, settings.models.image_model, settings.models.audio_model):
             ModelRepository(settings.models.repository).resolve(name)
     except ModelNotFoundError as exc:
         raise UserError(f"{exc} (run: mmstream models build)") from None
@@ -219,18 +219,15 @@ def cmd_demo(args: argparse.Namespace, settings: Settings, repo_root: Path) -> i
 
 
 def cmd_bench(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
-    from streams.bench import BenchConfig, run_bench
+    from streams.bench import cli_main
 
-    cfg = BenchConfig(workload=args.workload, rate=args.rate, duration_s=args.duration, drain_s=args.drain,
-                      seed=args.seed, lane=args.lane)
-    report = asyncio.run(run_bench(settings, cfg))
-    text = json.dumps(report, indent=2)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-        print(f"wrote {args.out}")
-    print(text)
-    return 0 if report["requests"]["lost"] == 0 else 1
+    return cli_main(args, settings)
+
+
+def cmd_top(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
+    from streams.top import cli_main
+
+    return cli_main(args, settings)
 
 
 def cmd_models(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:

@@ -58,6 +58,7 @@ class LimitsSettings:
         30_000, "Deadline given to requests that set none, milliseconds from acceptance."
     )
     max_deadline_ms: int = setting(600_000, "Longest deadline a client may ask for.")
+    max_audio_seconds: float = setting(300.0, "Longest audio clip accepted (decoded duration).")
     max_image_pixels: int = setting(
         25_000_000, "Largest image (width x height, read from the header before decoding): the decompression-bomb guard."
     )
@@ -83,7 +84,7 @@ class EncoderSettings:
 @dataclass(frozen=True)
 class RouterSettings:
     served_modalities: str = setting(
-        "text,image,video", "Comma-separated modalities with an encoder pool; parts of others fail with unsupported_media."
+        "text,image,audio,video", "Comma-separated modalities with an encoder pool; parts of others fail with unsupported_media."
     )
     served_tasks: str = setting("embed", "Comma-separated tasks this deployment answers.")
     topic_cache_s: float = setting(10.0, "How long the router trusts its list of existing reply topics.")
@@ -175,6 +176,10 @@ class ModelSettings:
     )
     text_model: str = setting("all-minilm-l6-v2", "Model served by the text encoder.")
     image_model: str = setting("efficientnet-lite0", "Model served by the image encoder.")
+    audio_model: str = setting("whisper-base", "Model served by the audio encoder (transcript + embedding).")
+    audio_precision: str = setting(
+        "int8", "Whisper weights to run: int8 (CTranslate2; its transcripts matched fp32 on the build set) or fp32."
+    )
 
 
 @dataclass(frozen=True)

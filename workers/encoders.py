@@ -34,14 +34,15 @@ def refs_not_served(job: EncodeJob) -> WireError:
                      f"parts.{job.part}.ref")
 
 
-def load_engine(settings: Settings, metrics: Metrics, model: str, stage: str) -> tuple[Any, Any]:
+def load_engine(settings: Settings, metrics: Metrics, model: str, stage: str, engine_cls: Any = None,
+                precision: str | None = None) -> tuple[Any, Any]:
     """(model config, loaded engine) for ``model``; reports the engine on the metrics."""
     from workers.engine import OnnxEngine
     from workers.repository import ModelRepository
 
     config = ModelRepository(settings.models.repository).resolve(model)
-    engine = OnnxEngine(config, settings.encoder.precision, settings.encoder.intra_op_threads,
-                        allow_spinning=settings.encoder.allow_spinning)
+    engine = (engine_cls or OnnxEngine)(config, precision or settings.encoder.precision,
+                                        settings.encoder.intra_op_threads, allow_spinning=settings.encoder.allow_spinning)
     info = engine.load()
     metrics.set_engine(stage, dataclasses.asdict(info))
     log.info("%s: %s", stage, info)
@@ -103,6 +104,33 @@ def image_runner(settings: Settings, metrics: Metrics, stage: str = "encode.imag
     run = with_cache(settings, metrics, "image", run_batch, lambda job: job.data, config,
                      f"{PREPROCESSING_VERSION}+{FRAMES_MIME}", settings.cache.ttl_image_s)
     return Runner(run, cost), encoder
+
+
+def audio_runner(settings: Settings, metrics: Metrics, stage: str = "encode.audio") -> Runner:
+    """Whisper through CTranslate2: transcript plus the speech-pooled encoder embedding."""
+    from workers.audio import PREPROCESSING_VERSION, AudioEncoder, WhisperEngine
+
+    config, engine = load_engine(settings, metrics, settings.models.audio_model, stage, WhisperEngine,
+                                 settings.models.audio_precision)
+    encoder = AudioEncoder(engine, max_seconds=settings.limits.max_audio_seconds)
+    encoder.warmup()
+
+    def run_batch(jobs: list[EncodeJob]) -> list[Any]:
+        inline = [j for j in jobs if j.data is not None]
+        results = iter(encoder.run_batch([(j.data, j.mime) for j in inline]))
+        out: list[Any] = []
+        for j in jobs:
+            if j.data is None:
+                out.append(refs_not_served(j))
+                continue
+            r = next(results)
+            out.append(r if isinstance(r, Exception) else Encoded(r.embedding, {
+                "transcript": r.transcript, "speech_seconds": round(r.speech_seconds, 3), "language": r.language}))
+        return out
+
+    run = with_cache(settings, metrics, "audio", run_batch, lambda job: job.data, config, PREPROCESSING_VERSION,
+                     settings.cache.ttl_image_s)
+    return Runner(run, lambda job: 1.0)
 
 
 def generic_runner(settings: Settings, metrics: Metrics) -> Runner:

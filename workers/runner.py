@@ -20,7 +20,8 @@ from streams.topics import ensure_topics, topic_specs
 
 log = logging.getLogger(__name__)
 
-STAGES = ("router", "assembler", "encode.text", "encode.image", "encode.video", "encode.any", "lagmon")
+STAGES = ("router", "assembler", "encode.text", "encode.image", "encode.audio", "encode.video", "encode.any",
+          "lagmon")
 
 Installer = Callable[[faust.App, Settings, Metrics], None]
 
@@ -28,12 +29,14 @@ Installer = Callable[[faust.App, Settings, Metrics], None]
 def _encoder_installer(modality: str) -> Installer:
     def install(app: faust.App, settings: Settings, metrics: Metrics) -> None:
         from workers.encode_worker import EncoderLoop
-        from workers.encoders import generic_runner, image_runner, text_runner
+        from workers.encoders import audio_runner, generic_runner, image_runner, text_runner
 
         if modality == "text":
             runner = text_runner(settings, metrics)
         elif modality == "image":
             runner, _ = image_runner(settings, metrics)
+        elif modality == "audio":
+            runner = audio_runner(settings, metrics)
         else:
             runner = generic_runner(settings, metrics)
         EncoderLoop(app, settings, metrics, modality, runner.run_batch, cost=runner.cost).install()
@@ -48,7 +51,7 @@ def _installer(stage: str) -> Installer:
     if stage == "assembler":
         from streams.agents import install_assembler
         return install_assembler
-    if stage in ("encode.text", "encode.image", "encode.any"):
+    if stage in ("encode.text", "encode.image", "encode.audio", "encode.any"):
         return _encoder_installer(stage.split(".", 1)[1])
     if stage == "encode.video":
         from workers.video_stage import install_video_fanout

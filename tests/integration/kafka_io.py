@@ -6,33 +6,11 @@ import asyncio
 import time
 from collections import defaultdict
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-
 from schemas.codec import unpack
 from schemas.events import Event
+from streams.topic_reader import read_to_end
 
-
-async def read_to_end(bootstrap: str, topic: str) -> list:
-    """Every record of ``topic`` from the beginning up to its end offsets at call time."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
-    await consumer.start()
-    try:
-        await consumer._client.force_metadata_update()
-        tps = [TopicPartition(topic, p) for p in (consumer.partitions_for_topic(topic) or set())]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        records: list = []
-        remaining = {tp for tp in tps if ends[tp] > 0}
-        while remaining:
-            for recs in (await consumer.getmany(timeout_ms=500)).values():
-                records.extend(recs)
-            for tp in list(remaining):
-                if await consumer.position(tp) >= ends[tp]:
-                    remaining.discard(tp)
-        return records
-    finally:
-        await consumer.stop()
+__all__ = ["read_to_end", "terminal_events"]
 
 
 async def terminal_events(bootstrap: str, topic: str, ids: set[str], timeout_s: float = 90.0,

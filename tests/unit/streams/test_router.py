@@ -53,7 +53,7 @@ def test_schema_violation_without_id_goes_to_dlq():
 
 
 def test_unserved_modality_fails_that_part_only():
-    r = make_router()
+    r = make_router(router__served_modalities="text,image")
     raw = pack({"v": 1, "id": "c3", "parts": [{"modality": "text", "text": "x"},
                                                 {"modality": "audio", "data": b"RIFF", "mime": "audio/wav"}]})
     outs = handle(r, raw)
