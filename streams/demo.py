@@ -11,6 +11,7 @@ from rich.console import Console
 
 from schemas.request import Lane, Modality, Part, Request
 from schemas.tensor import from_wire
+from streams import samples
 from streams.client import Client, new_id
 from streams.console import latency_table
 from streams.settings import Settings
@@ -23,43 +24,28 @@ TEXTS = [
 ]
 
 
-def _photo(name: str) -> bytes:
-    """A sample photo that ships with scikit-image, as JPEG bytes (None without it)."""
-    import io
-
-    from PIL import Image
-    from skimage import data
-
-    buf = io.BytesIO()
-    Image.fromarray(getattr(data, name)()).save(buf, "JPEG", quality=90)
-    return buf.getvalue()
-
-
 def _requests() -> list[tuple[str, Request]]:
     reqs = [(f"embed: {t}", Request(id=new_id(), parts=(Part(Modality.TEXT, text=t),))) for t in TEXTS]
     try:
-        cat, coffee = _photo("chelsea"), _photo("coffee")
+        cat, coffee = samples.photo("chelsea"), samples.photo("coffee")
     except ImportError:  # scikit-image is a test/build dependency; the demo runs without it
         cat = coffee = None
     if cat:
         reqs.append(("text + 2 photos (cat, coffee)", Request(id=new_id(), parts=(
             Part(Modality.TEXT, text="what is in these photos?"),
             Part(Modality.IMAGE, data=cat, mime="image/jpeg"), Part(Modality.IMAGE, data=coffee, mime="image/jpeg")))))
-        try:
-            from tests.media import video
-        except ImportError:
-            video = None
-        if video is not None:
-            clip = video(["chelsea", "coffee", "astronaut", "rocket"], seconds_each=1.0)
-            reqs.append(("a 4 s video (frames on the image pool)", Request(id=new_id(), parts=(
-                Part(Modality.VIDEO, data=clip, mime="video/mp4"),))))
+        clip = samples.video(["chelsea", "coffee", "astronaut", "rocket"], seconds_each=1.0)
+        reqs.append(("a 4 s video (frames on the image pool)", Request(id=new_id(), parts=(
+            Part(Modality.VIDEO, data=clip, mime="video/mp4"),))))
         reqs.append(("a broken image beside a text", Request(id=new_id(), parts=(
             Part(Modality.TEXT, text="the text half still gets answered"),
             Part(Modality.IMAGE, data=b"\xff\xd8\xff not really a jpeg", mime="image/jpeg")))))
     reqs.append(("embed, bulk lane, 2 parts", Request(id=new_id(), lane=Lane.BULK, parts=(
         Part(Modality.TEXT, text="first part of a two-part request"), Part(Modality.TEXT, text="second part")))))
-    reqs.append(("text + audio (no audio pool yet)", Request(id=new_id(), parts=(
-        Part(Modality.TEXT, text="a text beside an audio clip"), Part(Modality.AUDIO, data=b"RIFF....WAVE", mime="audio/wav")))))
+    speech = samples.speech("Kafka keeps light text from waiting behind heavy video.")
+    if speech:
+        reqs.append(("a spoken clip (espeak-ng)", Request(id=new_id(), parts=(
+            Part(Modality.AUDIO, data=speech, mime="audio/wav"),))))
     return reqs
 
 
@@ -85,6 +71,8 @@ async def run_demo(settings: Settings) -> int:
                     extras = part.get("extras") or {}
                     if extras.get("top5"):
                         console.print("    top labels: " + ", ".join(f"{label} ({p:.2f})" for label, p in extras["top5"][:3]))
+                    if "transcript" in extras:
+                        console.print(f"    transcript: {extras['transcript']!r} ({extras['speech_seconds']} s of speech)")
                     if extras.get("frame_labels"):
                         console.print(f"    {extras['frames_encoded']} frames of {extras['duration_s']} s, labels per frame: "
                                       + ", ".join(extras["frame_labels"]))

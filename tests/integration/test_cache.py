@@ -14,7 +14,7 @@ import pytest
 from schemas.request import Modality, Part, Request
 from streams.client import Client, new_id
 from tests.integration.conftest import start_pipeline
-from tests.media import photo
+from streams.samples import photo
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,7 @@ import pytest
 from schemas.request import Modality, Part, Request
 from streams.client import Client, new_id
 from tests.integration.conftest import start_pipeline
-from tests.media import photo, video
+from streams.samples import photo, video
 
 pytestmark = pytest.mark.integration
 

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from schemas.errors import ErrorCode, WireError
-from tests.media import video
+from streams.samples import video
 from workers.video import FRAME_SIDE, chunk_frames, decode_video, frames_from_bytes
 
 

@@ -1,5 +1,6 @@
-"""Sample media built in the tests themselves (no downloads): photos that ship with
-scikit-image, and short videos written with PyAV from them."""
+"""Sample media made on the spot (no downloads), for the demo, the bench and the tests:
+photos that ship with scikit-image, short videos written with PyAV from them, and speech
+synthesized by espeak-ng. scikit-image comes with the test and build extras."""
 
 from __future__ import annotations
 
@@ -39,3 +40,19 @@ def video(names: list[str], seconds_each: float = 1.0, fps: int = 8, size: tuple
         for packet in stream.encode():
             out.mux(packet)
     return buf.getvalue()
+
+
+def speech(text: str) -> bytes | None:
+    """A WAV of ``text`` spoken by espeak-ng, or None where espeak-ng is not installed."""
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    espeak = shutil.which("espeak-ng")
+    if espeak is None:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "speech.wav"
+        subprocess.run([espeak, "-w", str(out), text], check=True, capture_output=True)
+        return out.read_bytes()
