@@ -72,6 +72,15 @@ class BenchConfig:
     """Monolith's batch wait; None: ``settings.encoder.max_wait_ms`` (as the encoders)."""
     floor_repeats: int = 20
     """Batch-1 engine calls per engine for ``floor_ms`` (the median is reported)."""
+    lanes: tuple[tuple[str, float], ...] = ()
+    """Share of requests per lane, e.g. (("rt", 0.2), ("bulk", 0.8)). Empty: all on ``lane``."""
+    repeat: float = 0.0
+    """Share of requests whose content repeats an earlier request's (reuse-cache traffic)."""
+    levers_off: tuple[str, ...] = ()
+    """Levers switched off for this run (streams.levers.LEVERS); the run then gets a
+    pipeline of its own with those settings."""
+    own_pipeline: bool = False
+    """Run against a fresh pipeline started for this run, even with every lever on."""
     tenant: str | None = None
     """Tenant of the pipeline's requests. None: a fresh one per run, so the reuse cache
     (keyed by tenant) cannot answer from an earlier run and the modes compare compute
@@ -84,6 +93,11 @@ class BenchConfig:
             raise ValueError(f"unknown mode {self.mode!r}; modes: {', '.join(MODES)}")
         if any(r <= 0 for r in self.sweep) or self.duration_s <= 0:
             raise ValueError("rates and duration must be positive")
+        if not 0.0 <= self.repeat < 1.0:
+            raise ValueError("repeat must be in [0, 1)")
+        if self.lanes and (any(lane not in ("rt", "bulk") or share < 0 for lane, share in self.lanes)
+                           or abs(sum(share for _, share in self.lanes) - 1.0) > 1e-6):
+            raise ValueError("lanes must be rt/bulk shares adding up to 1, e.g. rt=0.2,bulk=0.8")
 
     @property
     def sweep(self) -> tuple[float, ...]:
@@ -101,6 +115,8 @@ class Record:
     outcome: str | None = None
     """``ok``, an error code, or None when nothing came back (lost)."""
     stages: list[dict[str, Any]] = field(default_factory=list)
+    lane: str = "rt"
+    """The lane the traffic assigned (with the lanes lever off it was sent on rt)."""
 
 
 def parse_rates(text: str) -> tuple[float, ...]:
@@ -191,7 +207,35 @@ def schedule(cfg: BenchConfig, rate: float) -> tuple[list[float], list[Request]]
     rng = random.Random(f"{cfg.seed}:{rate}")
     offsets = arrival_offsets(rate, cfg.duration_s, rng)
     make = text_request if cfg.workload == "text" else mixed_request
-    return offsets, [make(rng, cfg.lane) for _ in offsets]
+    requests = [make(rng, cfg.lane) for _ in offsets]
+    shape = random.Random(f"{cfg.seed}:{rate}:shape")  # lanes and repeats, independent of content
+    for i, req in enumerate(requests):
+        lane = _pick_lane(shape, cfg.lanes) if cfg.lanes else cfg.lane
+        parts = req.parts
+        if cfg.repeat and i > 0 and shape.random() < cfg.repeat:
+            parts = requests[shape.randrange(i)].parts
+        requests[i] = dataclasses.replace(req, lane=Lane(lane), parts=parts)
+    return offsets, requests
+
+
+def _pick_lane(rng: random.Random, lanes: tuple[tuple[str, float], ...]) -> str:
+    x, acc = rng.random(), 0.0
+    for lane, share in lanes:
+        acc += share
+        if x < acc:
+            return lane
+    return lanes[-1][0]
+
+
+def parse_lanes(text: str) -> tuple[tuple[str, float], ...]:
+    """``"rt=0.2,bulk=0.8"`` -> ``(("rt", 0.2), ("bulk", 0.8))``; raises ``ValueError``."""
+    out = []
+    for item in text.split(","):
+        lane, sep, share = item.partition("=")
+        if not sep:
+            raise ValueError(f"--lanes takes LANE=SHARE,..., got {text!r}")
+        out.append((lane.strip(), float(share)))
+    return tuple(out)
 
 
 # -- process accounting --------------------------------------------------------------
@@ -245,7 +289,13 @@ async def run_bench(settings: Settings, cfg: BenchConfig, progress: bool = True)
                              sample_images()[0] if cfg.workload == "mixed" else None, cfg.floor_repeats)
     runs = []
     for rate in cfg.sweep:
-        if cfg.mode == "pipeline":
+        if cfg.mode == "pipeline" and (cfg.levers_off or cfg.own_pipeline):
+            from streams.levers import own_pipeline
+
+            async with own_pipeline(settings, cfg.levers_off, cfg.workload) as run_settings:
+                run = await _run_pipeline(run_settings, cfg, rate, progress)
+            run["levers_off"] = list(cfg.levers_off)
+        elif cfg.mode == "pipeline":
             run = await _run_pipeline(settings, cfg, rate, progress)
         else:
             run = await _run_monolith(settings, cfg, rate, engines, progress)
@@ -292,7 +342,8 @@ async def _run_pipeline(settings: Settings, cfg: BenchConfig, rate: float, progr
         own0 = time.process_time()
 
         async def send(req: Request) -> None:
-            sub = await client.submit(req)
+            sent = dataclasses.replace(req, lane=Lane.RT) if "lanes" in cfg.levers_off else req
+            sub = await client.submit(sent)
             pairs.append((req, sub))
             waits.append(asyncio.create_task(_wait(sub, cfg.duration_s + cfg.drain_s)))
 
@@ -316,8 +367,9 @@ async def _run_pipeline(settings: Settings, cfg: BenchConfig, rate: float, progr
     rss = {name: proc_peak_rss_mb(pid) for name, pid in workers}
     run = build_run("pipeline", cfg, rate, records, sent_s, cpu, rss)
     cache = [sub.terminal.cache or {} for _, sub in pairs if sub.terminal is not None]
-    run["cache"] = {"tenant": tenant, "hits": sum(int(c.get("hits", 0)) for c in cache),
-                    "misses": sum(int(c.get("misses", 0)) for c in cache)}
+    hits, misses = sum(int(c.get("hits", 0)) for c in cache), sum(int(c.get("misses", 0)) for c in cache)
+    run["cache"] = {"tenant": tenant, "hits": hits, "misses": misses,
+                    "hit_rate": round(hits / (hits + misses), 4) if hits + misses else None}
     return run
 
 
@@ -329,7 +381,7 @@ async def _wait(sub: Submission, timeout_s: float) -> None:
 
 
 def _pipeline_record(req: Request, sub: Submission) -> Record:
-    rec = Record(request_kind(req), tuple(str(p.modality) for p in req.parts), sub.sent_at_ms)
+    rec = Record(request_kind(req), tuple(str(p.modality) for p in req.parts), sub.sent_at_ms, lane=str(req.lane))
     t = sub.terminal
     if t is None:
         return rec
@@ -361,7 +413,8 @@ async def _run_monolith(settings: Settings, cfg: BenchConfig, rate: float, engin
     cpu_s = time.process_time() - cpu0
     records = []
     for o in mono.outcomes:
-        rec = Record(request_kind(o.request), tuple(str(p.modality) for p in o.request.parts), o.arrived_at_ms)
+        rec = Record(request_kind(o.request), tuple(str(p.modality) for p in o.request.parts), o.arrived_at_ms,
+                     lane=str(o.request.lane))
         if o.finished_at_ms is not None:
             rec.done_at_ms = o.finished_at_ms
             rec.outcome = "ok" if len(o.errors) < len(o.request.parts) else "internal"
@@ -410,6 +463,16 @@ def build_run(mode: str, cfg: BenchConfig, rate: float, records: Sequence[Record
                                     for name, v in stages.items()}}
         samples[kind] = [round(x, 3) for x in sorted(e2e)]
     parts = Counter(m for r in ok for m in r.parts)
+    by_lane: dict[str, Any] = {}
+    for lane in sorted({r.lane for r in records}):
+        mine = [r for r in records if r.lane == lane]
+        mine_ok = [r for r in mine if r.outcome == "ok"]
+        by_lane[lane] = {
+            "e2e": summary([r.done_at_ms - r.sent_at_ms for r in mine_ok]),
+            "requests": {"sent": len(mine), "ok": len(mine_ok),
+                         "errors": dict(Counter(r.outcome for r in mine if r.outcome not in (None, "ok"))),
+                         "lost": sum(r.outcome is None for r in mine)},
+        }
     return {
         "mode": mode,
         "workload": cfg.workload,
@@ -419,6 +482,7 @@ def build_run(mode: str, cfg: BenchConfig, rate: float, records: Sequence[Record
         "requests": {"sent": len(records), "ok": len(ok), "errors": dict(errors),
                      "lost": len(records) - len(done)},
         "latency_ms": latency,
+        "by_lane": by_lane,
         "throughput": {
             "requests_per_s": {k: round(len(v) / window_s, 3) for k, v in sorted(by_kind.items())} if window_s else {},
             "parts_per_s": {m: round(n / window_s, 3) for m, n in sorted(parts.items())} if window_s else {},
@@ -489,7 +553,12 @@ def config_from_args(args: Any) -> BenchConfig:
     return BenchConfig(workload=args.workload, rate=args.rate, duration_s=args.duration, drain_s=args.drain,
                        seed=args.seed, lane=args.lane, mode=args.mode,
                        rates=parse_rates(args.rates) if args.rates else (),
-                       max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms)
+                       max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
+                       lanes=parse_lanes(args.lanes) if getattr(args, "lanes", None) else (),
+                       repeat=getattr(args, "repeat", 0.0) or 0.0,
+                       levers_off=tuple(lv for lv in ("routing", "cache", "admission", "lanes")
+                                        if getattr(args, f"no_{lv}", False)),
+                       own_pipeline=getattr(args, "own_pipeline", False))
 
 
 def cli_main(args: Any, settings: Settings) -> int:

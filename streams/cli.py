@@ -58,6 +58,12 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--lane", default="rt", choices=["rt", "bulk"])
     b.add_argument("--max-batch-size", type=int, help="monolithic mode: its fixed batch size")
     b.add_argument("--max-wait-ms", type=float, help="monolithic mode: its batch wait")
+    b.add_argument("--lanes", help="share of each lane, e.g. rt=0.2,bulk=0.8 (default: all on --lane)")
+    b.add_argument("--repeat", type=float, default=0.0, help="share of requests repeating an earlier one's content")
+    for lever in ("routing", "cache", "admission", "lanes"):
+        b.add_argument(f"--no-{lever}", action="store_true",
+                       help=f"switch the {lever} lever off (runs on a pipeline of its own)")
+    b.add_argument("--own-pipeline", action="store_true", help="run on a fresh pipeline started for this run")
     b.add_argument("--out", type=Path, help="write the JSON report here")
     b.add_argument("--report", type=Path, help="write report.md and PNG plots into this folder")
 

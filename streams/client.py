@@ -169,3 +169,26 @@ class Client:
                 sub._queue.put_nowait(event)
             except asyncio.QueueFull:
                 pass  # a consumer that never reads its events loses the oldest-first overflow
+
+
+async def wait_until_serving(bootstrap: str, topic_prefix: str, timeout_s: float = 180.0) -> float:
+    """Send small probe requests until one is answered end to end; return the seconds it took.
+
+    Raises ``TimeoutError`` when none is answered within ``timeout_s``.
+    """
+    import time
+
+    from schemas.request import Modality, Part
+
+    start = time.monotonic()
+    async with Client(bootstrap, topic_prefix) as client:
+        while time.monotonic() - start < timeout_s:
+            sub = await client.submit(Request(id=f"probe-{new_id()}", parts=(Part(Modality.TEXT, text="probe"),),
+                                              deadline_ms=10_000))
+            try:
+                if (await sub.result(timeout_s=15)).kind == "result":
+                    return time.monotonic() - start
+            except asyncio.TimeoutError:
+                client.forget(sub.id)
+            await asyncio.sleep(0.5)
+    raise TimeoutError(f"no probe request was answered within {timeout_s:.0f} s")

@@ -74,24 +74,13 @@ def _ensure_models(settings: Settings) -> None:
 
 
 async def _probe(settings: Settings, timeout_s: float) -> float:
-    from schemas.request import Modality, Part, Request
-    from streams.client import Client, new_id
+    from streams.client import wait_until_serving
 
-    start = time.monotonic()
-    async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix) as client:
-        while True:
-            sub = await client.submit(Request(id=f"probe-{new_id()}", parts=(Part(Modality.TEXT, text="probe"),),
-                                              deadline_ms=10_000))
-            try:
-                event = await sub.result(timeout_s=15)
-                if event.kind == "result":
-                    return time.monotonic() - start
-            except asyncio.TimeoutError:
-                client.forget(sub.id)
-            if time.monotonic() - start > timeout_s:
-                raise UserError(f"the pipeline did not answer within {timeout_s:.0f} s; see the worker logs "
-                                f"({settings.local.state_dir / 'workers'})")
-            await asyncio.sleep(1.0)
+    try:
+        return await wait_until_serving(settings.kafka.bootstrap, settings.kafka.topic_prefix, timeout_s)
+    except TimeoutError:
+        raise UserError(f"the pipeline did not answer within {timeout_s:.0f} s; see the worker logs "
+                        f"({settings.local.state_dir / 'workers'})") from None
 
 
 def cmd_down(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:

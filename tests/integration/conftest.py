@@ -67,19 +67,9 @@ def start_pipeline(infra: Settings, replicas: dict[str, int], **extra_env: str) 
 
 
 async def wait_ready(pipe: Pipeline, timeout_s: float = 180.0) -> None:
-    from schemas.request import Modality, Part, Request
-    from streams.client import Client, new_id
+    from streams.client import wait_until_serving
 
-    start = time.monotonic()
-    async with Client(pipe.bootstrap, pipe.prefix) as client:
-        while time.monotonic() - start < timeout_s:
-            sub = await client.submit(Request(id=new_id(), parts=(Part(Modality.TEXT, text="ready?"),), deadline_ms=5000))
-            try:
-                if (await sub.result(timeout_s=10)).kind == "result":
-                    return
-            except asyncio.TimeoutError:
-                client.forget(sub.id)
-        raise TimeoutError("no probe answered")
+    await wait_until_serving(pipe.bootstrap, pipe.prefix, timeout_s)
 
 
 @pytest.fixture(scope="session")
