@@ -26,6 +26,9 @@ from typing import Any
 from schemas.errors import ErrorCode, WireError
 
 VERSION = 1
+REF_SCHEMES = ("redis:", "file://")
+"""Claim checks: ``redis:<key>`` (bytes stored by the SDK with a TTL) or ``file:///path``
+(only under the directory the deployment allows)."""
 
 
 class Task(StrEnum):
@@ -207,6 +210,9 @@ def _part(p: Any, where: str, limits: Limits, from_json: bool) -> Part:
         raise WireError(ErrorCode.INVALID_REQUEST, f"a {modality} part carries `data` or `ref`, not `text`", where)
     if given[0] == "ref":
         ref = _string(p, "ref", limits.max_ref_chars, where=where)
+        if not ref or not ref.startswith(REF_SCHEMES):
+            raise WireError(ErrorCode.INVALID_REQUEST,
+                            f"ref must start with one of {', '.join(REF_SCHEMES)} (a claim check)", f"{where}.ref")
         return Part(modality, ref=ref, mime=mime)
     data = p["data"]
     if from_json and isinstance(data, str):

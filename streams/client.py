@@ -12,9 +12,10 @@ an event; the client shows each (kind, seq) of a request once, and exactly one t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from schemas.codec import CONTENT_TYPE_HEADER, MSGPACK, DecodeError, pack, unpack
 from schemas.events import Event
@@ -62,8 +63,15 @@ class Client:
     """One producer for requests and one partition-assigned consumer of the reply topic."""
 
     def __init__(self, bootstrap: str, topic_prefix: str = "mm", reply_to: str | None = None,
-                 max_request_bytes: int = 8 * 1024 * 1024) -> None:
+                 max_request_bytes: int = 8 * 1024 * 1024, redis_url: str | None = None,
+                 inline_limit_bytes: int = 1024 * 1024, claim_ttl_s: int = 3600) -> None:
+        """``redis_url``: where parts over ``inline_limit_bytes`` are stored (claim check,
+        kept ``claim_ttl_s``); without it such parts are refused by ``submit``."""
         self.bootstrap = bootstrap
+        self.redis_url = redis_url
+        self.inline_limit_bytes = inline_limit_bytes
+        self.claim_ttl_s = claim_ttl_s
+        self._redis: Any = None
         self.prefix = topic_prefix
         self.reply_to = reply_to or f"{topic_prefix}.results"
         self.max_request_bytes = max_request_bytes
@@ -114,9 +122,16 @@ class Client:
             await self._consumer.stop()
         if self._producer:
             await self._producer.stop()
+        if self._redis is not None:
+            await self._redis.aclose()
 
     async def submit(self, request: Request) -> Submission:
-        """Produce ``request`` to its lane's ingress topic; return its ``Submission``."""
+        """Produce ``request`` to its lane's ingress topic; return its ``Submission``.
+
+        Parts whose bytes are over the inline limit are stored in Redis first and sent as a
+        ``redis:`` claim check. Raises ``ClientError`` when that is needed and not possible.
+        """
+        request = await self._claim_check(request)
         wire = request.to_wire()
         if request.reply_to is None:
             wire["reply_to"] = self.reply_to
@@ -137,6 +152,24 @@ class Client:
         await self._producer.send_and_wait(f"{self.prefix}.ingress.{lane}", value, key=request_id.encode(),
                                            headers=[(CONTENT_TYPE_HEADER, content_type.encode())])
         return sub
+
+    async def _claim_check(self, request: Request) -> Request:
+        big = [i for i, p in enumerate(request.parts) if p.data is not None and len(p.data) > self.inline_limit_bytes]
+        if not big:
+            return request
+        if self.redis_url is None:
+            raise ClientError(f"part {big[0]} is over the inline limit of {self.inline_limit_bytes} bytes and the "
+                              "client has no redis_url for a claim check")
+        if self._redis is None:
+            import redis.asyncio
+
+            self._redis = redis.asyncio.Redis.from_url(self.redis_url)
+        parts = list(request.parts)
+        for i in big:
+            key = f"mm:claim:{request.id}:{i}"
+            await self._redis.set(key, parts[i].data, ex=self.claim_ttl_s)
+            parts[i] = dataclasses.replace(parts[i], data=None, ref=f"redis:{key}")
+        return dataclasses.replace(request, parts=tuple(parts))
 
     def forget(self, request_id: str) -> None:
         """Stop tracking a request (its later events are dropped)."""

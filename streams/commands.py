@@ -156,18 +156,17 @@ def _file_part(modality: Any, path: Path, settings: Settings) -> Any:
 
     if not path.is_file():
         raise UserError(f"{path} is not a file")
-    data = path.read_bytes()
-    if len(data) > settings.limits.max_inline_bytes:
-        raise UserError(f"{path} is {len(data)} bytes, over the inline limit of {settings.limits.max_inline_bytes} "
-                        f"(MMSTREAM_LIMITS_MAX_INLINE_BYTES); claim-check refs are not built yet")
-    return Part(modality, data=data, mime=mimetypes.guess_type(path.name)[0])
+    # Over the inline limit, the client stores the bytes in Redis and sends a claim check.
+    return Part(modality, data=path.read_bytes(), mime=mimetypes.guess_type(path.name)[0])
 
 
 async def _send(settings: Settings, req: Any, timeout_s: float) -> int:
     from streams.client import Client
     from streams.console import event_line
 
-    async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix) as client:
+    async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix, redis_url=settings.redis.url,
+                      inline_limit_bytes=settings.limits.max_inline_bytes,
+                      claim_ttl_s=settings.limits.claim_ttl_s) as client:
         sub = await client.submit(req)
         try:
             async for event in sub.events(timeout_s):

@@ -58,6 +58,11 @@ class LimitsSettings:
         30_000, "Deadline given to requests that set none, milliseconds from acceptance."
     )
     max_deadline_ms: int = setting(600_000, "Longest deadline a client may ask for.")
+    max_ref_bytes: int = setting(64 * 1024 * 1024, "Largest payload fetched by claim check (ref).")
+    ref_file_root: str = setting(
+        "", "Directory whose files may be sent as file:// refs; empty: file refs are refused."
+    )
+    claim_ttl_s: int = setting(3600, "How long the SDK keeps a claim-checked payload in Redis.")
     max_audio_seconds: float = setting(300.0, "Longest audio clip accepted (decoded duration).")
     max_image_pixels: int = setting(
         25_000_000, "Largest image (width x height, read from the header before decoding): the decompression-bomb guard."

@@ -30,8 +30,18 @@ class Runner:
 
 
 def refs_not_served(job: EncodeJob) -> WireError:
-    return WireError(ErrorCode.INVALID_REQUEST, "claim-check refs are not served yet; send the bytes inline",
-                     f"parts.{job.part}.ref")
+    """A job that still has no bytes (refs are resolved before the batch functions run)."""
+    return WireError(ErrorCode.INVALID_REQUEST, "the part has no bytes", f"parts.{job.part}")
+
+
+def claim_resolver(settings: Settings) -> Any:
+    from pathlib import Path
+
+    from workers.claims import ClaimResolver
+
+    lim = settings.limits
+    return ClaimResolver(settings.redis.url, Path(lim.ref_file_root) if lim.ref_file_root else None,
+                         lim.max_ref_bytes)
 
 
 def load_engine(settings: Settings, metrics: Metrics, model: str, stage: str, engine_cls: Any = None,

@@ -29,7 +29,8 @@ Installer = Callable[[faust.App, Settings, Metrics], None]
 def _encoder_installer(modality: str) -> Installer:
     def install(app: faust.App, settings: Settings, metrics: Metrics) -> None:
         from workers.encode_worker import EncoderLoop
-        from workers.encoders import audio_runner, generic_runner, image_runner, text_runner
+        from workers.claims import with_claims
+        from workers.encoders import audio_runner, claim_resolver, generic_runner, image_runner, text_runner
 
         if modality == "text":
             runner = text_runner(settings, metrics)
@@ -39,7 +40,8 @@ def _encoder_installer(modality: str) -> Installer:
             runner = audio_runner(settings, metrics)
         else:
             runner = generic_runner(settings, metrics)
-        EncoderLoop(app, settings, metrics, modality, runner.run_batch, cost=runner.cost).install()
+        EncoderLoop(app, settings, metrics, modality, with_claims(runner.run_batch, claim_resolver(settings)),
+                    cost=runner.cost).install()
 
     return install
 

@@ -27,15 +27,18 @@ log = logging.getLogger(__name__)
 STAGE = "encode.video"
 
 
-def plan_fanout(job: EncodeJob, settings: Settings, decode: Any = decode_video) -> list[Out]:
+def plan_fanout(job: EncodeJob, settings: Settings, decode: Any = decode_video, resolver: Any = None) -> list[Out]:
     """The records for one video job: a failed part, or a header plus one job per chunk."""
     names = topic_names(settings)
     started = now_ms()
     v = settings.video
     try:
-        if job.data is None:
-            raise WireError(ErrorCode.INVALID_REQUEST, "claim-check refs are not served yet; send the bytes inline")
-        video = decode(job.data, v.max_seconds, v.max_frames, v.fps)
+        data = job.data
+        if data is None:
+            if resolver is None:
+                raise WireError(ErrorCode.INVALID_REQUEST, "the part has no bytes")
+            data = resolver.fetch(job.ref or "", f"parts.{job.part}.ref")
+        video = decode(data, v.max_seconds, v.max_frames, v.fps)
     except WireError as err:
         span = Span(STAGE, job.sent_at_ms, started, now_ms()).to_wire()
         field = err.field or f"parts.{job.part}"
@@ -64,7 +67,10 @@ def plan_fanout(job: EncodeJob, settings: Settings, decode: Any = decode_video) 
 
 def install_video_fanout(app: faust.App, settings: Settings, metrics: Metrics) -> None:
     names = topic_names(settings)
+    from workers.encoders import claim_resolver
+
     executor = ThreadPoolExecutor(1, thread_name_prefix="video-decode")
+    resolver = claim_resolver(settings)
     source = raw_topic(app, *(names.encode("video", lane) for lane in LANES))
 
     @app.agent(source, name="fanout-video")
@@ -78,7 +84,8 @@ def install_video_fanout(app: faust.App, settings: Settings, metrics: Metrics) -
                                                   [(ERROR_HEADER, f"undecodable encode job: {exc}".encode()[:1000])])])
                 continue
             try:
-                outs = await asyncio.get_running_loop().run_in_executor(executor, plan_fanout, job, settings)
+                outs = await asyncio.get_running_loop().run_in_executor(
+                    executor, plan_fanout, job, settings, decode_video, resolver)
             except Exception as exc:  # a bug must cost this part, not the stage
                 log.exception("%s: failed on %s part %d", STAGE, job.id, job.part)
                 err = WireError(ErrorCode.INTERNAL, f"video stage failed: {exc!r}", f"parts.{job.part}")
