@@ -3,20 +3,27 @@
 ``LMEngine`` runs a BATCH of sequences of different lengths in one ONNX call: new tokens and
 each sequence's KV history are left-padded to the longest in the batch, the attention mask
 hides the padding, and position ids carry each token's true position, so a row computes what
-it would compute alone (up to float summation order). Each ``LMSequence`` keeps its own KV
+it would compute alone (up to float summation order: fp32 greedy tokens are identical,
+checked at build time and in tests). The dynamic int8 variant is not batch-invariant: its
+activation scales are chosen per call over the whole batch, so a row's tokens can change
+with its batch-mates (the build records ``batch_vs_alone_agreement``). Each ``LMSequence`` keeps its own KV
 state between calls; a ``PrefixCache`` lets a new sequence start from the KV of a prompt
 prefix seen before.
 
 One generation step, as a stage loop drives it (the scheduler is
 ``streams.policies.scheduler``, which knows nothing of this module)::
 
-    seq = engine.new_sequence(seq_id, prompt_ids, params)      # on arrival (prefix-cache lookup)
-    scheduler.add(SequenceRequest(seq_id, len(prompt_ids), params.max_tokens, lane, deadline,
-                                  now, num_cached_tokens=seq.num_cached))
-    out = scheduler.schedule(now)                               # what runs this step
-    for seq_id, reason in out.dropped: engine.release(...)
-    step = execute_step(engine, out, sequences)                 # one prefill + one decode call
-    for fin in scheduler.update(step): engine.release(sequences.pop(fin.seq_id))
+    # on arrival: tokenize build_prompt(...), look up the prefix cache, queue
+    seq = sequences[seq_id] = engine.new_sequence(seq_id, prompt_ids, params)
+    scheduler.add(SequenceRequest(seq_id, len(prompt_ids), params.max_tokens, lane,
+                                  arrived_at=now, deadline=deadline,
+                                  num_cached_tokens=seq.num_cached))
+    # each step, while scheduler.has_work:
+    out = scheduler.schedule(now)                     # what runs (drops expired sequences)
+    step = execute_step(engine, out, sequences, stops) # one prefill call + one decode call
+    for fin in scheduler.update(step):                # finished and dropped, with reasons
+        engine.release(sequences.pop(fin.seq_id))
+    # stream seq.generated / seq.text of the sequences in step.tokens to their clients
 
 Not thread-safe: one engine, one caller.
 """

@@ -139,9 +139,15 @@ def test_stop_strings_and_seeded_sampling(engines: dict[str, LMEngine], tokenize
     ids = encode(tokenizer, QUESTIONS[1])
     stops = StopChecker(tokenizer, engine.eos_token_ids)
     limits = SchedulerLimits(max_tokens_per_step=256, max_running=2)
-    done = serve(engine, ContinuousBatchScheduler(limits, engine.eos_token_ids), {"s": ids},
-                 SamplingParams(max_tokens=30, stop=(",",)), stops)
-    assert done["s"].reason in ("stop", "eos")
+    full = tokenizer.decode(engine.generate_greedy(ids, 30), skip_special_tokens=True)
+    stop = full.split()[2]  # a word the greedy answer is known to contain
+    params = SamplingParams(max_tokens=30, stop=(stop,))
+    seq = engine.new_sequence("s", ids, params)
+    scheduler = ContinuousBatchScheduler(limits, engine.eos_token_ids)
+    scheduler.add(SequenceRequest("s", len(ids), params.max_tokens, "rt", 0.0))
+    while scheduler.has_work:
+        finished = scheduler.update(execute_step(engine, scheduler.schedule(0.0), {"s": seq}, stops))
+    assert finished[0].reason == "stop" and seq.text == full[:full.index(stop)], (full, seq.text)
     params = SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, seed=7)
     runs = [serve(engine, ContinuousBatchScheduler(limits, engine.eos_token_ids), {"r": ids}, params)["r"].tokens
             for _ in range(2)]
@@ -180,3 +186,19 @@ def _prefix(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
+
+
+def test_continuous_vs_static_batching(engines: dict[str, LMEngine], tokenizer) -> None:
+    """Same requests (staggered arrivals, uneven lengths) through both schedulers: both
+    finish everything; printed: model steps and wall time."""
+    engine = engines["int8"]
+    questions = [QUESTIONS[i % len(QUESTIONS)] for i in range(8)]
+    prompts = {f"r{i}": encode(tokenizer, q) for i, q in enumerate(questions)}
+    arrivals = {f"r{i}": i for i in range(8)}
+    limits = SchedulerLimits(max_tokens_per_step=256, max_running=4)
+    for cls in (ContinuousBatchScheduler, StaticBatchScheduler):
+        scheduler = cls(limits, eos_token_ids=())  # no eos: every request runs max_tokens
+        start = time.perf_counter()
+        done = serve(engine, scheduler, prompts, SamplingParams(max_tokens=12), arrivals=arrivals)
+        assert all(f.reason == "max_tokens" for f in done.values()) and len(done) == 8
+        print(f"\n{cls.__name__}: 8 requests x 12 tokens in {time.perf_counter() - start:.2f} s")
