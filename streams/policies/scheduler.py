@@ -143,6 +143,7 @@ class Finished:
     reason: str  # FINISH_REASON[status]
     tokens: tuple[int, ...]
     lane: str
+    history: tuple[tuple[SequenceStatus, float], ...] = ()  # (status, monotonic s) per transition, arrival first
 
 
 @dataclass(slots=True)
@@ -303,7 +304,8 @@ class ContinuousBatchScheduler:
         return finished
 
     def history(self, seq_id: str) -> list[tuple[SequenceStatus, float]]:
-        """Timestamped transitions of a live sequence (``Finished`` does not carry it)."""
+        """Timestamped transitions of a running sequence (``Finished`` carries the whole
+        record of an ended one)."""
         seq = self._running.get(seq_id)
         return list(seq.history) if seq is not None else []
 
@@ -331,7 +333,7 @@ class ContinuousBatchScheduler:
     def _finish(self, seq: _Sequence, status: SequenceStatus, now: float) -> Finished:
         seq.move(status, now)
         r = seq.request
-        return Finished(r.seq_id, status, FINISH_REASON[status], tuple(seq.output), r.lane)
+        return Finished(r.seq_id, status, FINISH_REASON[status], tuple(seq.output), r.lane, tuple(seq.history))
 
 
 class StaticBatchScheduler(ContinuousBatchScheduler):

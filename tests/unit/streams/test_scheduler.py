@@ -49,6 +49,8 @@ def test_prefill_then_decode_until_max_tokens() -> None:
     assert out.decode == ("a",) and out.num_tokens == 1 and fin == []
     _, fin = run_step(s, 3.0)
     assert [(f.seq_id, f.reason, f.tokens) for f in fin] == [("a", "max_tokens", (7, 7, 7))]
+    assert [(st.value, t) for st, t in fin[0].history] == [
+        ("waiting", 0.0), ("prefilling", 1.0), ("decoding", 1.0), ("finished_length", 3.0)]
     assert not s.has_work
 
 
