@@ -186,3 +186,49 @@ def fan_in_from_wire(m: dict[str, Any]) -> Manifest | EncodedPart | DeadlineTick
     if cls is None:
         raise ValueError(f"unknown fan-in message type {m.get('type')!r}")
     return cls.from_wire(m)
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateJob:
+    """An assembled generate request, from the assembler to ``<prefix>.generate.<lane>``.
+
+    ``parts`` say what each part became upstream, in request order: ``{"modality", "text"}``
+    for text, ``{"modality", "labels": [[name, score], ...]}`` for an image, ``{"modality",
+    "transcript"}`` for audio, ``{"modality", "frames": [[at_s, [[name, score], ...]], ...],
+    "transcript"}`` for video, and ``{"modality", "failed": true}`` for a part that failed.
+    """
+
+    id: str
+    lane: str
+    tenant: str
+    reply_to: str
+    deadline_at_ms: float
+    accepted_at_ms: float
+    client_sent_at_ms: float
+    sent_at_ms: float
+    parts: list[dict[str, Any]]
+    params: dict[str, Any] = field(default_factory=dict)
+    trace: list[Any] = field(default_factory=list)
+    """The per-stage breakdown so far: ``[{stage, queued_ms, service_ms}, ...]``."""
+
+    TYPE = "generate"
+
+    def to_wire(self) -> dict[str, Any]:
+        m = _base(self.TYPE)
+        m.update(id=self.id, lane=self.lane, tenant=self.tenant, reply_to=self.reply_to,
+                 deadline_at_ms=self.deadline_at_ms, accepted_at_ms=self.accepted_at_ms,
+                 client_sent_at_ms=self.client_sent_at_ms, sent_at_ms=self.sent_at_ms, parts=self.parts,
+                 params=self.params, trace=self.trace)
+        return m
+
+    @classmethod
+    def from_wire(cls, m: dict[str, Any]) -> "GenerateJob":
+        _check(m, cls.TYPE)
+        try:
+            return cls(id=str(m["id"]), lane=str(m["lane"]), tenant=str(m["tenant"]), reply_to=str(m["reply_to"]),
+                       deadline_at_ms=float(m["deadline_at_ms"]), accepted_at_ms=float(m["accepted_at_ms"]),
+                       client_sent_at_ms=float(m["client_sent_at_ms"]), sent_at_ms=float(m["sent_at_ms"]),
+                       parts=[dict(p) for p in m["parts"]], params=dict(m.get("params") or {}),
+                       trace=list(m.get("trace") or []))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"malformed generate job: {exc}") from None

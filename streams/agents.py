@@ -139,6 +139,11 @@ def install_assembler(app: faust.App, settings: Settings, metrics: Metrics) -> N
                                                   Event(msg.id, EventKind.ERROR, 1, now, error=err.to_wire()).to_wire())])
             return
         result = step(state, msg, now, policy, lane=lane)
+        if result.forward is not None:
+            # A generate request goes on to the generator, which sends its terminal event.
+            await send_all(app.producer, [out_map(names.generate(result.forward.lane), msg.id,
+                                                  result.forward.to_wire())])
+            metrics.request_done("assemble", "ok")
         if result.emit is not None and result.reply_to:
             # Deliver the answer before recording it: a crash in between repeats the answer
             # (clients dedupe by id) instead of losing it.

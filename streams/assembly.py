@@ -18,7 +18,7 @@ import msgpack
 
 from schemas.errors import ErrorCode, WireError
 from schemas.events import Event, EventKind
-from schemas.jobs import DeadlineTick, EncodedPart, Manifest
+from schemas.jobs import DeadlineTick, EncodedPart, GenerateJob, Manifest
 from schemas.trace import Span, breakdown, spans_from_wire
 from streams.lifecycle import RequestStatus, advance
 from streams.pooling import pool_chunks
@@ -77,6 +77,8 @@ class Step:
     emit: Event | None = None
     reply_to: str | None = None
     changed: bool = True
+    forward: GenerateJob | None = None
+    """For a generate task: the assembled job for the generator (which answers the client)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +175,13 @@ def _complete(state: Assembly, now_ms: float, deadline_hit: bool) -> Step:
     failed = [r for r in results if r["error"] is not None]
     timings = _timings(state, now_ms)
     cache = {"hits": sum(r["cache"] == "hit" for r in results), "misses": sum(r["cache"] == "miss" for r in results)}
+    if m.task == "generate" and len(failed) < len(results):
+        job = GenerateJob(id=m.id, lane=m.lane, tenant=m.tenant, reply_to=m.reply_to, deadline_at_ms=m.deadline_at_ms,
+                          accepted_at_ms=m.accepted_at_ms, client_sent_at_ms=m.client_sent_at_ms, sent_at_ms=now_ms,
+                          parts=[_grounding(r) for r in results], params=m.params,
+                          trace=timings["stages"])
+        done = replace(state, status=advance(state.status, RequestStatus.FORWARDED), done_at_ms=now_ms)
+        return Step(done, forward=job)
     if len(failed) == len(results):
         status = RequestStatus.DEADLINE_EXCEEDED if deadline_hit and not state.parts else RequestStatus.FAILED
         error = _summary_error(failed, deadline_hit and not state.parts)
@@ -185,6 +194,24 @@ def _complete(state: Assembly, now_ms: float, deadline_hit: bool) -> Step:
                       timings=timings, cache=cache)
     done = replace(state, status=advance(state.status, status), done_at_ms=now_ms)
     return Step(done, emit=event, reply_to=m.reply_to)
+
+
+def _grounding(r: dict[str, Any]) -> dict[str, Any]:
+    """What the language model is told about one part (see streams/policies/prompt.py)."""
+    extras = r.get("extras") or {}
+    out: dict[str, Any] = {"modality": r["modality"]}
+    if r.get("error") is not None:
+        out["failed"] = True
+    elif r["modality"] == "text":
+        out["text"] = extras.get("text", "")
+    elif r["modality"] == "image":
+        out["labels"] = extras.get("top5", [])
+    elif r["modality"] == "audio":
+        out["transcript"] = extras.get("transcript", "")
+    elif r["modality"] == "video":
+        out["frames"] = extras.get("frame_top", [])
+        out["transcript"] = extras.get("transcript")
+    return out
 
 
 def _summary_error(failed: list[dict[str, Any]], deadline: bool) -> WireError:

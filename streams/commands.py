@@ -67,7 +67,8 @@ def _ensure_models(settings: Settings) -> None:
     from workers.repository import ModelNotFoundError, ModelRepository
 
     try:
-        for name in (settings.models.text_model, settings.models.image_model, settings.models.audio_model):
+        m = settings.models
+        for name in (m.text_model, m.image_model, m.audio_model, m.lm_model):
             ModelRepository(settings.models.repository).resolve(name)
     except ModelNotFoundError as exc:
         raise UserError(f"{exc} (run: mmstream models build)") from None

@@ -18,11 +18,13 @@ class RequestStatus(StrEnum):
     FINISHED_PARTIAL = "finished_partial"
     FAILED = "failed"
     DEADLINE_EXCEEDED = "deadline_exceeded"
+    FORWARDED = "forwarded"
+    """Assembled and handed to the generator, which owns its terminal event from here."""
 
 
 TERMINAL = frozenset({
     RequestStatus.REJECTED, RequestStatus.FINISHED, RequestStatus.FINISHED_PARTIAL,
-    RequestStatus.FAILED, RequestStatus.DEADLINE_EXCEEDED,
+    RequestStatus.FAILED, RequestStatus.DEADLINE_EXCEEDED, RequestStatus.FORWARDED,
 })
 
 TRANSITIONS: dict[RequestStatus, frozenset[RequestStatus]] = {
@@ -30,6 +32,7 @@ TRANSITIONS: dict[RequestStatus, frozenset[RequestStatus]] = {
     RequestStatus.ACCEPTED: frozenset({RequestStatus.ENCODING, RequestStatus.FAILED, RequestStatus.DEADLINE_EXCEEDED}),
     RequestStatus.ENCODING: frozenset({
         RequestStatus.FINISHED, RequestStatus.FINISHED_PARTIAL, RequestStatus.FAILED, RequestStatus.DEADLINE_EXCEEDED,
+        RequestStatus.FORWARDED,
     }),
     **{s: frozenset() for s in TERMINAL},
 }

@@ -31,7 +31,10 @@ def pool_chunks(header: EncodedPart, chunks: dict[int, EncodedPart], complete: b
     norm = float(np.linalg.norm(total))
     pooled = (total / norm if norm > 0 else total).astype(np.float32)
     extras: dict[str, Any] = dict(header.extras)
+    fps = float(header.extras.get("fps") or 1.0)
+    tops = [top for c in ok for top in c.extras.get("top", [])]
     extras.update(frames_encoded=frames, complete=complete and len(ok) == header.n_chunks,
-                  frame_labels=[label for c in ok for label in c.extras.get("labels", [])])
+                  frame_labels=[label for c in ok for label in c.extras.get("labels", [])],
+                  frame_top=[[round(i / fps, 3), top] for i, top in enumerate(tops)])
     return EncodedPart(id=header.id, part=header.part, modality=header.modality, sent_at_ms=last.sent_at_ms,
                        embedding=to_wire(pooled, "float16"), extras=extras, trace=trace)

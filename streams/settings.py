@@ -91,7 +91,7 @@ class RouterSettings:
     served_modalities: str = setting(
         "text,image,audio,video", "Comma-separated modalities with an encoder pool; parts of others fail with unsupported_media."
     )
-    served_tasks: str = setting("embed", "Comma-separated tasks this deployment answers.")
+    served_tasks: str = setting("embed,generate", "Comma-separated tasks this deployment answers.")
     topic_cache_s: float = setting(10.0, "How long the router trusts its list of existing reply topics.")
     modality_topics: bool = setting(
         True, "One encode topic and pool per modality; off, every part goes to one shared topic and generic pool "
@@ -133,6 +133,19 @@ class AdmissionSettings:
     refresh_ms: int = setting(1_000, "How often the router re-reads consumer lag to estimate queued work.")
     backpressure_high_ms: float = setting(3_000.0, "Total queued work (ms) past which the router stops reading bulk ingress.")
     backpressure_low_ms: float = setting(1_000.0, "Total queued work (ms) under which it reads bulk ingress again.")
+
+
+@dataclass(frozen=True)
+class GeneratorSettings:
+    precision: str = setting(
+        "fp32", "LM weights: fp32 (batched output equals alone) or int8 (faster, not batch-invariant, drifts from fp32)."
+    )
+    scheduler: str = setting("continuous", "continuous (step-level, sequences join and leave) or static batching.")
+    max_tokens_per_step: int = setting(256, "Token budget of one model step (prefill chunks + one per decoding sequence).")
+    max_running: int = setting(8, "Most sequences holding KV state at once.")
+    max_prefill_chunk: int = setting(256, "Most prompt tokens of one sequence in one step (chunked prefill).")
+    stream_every_tokens: int = setting(1, "Send a token event every N tokens (fewer events, coarser streaming).")
+    prefix_cache_mb: int = setting(64, "Memory for reused prompt-prefix KV blocks; 0 turns the prefix cache off.")
 
 
 @dataclass(frozen=True)
@@ -181,6 +194,7 @@ class ModelSettings:
     )
     text_model: str = setting("all-minilm-l6-v2", "Model served by the text encoder.")
     image_model: str = setting("efficientnet-lite0", "Model served by the image encoder.")
+    lm_model: str = setting("smollm2-135m", "Language model of the generator.")
     audio_model: str = setting("whisper-base", "Model served by the audio encoder (transcript + embedding).")
     audio_precision: str = setting(
         "int8", "Whisper weights to run: int8 (CTranslate2; its transcripts matched fp32 on the build set) or fp32."
@@ -196,6 +210,7 @@ class Settings:
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)
     encoder: EncoderSettings = field(default_factory=EncoderSettings)
     assembler: AssemblerSettings = field(default_factory=AssemblerSettings)
+    generator: GeneratorSettings = field(default_factory=GeneratorSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     video: VideoSettings = field(default_factory=VideoSettings)
     cache: CacheSettings = field(default_factory=CacheSettings)

@@ -11,7 +11,7 @@ from schemas.errors import ErrorCode, WireError
 from schemas.jobs import EncodedPart, EncodeJob, Manifest
 from typing import Callable
 
-from schemas.request import Part, Request
+from schemas.request import Modality, Part, Request, Task
 from schemas.trace import Span
 from streams.policies.partitioning import Partitioner
 from streams.topics import ANY, TopicNames
@@ -30,7 +30,8 @@ class RoutePlan:
     manifest: Manifest
     jobs: list[RoutedJob]
     failed_parts: list[EncodedPart]
-    """Parts answered by the router itself (sent to the assembler like encoder output)."""
+    """Parts answered by the router itself (sent to the assembler like encoder output): an
+    unserved modality's error, or a generate request's text, which needs no encoding."""
 
 
 def spread_partitions(request_id: str, n_parts: int, partitions: int) -> list[int]:
@@ -78,7 +79,7 @@ def split_request(
 
     by_topic: dict[str, list[int]] = {}
     for i, part in enumerate(req.parts):
-        if str(part.modality) in served_modalities:
+        if str(part.modality) in served_modalities and not (req.task == Task.GENERATE and part.modality == Modality.TEXT):
             by_topic.setdefault(topic_of(part), []).append(i)
     chosen: dict[int, int | None] = {}
     for topic, idx in by_topic.items():
@@ -86,6 +87,11 @@ def split_request(
             chosen[i] = p
     for i, part in enumerate(req.parts):
         modality = str(part.modality)
+        if req.task == Task.GENERATE and part.modality == Modality.TEXT:
+            # The language model reads text as it is: nothing to encode.
+            failed.append(EncodedPart(id=req.id, part=i, modality=modality, sent_at_ms=now_ms,
+                                      extras={"text": part.text}))
+            continue
         if modality not in served_modalities:
             err = WireError(ErrorCode.UNSUPPORTED_MEDIA,
                             f"no {modality} encoder is deployed here (served: {', '.join(sorted(served_modalities))})",

@@ -15,7 +15,7 @@ from pathlib import Path
 from streams.settings import Settings
 
 DEFAULT_REPLICAS = {"router": 1, "assembler": 1, "encode.text": 1, "encode.image": 1, "encode.audio": 1,
-                    "encode.video": 1, "lagmon": 1}
+                    "encode.video": 1, "generate": 1, "lagmon": 1}
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,8 @@ def image_runner(settings: Settings, metrics: Metrics, stage: str = "encode.imag
         except Exception as exc:
             return exc
         return Encoded(np.sum([o.embedding for o in outputs], axis=0),
-                       {"frames": len(outputs), "labels": [o.top5[0][0] for o in outputs]})
+                       {"frames": len(outputs), "labels": [o.top5[0][0] for o in outputs],
+                        "top": [[[label, round(p, 4)] for label, p in o.top5[:3]] for o in outputs]})
 
     def run_batch(jobs: list[EncodeJob]) -> list[Any]:
         photos = [j for j in jobs if j.data is not None and j.mime != FRAMES_MIME]

@@ -21,7 +21,7 @@ from streams.topics import ensure_topics, topic_specs
 log = logging.getLogger(__name__)
 
 STAGES = ("router", "assembler", "encode.text", "encode.image", "encode.audio", "encode.video", "encode.any",
-          "lagmon")
+          "generate", "lagmon")
 
 Installer = Callable[[faust.App, Settings, Metrics], None]
 
@@ -55,6 +55,9 @@ def _installer(stage: str) -> Installer:
         return install_assembler
     if stage in ("encode.text", "encode.image", "encode.audio", "encode.any"):
         return _encoder_installer(stage.split(".", 1)[1])
+    if stage == "generate":
+        from workers.generator_stage import install_generator
+        return install_generator
     if stage == "encode.video":
         from workers.video_stage import install_video_fanout
         return install_video_fanout

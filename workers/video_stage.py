@@ -49,7 +49,7 @@ def plan_fanout(job: EncodeJob, settings: Settings, decode: Any = decode_video, 
     span = Span(STAGE, job.sent_at_ms, started, now_ms()).to_wire()
     sent = now_ms()
     extras = {"duration_s": round(video.duration_s, 3), "frames_sampled": len(video.frames),
-              "has_audio": video.has_audio}
+              "has_audio": video.has_audio, "fps": v.fps}
     if video.has_audio:
         extras["audio"] = "the audio track is not encoded yet"
     header = EncodedPart(id=job.id, part=job.part, modality="video", sent_at_ms=sent, n_chunks=len(chunks),

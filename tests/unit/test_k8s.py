@@ -26,4 +26,6 @@ def test_scalers_watch_the_stage_s_own_group_and_topics():
             assert meta["consumerGroup"] == f"mm-{stage.replace('.', '-')}"
             if stage.startswith("encode."):
                 assert meta["topic"] in {names.encode(stage.split(".")[1], lane) for lane in ("rt", "bulk")}
+            if stage == "generate":
+                assert meta["topic"] in {names.generate(lane) for lane in ("rt", "bulk")}
         assert obj["spec"]["maxReplicaCount"] <= 8

@@ -64,7 +64,7 @@ def test_unserved_modality_fails_that_part_only():
 
 
 def test_unserved_task_and_unknown_reply_topic_are_errors():
-    r = make_router()
+    r = make_router(router__served_tasks="embed")
     outs = handle(r, pack({"id": "d4", "task": "generate", "parts": [{"modality": "text", "text": "x"}]}))
     assert Event.from_wire(unpack(outs[0].value)).error["field"] == "task"
     outs = handle(r, pack({"id": "d5", "reply_to": "nobody.here", "parts": [{"modality": "text", "text": "x"}]}))
@@ -96,3 +96,13 @@ def test_parts_of_one_request_are_spread_over_partitions():
     outs = handle(r, raw)
     assert sorted(o.partition for o in outs if o.topic == "mm.encode.text.rt") == [0, 1, 2, 3]
     assert spread_partitions("x", 6, 4) == [(spread_partitions("x", 1, 4)[0] + i) % 4 for i in range(6)]
+
+
+def test_generate_text_needs_no_encoder_and_other_parts_do():
+    r = make_router()
+    outs = handle(r, pack({"id": "g1", "task": "generate", "parts": [
+        {"modality": "text", "text": "what is this?"}, {"modality": "image", "data": b"x", "mime": "image/png"}]}))
+    fan_in = [fan_in_from_wire(unpack(o.value)) for o in outs if o.topic == "mm.encoded.rt"]
+    ready = [m for m in fan_in if getattr(m, "extras", None)]
+    assert ready and ready[0].extras == {"text": "what is this?"} and ready[0].error is None
+    assert [o.topic for o in outs].count("mm.encode.image.rt") == 1 and "mm.encode.text.rt" not in [o.topic for o in outs]

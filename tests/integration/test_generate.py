@@ -1,0 +1,63 @@
+"""Generation end to end on the real broker with the real language model: streamed tokens,
+one result, grounding of an image by its labels, and the prefix cache at work."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from schemas.request import Modality, Params, Part, Request, Task
+from streams.client import Client, new_id
+from streams.samples import photo
+from tests.integration.conftest import start_pipeline
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def gen_pipeline(infra):
+    pipe = start_pipeline(infra, {"router": 1, "assembler": 1, "encode.text": 1, "encode.image": 1, "generate": 1},
+                          MMSTREAM_ROUTER_SERVED_MODALITIES="text,image")
+    yield pipe
+    pipe.supervisor.stop()
+
+
+async def _generate(client, *parts, max_tokens=32):
+    sub = await client.submit(Request(id=new_id(), task=Task.GENERATE, parts=tuple(parts),
+                                      params=Params(max_tokens=max_tokens), deadline_ms=120_000))
+    return [e async for e in sub.events(timeout_s=120)]
+
+
+async def test_capital_of_france_streams_tokens_then_one_result(gen_pipeline):
+    async with Client(gen_pipeline.bootstrap, gen_pipeline.prefix) as client:
+        events = await _generate(client, Part(Modality.TEXT, text="What is the capital of France?"))
+    kinds = [e.kind for e in events]
+    assert kinds[0] == "accepted" and kinds[-1] == "result" and kinds.count("token") >= 2
+    seqs = [e.seq for e in events]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    result = events[-1]
+    assert "Paris" in result.payload["text"]
+    assert "".join(e.payload["text"] for e in events if e.kind == "token") == result.payload["text"]
+    t = result.timings
+    assert t["ttft_ms"] > 0 and t["tpot_ms"] > 0 and [s["stage"] for s in t["stages"]][-1] == "generate"
+
+
+async def test_a_cat_photo_grounds_the_answer_and_the_prefix_cache_hits(gen_pipeline):
+    async with Client(gen_pipeline.bootstrap, gen_pipeline.prefix) as client:
+        events = await _generate(client, Part(Modality.TEXT, text="What animal is in this picture?"),
+                                 Part(Modality.IMAGE, data=photo("chelsea"), mime="image/jpeg"))
+        again = await _generate(client, Part(Modality.TEXT, text="What is the capital of Italy?"))
+    answer = events[-1].payload["text"].lower()
+    assert events[-1].kind == "result" and "cat" in answer, answer
+    # The system prompt is shared: the second request starts from its cached KV blocks.
+    assert again[-1].payload["tokens"]["cached"] > 0
+
+
+async def test_past_deadline_generation_is_deadline_exceeded(gen_pipeline):
+    async with Client(gen_pipeline.bootstrap, gen_pipeline.prefix) as client:
+        sub = await client.submit(Request(id=new_id(), task=Task.GENERATE, deadline_ms=300,
+                                          parts=(Part(Modality.TEXT, text="Write a very long story about Kafka."),),
+                                          params=Params(max_tokens=1000)))
+        event = await sub.result(timeout_s=60)
+    assert event.kind == "error" and event.error["code"] == "deadline_exceeded"
