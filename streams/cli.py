@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import logging
 import sys
 from pathlib import Path
 
-from streams.settings import Settings, SettingsError, describe
+from streams.settings import Settings, SettingsError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

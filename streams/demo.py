@@ -3,8 +3,6 @@ their time went."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 
 import numpy as np
 from rich.console import Console

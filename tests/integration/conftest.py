@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path

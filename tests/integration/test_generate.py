@@ -3,8 +3,6 @@ one result, grounding of an image by its labels, and the prefix cache at work.""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from schemas.request import Modality, Params, Part, Request, Task

@@ -25,7 +25,7 @@ async def test_workers_expose_stage_metrics_after_traffic(pipeline):
         subs = [await client.submit(Request(id=new_id(), parts=(Part(Modality.TEXT, text=f"metrics {i}"),)))
                 for i in range(10)]
         await asyncio.gather(*(s.result(timeout_s=60) for s in subs))
-        bad = await client.submit_raw(new_id(), b"\xc1 not a request", "application/msgpack")
+        await client.submit_raw(new_id(), b"\xc1 not a request", "application/msgpack")
     await asyncio.sleep(6)  # one lag-monitor refresh
     workers = {w.stage: w for w in pipeline.supervisor.workers()}
     ports = {stage: w.metrics_port for stage, w in workers.items()}

@@ -8,8 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from schemas.codec import JSON, MSGPACK, pack, unpack
-from schemas.events import Event
+from schemas.codec import JSON, MSGPACK, pack
 from schemas.request import Modality, Part, Request
 from schemas.tensor import from_wire
 from streams.client import Client, new_id

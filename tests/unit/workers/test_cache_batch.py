@@ -6,7 +6,6 @@ import numpy as np
 from schemas.jobs import EncodeJob
 from streams.metrics import Metrics
 from workers.cache import CachingBatch
-from workers.encode_worker import Encoded
 
 
 class DictCache:
