@@ -29,7 +29,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
-from schemas.request import Lane, Modality, Part, Request
+from schemas.request import Lane, Modality, Params, Part, Request, Task
 from streams.client import Client, Submission, new_id
 from streams.settings import Settings
 from streams.stats import summary
@@ -40,7 +40,16 @@ WORDS = ("stream partition consumer latency model image token batch queue cache 
          "pipeline broker replica offset video audio text embedding vector kafka worker stage").split()
 
 MODES = ("pipeline", "monolithic")
-WORKLOADS = ("text", "mixed")
+WORKLOADS = ("text", "mixed", "chat")
+SCHEDULERS = ("continuous", "static")
+CHAT_PROMPTS = (
+    "What is the capital of France?",
+    "Name three colours.",
+    "Explain in two sentences what a Kafka consumer group is.",
+    "Summarize this for a colleague: {context}",
+    "Write a short haiku about {topic}.",
+    "Which is larger, an elephant or a mouse? Answer in one sentence.",
+)
 # Request kinds of the mixed workload and their shares (text-only, text + 1 image, text + 2).
 MIXED_KINDS = (("text", 0.5), ("text+image", 0.3), ("text+2images", 0.2))
 SAMPLE_PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry")
@@ -79,6 +88,10 @@ class BenchConfig:
     levers_off: tuple[str, ...] = ()
     """Levers switched off for this run (streams.levers.LEVERS); the run then gets a
     pipeline of its own with those settings."""
+    scheduler: str | None = None
+    """Chat workload: the generator's batching (continuous or static); the run then gets a
+    pipeline of its own with that setting. None: whatever the running pipeline uses."""
+    chat_max_tokens: int = 32
     own_pipeline: bool = False
     """Run against a fresh pipeline started for this run, even with every lever on."""
     tenant: str | None = None
@@ -93,6 +106,10 @@ class BenchConfig:
             raise ValueError(f"unknown mode {self.mode!r}; modes: {', '.join(MODES)}")
         if any(r <= 0 for r in self.sweep) or self.duration_s <= 0:
             raise ValueError("rates and duration must be positive")
+        if self.mode == "monolithic" and self.workload == "chat":
+            raise ValueError("the monolithic baseline does not run generation yet")
+        if self.scheduler is not None and self.scheduler not in SCHEDULERS:
+            raise ValueError(f"unknown scheduler {self.scheduler!r}; schedulers: {', '.join(SCHEDULERS)}")
         if not 0.0 <= self.repeat < 1.0:
             raise ValueError("repeat must be in [0, 1)")
         if self.lanes and (any(lane not in ("rt", "bulk") or share < 0 for lane, share in self.lanes)
@@ -117,6 +134,9 @@ class Record:
     stages: list[dict[str, Any]] = field(default_factory=list)
     lane: str = "rt"
     """The lane the traffic assigned (with the lanes lever off it was sent on rt)."""
+    ttft_ms: float | None = None
+    """Generation: accepted -> first token event produced (the generator's measure)."""
+    tpot_ms: float | None = None
 
 
 def parse_rates(text: str) -> tuple[float, ...]:
@@ -169,6 +189,16 @@ def sample_images() -> tuple[tuple[bytes, str], ...]:
     return tuple(out)
 
 
+def chat_request(rng: random.Random, lane: str, max_tokens: int = 32) -> Request:
+    """A generate request: a question of mixed length (some carry a context paragraph).
+    Every prompt starts with the same system prompt (the prompt builder's), which is what
+    the prefix cache reuses."""
+    template = rng.choice(CHAT_PROMPTS)
+    text = template.format(context=_text(rng, rng.randint(20, 120)), topic=rng.choice(WORDS))
+    return Request(id=new_id(), task=Task.GENERATE, parts=(Part(Modality.TEXT, text=text),), lane=Lane(lane),
+                   params=Params(max_tokens=max_tokens), deadline_ms=120_000)
+
+
 def mixed_request(rng: random.Random, lane: str) -> Request:
     """A text part plus 0, 1 or 2 sample photos with the shares of ``MIXED_KINDS``."""
     x, kind = rng.random(), MIXED_KINDS[-1][0]
@@ -206,8 +236,11 @@ def schedule(cfg: BenchConfig, rate: float) -> tuple[list[float], list[Request]]
     """The arrival offsets and requests of one run: a function of (seed, rate, workload) only."""
     rng = random.Random(f"{cfg.seed}:{rate}")
     offsets = arrival_offsets(rate, cfg.duration_s, rng)
-    make = text_request if cfg.workload == "text" else mixed_request
-    requests = [make(rng, cfg.lane) for _ in offsets]
+    if cfg.workload == "chat":
+        requests = [chat_request(rng, cfg.lane, cfg.chat_max_tokens) for _ in offsets]
+    else:
+        make = text_request if cfg.workload == "text" else mixed_request
+        requests = [make(rng, cfg.lane) for _ in offsets]
     shape = random.Random(f"{cfg.seed}:{rate}:shape")  # lanes and repeats, independent of content
     for i, req in enumerate(requests):
         lane = _pick_lane(shape, cfg.lanes) if cfg.lanes else cfg.lane
@@ -284,17 +317,20 @@ async def run_bench(settings: Settings, cfg: BenchConfig, progress: bool = True)
     """
     from streams.monolith import Engines
 
-    engines = await asyncio.to_thread(Engines, settings, cfg.workload == "mixed")
+    engines = await asyncio.to_thread(Engines, settings, cfg.workload == "mixed")  # chat: the text floor only
     floor = engines.floor_ms(_text(random.Random(0), FLOOR_TEXT_WORDS),
                              sample_images()[0] if cfg.workload == "mixed" else None, cfg.floor_repeats)
     runs = []
     for rate in cfg.sweep:
-        if cfg.mode == "pipeline" and (cfg.levers_off or cfg.own_pipeline):
+        if cfg.mode == "pipeline" and (cfg.levers_off or cfg.own_pipeline or cfg.scheduler):
             from streams.levers import own_pipeline
 
-            async with own_pipeline(settings, cfg.levers_off, cfg.workload) as run_settings:
+            extra = {"MMSTREAM_GENERATOR_SCHEDULER": cfg.scheduler} if cfg.scheduler else {}
+            async with own_pipeline(settings, cfg.levers_off, cfg.workload, extra_env=extra) as run_settings:
                 run = await _run_pipeline(run_settings, cfg, rate, progress)
             run["levers_off"] = list(cfg.levers_off)
+            if cfg.scheduler:
+                run["scheduler"] = cfg.scheduler
         elif cfg.mode == "pipeline":
             run = await _run_pipeline(settings, cfg, rate, progress)
         else:
@@ -391,6 +427,8 @@ def _pipeline_record(req: Request, sub: Submission) -> Record:
     else:
         rec.outcome = (t.error or {}).get("code", "internal")
     rec.stages = [dict(s) for s in (t.timings or {}).get("stages", [])]
+    rec.ttft_ms = (t.timings or {}).get("ttft_ms")
+    rec.tpot_ms = (t.timings or {}).get("tpot_ms")
     return rec
 
 
@@ -490,6 +528,8 @@ def build_run(mode: str, cfg: BenchConfig, rate: float, records: Sequence[Record
         "cpu": cpu,
         "peak_rss_mb": rss_mb,
         "samples_ms": {"e2e": samples},
+        "generation": {"ttft_ms": summary([r.ttft_ms for r in ok if r.ttft_ms is not None]),
+                       "tpot_ms": summary([r.tpot_ms for r in ok if r.tpot_ms is not None])},
     }
 
 
@@ -558,7 +598,8 @@ def config_from_args(args: Any) -> BenchConfig:
                        repeat=getattr(args, "repeat", 0.0) or 0.0,
                        levers_off=tuple(lv for lv in ("routing", "cache", "admission", "lanes")
                                         if getattr(args, f"no_{lv}", False)),
-                       own_pipeline=getattr(args, "own_pipeline", False))
+                       own_pipeline=getattr(args, "own_pipeline", False),
+                       scheduler=getattr(args, "scheduler", None))
 
 
 def cli_main(args: Any, settings: Settings) -> int:

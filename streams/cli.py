@@ -46,7 +46,9 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="open-loop Poisson benchmark (or: bench compare A.json B.json)")
     b.add_argument("action", nargs="?", default="run", choices=["run", "compare"])
     b.add_argument("inputs", nargs="*", type=Path, help="for compare: the JSON reports to put side by side")
-    b.add_argument("--workload", default="text", choices=["text", "mixed"])
+    b.add_argument("--workload", default="text", choices=["text", "mixed", "chat"])
+    b.add_argument("--scheduler", choices=["continuous", "static"],
+                   help="chat: the generator's batching (runs on a pipeline of its own)")
     b.add_argument("--mode", default="pipeline", choices=["pipeline", "monolithic"])
     b.add_argument("--rate", type=float, default=20.0, help="offered requests per second")
     b.add_argument("--rates", help="sweep these rates, e.g. 5,10,20 (one run each)")

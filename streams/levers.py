@@ -9,7 +9,6 @@ and stops it afterwards; the broker and Redis are shared.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import uuid
 from contextlib import asynccontextmanager
@@ -33,6 +32,10 @@ OFF_ENV = {
 def replicas(off: tuple[str, ...], workload: str) -> dict[str, int]:
     """One worker per stage the workload needs (the generic pool when routing is off)."""
     stages = {"router": 1, "assembler": 1}
+    if workload == "chat":  # text parts of generate requests need no encoder
+        stages["generate"] = 1
+        stages["encode.text"] = 1  # answers the readiness probe
+        return stages
     if "routing" in off:
         stages["encode.any"] = 1
     else:
@@ -55,15 +58,14 @@ def lever_env(off: tuple[str, ...], prefix: str) -> dict[str, str]:
 
 @asynccontextmanager
 async def own_pipeline(settings: Settings, off: tuple[str, ...], workload: str,
-                       timeout_s: float = 180.0) -> AsyncIterator[Settings]:
+                       timeout_s: float = 180.0, extra_env: dict[str, str] | None = None) -> AsyncIterator[Settings]:
     """Settings of a fresh pipeline with the levers ``off`` switched off, running for the
     duration of the block."""
     from streams.client import wait_until_serving
     from streams.topics import ensure_topics, topic_specs
 
-    env = {**os.environ, **lever_env(off, f"bench{uuid.uuid4().hex[:8]}")}
+    env = {**os.environ, **lever_env(off, f"bench{uuid.uuid4().hex[:8]}"), **(extra_env or {})}
     run_settings = Settings.from_env(env)
-    run_settings = dataclasses.replace(run_settings)  # frozen: a value of its own
     await ensure_topics(run_settings.kafka.bootstrap, topic_specs(run_settings.kafka))
     supervisor = Supervisor(run_settings, env)
     await asyncio.to_thread(supervisor.start, replicas(off, workload))

@@ -40,3 +40,14 @@ def test_levers_map_to_settings_and_stages():
     assert {"encode.text", "encode.image"} <= set(replicas((), "mixed"))
     with pytest.raises(ValueError):
         lever_env(("gravity",), "p")
+
+
+def test_chat_workload_is_generate_requests_with_a_scheduler_switch():
+    cfg = BenchConfig(workload="chat", rate=20, duration_s=5, scheduler="static")
+    _, reqs = schedule(cfg, 20)
+    assert reqs and all(r.task == "generate" and r.params.max_tokens == 32 for r in reqs)
+    assert replicas((), "chat")["generate"] == 1
+    with pytest.raises(ValueError):
+        BenchConfig(workload="chat", mode="monolithic")
+    with pytest.raises(ValueError):
+        BenchConfig(workload="chat", scheduler="eager")
