@@ -82,5 +82,31 @@ async def run_demo(settings: Settings) -> int:
         a, b, c = (vectors[labels[i]] for i in range(3))
         console.print(f"\ncosine(cat, kitten) = {float(a @ b):.3f}   cosine(cat, interest rates) = {float(a @ c):.3f}")
     console.print(latency_table(rows))
+    await _stream_answer(settings, console)
     console.print("stop everything with: [bold]mmstream down[/bold]")
     return 0
+
+
+async def _stream_answer(settings: Settings, console: Console) -> None:
+    """A generate request whose answer is printed token by token as the events arrive."""
+    from schemas.request import Params, Task
+
+    parts = [Part(Modality.TEXT, text="What animal is in this picture? Answer in one sentence.")]
+    try:
+        parts.append(Part(Modality.IMAGE, data=samples.photo("chelsea"), mime="image/jpeg"))
+    except ImportError:
+        parts = [Part(Modality.TEXT, text="What is the capital of France?")]
+    console.print(f"\n[bold]generate:[/bold] {parts[0].text} (+ {len(parts) - 1} photo)")
+    async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix) as client:
+        sub = await client.submit(Request(id=new_id(), task=Task.GENERATE, parts=tuple(parts),
+                                          params=Params(max_tokens=48), deadline_ms=120_000))
+        async for event in sub.events(timeout_s=120):
+            if event.kind == "token":
+                console.print(event.payload["text"], end="", soft_wrap=True)
+            elif event.kind == "result":
+                t = event.timings or {}
+                console.print(f"\n  ({event.payload['tokens']['completion']} tokens, finish: "
+                              f"{event.payload['finish_reason']}, TTFT {t.get('ttft_ms', 0):.0f} ms, "
+                              f"TPOT {t.get('tpot_ms') or 0:.0f} ms, e2e {t.get('e2e_ms', 0):.0f} ms)")
+            elif event.kind == "error":
+                console.print(f"\n  error {event.error['code']}: {event.error['message']}")
