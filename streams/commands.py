@@ -162,20 +162,25 @@ def _file_part(modality: Any, path: Path, settings: Settings) -> Any:
 
 async def _send(settings: Settings, req: Any, timeout_s: float) -> int:
     from streams.client import Client
-    from streams.console import event_line
 
     async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix, redis_url=settings.redis.url,
                       inline_limit_bytes=settings.limits.max_inline_bytes,
                       claim_ttl_s=settings.limits.claim_ttl_s) as client:
-        sub = await client.submit(req)
-        try:
-            async for event in sub.events(timeout_s):
-                print(event_line(event), flush=True)
-                if event.terminal:
-                    return 0 if event.kind == "result" else 1
-        except asyncio.TimeoutError:
-            print(f"mmstream: no answer to {req.id} within {timeout_s:.0f} s", file=sys.stderr)
-            return 3
+        return await _follow(await client.submit(req), timeout_s)
+
+
+async def _follow(sub: Any, timeout_s: float) -> int:
+    """Print each event of ``sub`` as a JSON line; 0 on a result, 1 on an error, 3 on silence."""
+    from streams.console import event_line
+
+    try:
+        async for event in sub.events(timeout_s):
+            print(event_line(event), flush=True)
+            if event.terminal:
+                return 0 if event.kind == "result" else 1
+    except asyncio.TimeoutError:
+        print(f"mmstream: no answer to {sub.id} within {timeout_s:.0f} s", file=sys.stderr)
+        return 3
     return 1
 
 
@@ -183,21 +188,12 @@ async def _send_raw(settings: Settings, payload: dict[str, Any], timeout_s: floa
     """Send a JSON request exactly as written (JSON on the wire), then follow its events."""
     from schemas.codec import JSON
     from streams.client import Client
-    from streams.console import event_line
 
     async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix) as client:
         rid = str(payload["id"])
         payload.setdefault("reply_to", client.reply_to)
         sub = await client.submit_raw(rid, json.dumps(payload).encode(), JSON, str(payload.get("lane", "rt")))
-        try:
-            async for event in sub.events(timeout_s):
-                print(event_line(event), flush=True)
-                if event.terminal:
-                    return 0 if event.kind == "result" else 1
-        except asyncio.TimeoutError:
-            print(f"mmstream: no answer to {rid} within {timeout_s:.0f} s", file=sys.stderr)
-            return 3
-    return 1
+        return await _follow(sub, timeout_s)
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:

@@ -43,6 +43,7 @@ import numpy as np
 
 from schemas.errors import ErrorCode, WireError
 from workers.engine import EngineError, EngineInfo
+from workers.isolation import decode_then_encode
 from workers.repository import ModelConfig
 from workers.text import EncoderOutputError
 
@@ -442,31 +443,13 @@ class AudioEncoder:
         If the engine fails for the batch, each clip is retried alone, so one bad item does
         not fail the others.
         """
-        results: list[AudioOutput | Exception | None] = [None] * len(datas)
-        decoded: dict[int, np.ndarray] = {}
-        for i, item in enumerate(datas):
-            try:
-                data, mime = item
-                if not isinstance(data, (bytes, bytearray, memoryview)):
-                    raise TypeError(f"audio data must be bytes, got {type(data).__name__}")
-                decoded[i] = decode_audio(bytes(data), mime, self.max_seconds)
-            except Exception as item_error:
-                results[i] = item_error
-        if decoded:
-            try:
-                for i, out in zip(decoded, self.encode(list(decoded.values()))):
-                    results[i] = out
-            except Exception as batch_error:
-                if len(decoded) == 1:
-                    results[next(iter(decoded))] = batch_error
-                else:
-                    log.warning("batch of %d failed (%s); retrying one by one", len(decoded), batch_error)
-                    for i, samples in decoded.items():
-                        try:
-                            results[i] = self.encode([samples])[0]
-                        except Exception as item_error:
-                            results[i] = item_error
-        return results  # type: ignore[return-value]
+        def decode(item: tuple[bytes, str | None]) -> Any:
+            data, mime = item
+            if not isinstance(data, (bytes, bytearray, memoryview)):
+                raise TypeError(f"audio data must be bytes, got {type(data).__name__}")
+            return decode_audio(bytes(data), mime, self.max_seconds)
+
+        return decode_then_encode(datas, decode, self.encode)
 
     def warmup(self, n: int = 2) -> None:
         """Run ``n`` rounds on a synthetic voiced clip straight through the engine (the VAD

@@ -23,12 +23,13 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from PIL import Image, ImageOps
 
 from schemas.errors import ErrorCode, WireError
+from workers.isolation import decode_then_encode
 from workers.text import Engine, EncoderOutputError
 
 log = logging.getLogger(__name__)
@@ -240,33 +241,13 @@ class ImageEncoder:
         If the engine call fails for the batch, each image is retried alone, so one bad
         item does not fail the others; the retry costs one engine call per image.
         """
-        results: list[ImageOutput | Exception | None] = [None] * len(datas)
-        decoded: dict[int, Image.Image] = {}
-        for i, item in enumerate(datas):
-            try:
-                data, mime = item
-                if not isinstance(data, (bytes, bytearray, memoryview)):
-                    raise TypeError(f"image data must be bytes, got {type(data).__name__}")
-                decoded[i] = decode_image(
-                    bytes(data), mime, self.max_pixels, min_shorter_side=RESIZE_SHORTER_SIDE
-                )
-            except Exception as item_error:
-                results[i] = item_error
-        if decoded:
-            try:
-                for i, out in zip(decoded, self.encode(list(decoded.values()))):
-                    results[i] = out
-            except Exception as batch_error:
-                if len(decoded) == 1:
-                    results[next(iter(decoded))] = batch_error
-                else:
-                    log.warning("batch of %d failed (%s); retrying one by one", len(decoded), batch_error)
-                    for i, image in decoded.items():
-                        try:
-                            results[i] = self.encode([image])[0]
-                        except Exception as item_error:
-                            results[i] = item_error
-        return results  # type: ignore[return-value]
+        def decode(item: tuple[bytes, str | None]) -> Any:
+            data, mime = item
+            if not isinstance(data, (bytes, bytearray, memoryview)):
+                raise TypeError(f"image data must be bytes, got {type(data).__name__}")
+            return decode_image(bytes(data), mime, self.max_pixels, min_shorter_side=RESIZE_SHORTER_SIDE)
+
+        return decode_then_encode(datas, decode, self.encode)
 
     def warmup(self, n: int = 3) -> None:
         """Run ``n`` rounds of batch 1 and batch 4 on synthetic images, so the runtime's
