@@ -136,6 +136,8 @@ class Record:
     """The lane the traffic assigned (with the lanes lever off it was sent on rt)."""
     ttft_ms: float | None = None
     """Generation: accepted -> first token event produced (the generator's measure)."""
+    cache: str | None = None
+    """``hit`` when every cached part was a reuse-cache hit, ``miss`` when any was computed."""
     tpot_ms: float | None = None
 
 
@@ -428,6 +430,9 @@ def _pipeline_record(req: Request, sub: Submission) -> Record:
         rec.outcome = (t.error or {}).get("code", "internal")
     rec.stages = [dict(s) for s in (t.timings or {}).get("stages", [])]
     rec.ttft_ms = (t.timings or {}).get("ttft_ms")
+    c = t.cache or {}
+    if c.get("hits") or c.get("misses"):
+        rec.cache = "miss" if c.get("misses") else "hit"
     rec.tpot_ms = (t.timings or {}).get("tpot_ms")
     return rec
 
@@ -528,6 +533,8 @@ def build_run(mode: str, cfg: BenchConfig, rate: float, records: Sequence[Record
         "cpu": cpu,
         "peak_rss_mb": rss_mb,
         "samples_ms": {"e2e": samples},
+        "by_cache": {outcome: summary([r.done_at_ms - r.sent_at_ms for r in ok if r.cache == outcome])
+                     for outcome in ("hit", "miss")},
         "generation": {"ttft_ms": summary([r.ttft_ms for r in ok if r.ttft_ms is not None]),
                        "tpot_ms": summary([r.tpot_ms for r in ok if r.tpot_ms is not None])},
     }
