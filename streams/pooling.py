@@ -17,6 +17,10 @@ from schemas.tensor import from_wire, to_wire
 
 def pool_chunks(header: EncodedPart, chunks: dict[int, EncodedPart], complete: bool) -> EncodedPart:
     """One part from its header and the chunk results that arrived (``complete``: all of them)."""
+    # Frame chunks come from the image pool; a soundtrack chunk (from the audio pool) adds
+    # its transcript but not its embedding (another model's space).
+    tracks = [c for c in chunks.values() if c.modality == "audio"]
+    chunks = {k: c for k, c in chunks.items() if c.modality != "audio"}
     ok = [chunks[k] for k in sorted(chunks) if chunks[k].error is None and chunks[k].embedding is not None]
     last = max(chunks.values(), key=lambda c: c.sent_at_ms) if chunks else header
     trace = list(header.trace) + [s for s in last.trace if s not in header.trace]
@@ -31,9 +35,15 @@ def pool_chunks(header: EncodedPart, chunks: dict[int, EncodedPart], complete: b
     norm = float(np.linalg.norm(total))
     pooled = (total / norm if norm > 0 else total).astype(np.float32)
     extras: dict[str, Any] = dict(header.extras)
+    for track in tracks:
+        if track.error is not None:
+            extras["audio_error"] = track.error
+        else:
+            extras.update(transcript=track.extras.get("transcript", ""),
+                          speech_seconds=track.extras.get("speech_seconds"))
     fps = float(header.extras.get("fps") or 1.0)
     tops = [top for c in ok for top in c.extras.get("top", [])]
-    extras.update(frames_encoded=frames, complete=complete and len(ok) == header.n_chunks,
+    extras.update(frames_encoded=frames, complete=complete and len(ok) + len(tracks) == header.n_chunks,
                   frame_labels=[label for c in ok for label in c.extras.get("labels", [])],
                   frame_top=[[round(i / fps, 3), top] for i, top in enumerate(tops)])
     return EncodedPart(id=header.id, part=header.part, modality=header.modality, sent_at_ms=last.sent_at_ms,

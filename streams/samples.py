@@ -23,8 +23,9 @@ def photo(name: str, fmt: str = "JPEG") -> bytes:
 
 
 def video(names: list[str], seconds_each: float = 1.0, fps: int = 8, size: tuple[int, int] = (320, 240),
-          fmt: str = "mp4", codec: str = "mpeg4") -> bytes:
-    """An MP4 (or WebM) slideshow of the named photos, ``seconds_each`` per photo."""
+          fmt: str = "mp4", codec: str = "mpeg4", soundtrack: bytes | None = None) -> bytes:
+    """An MP4 (or WebM) slideshow of the named photos, ``seconds_each`` per photo; with
+    ``soundtrack`` (a WAV), that sound as an AAC audio track."""
     import av
 
     buf = io.BytesIO()
@@ -32,6 +33,8 @@ def video(names: list[str], seconds_each: float = 1.0, fps: int = 8, size: tuple
         stream = out.add_stream(codec, rate=fps)
         stream.width, stream.height = size
         stream.pix_fmt = "yuv420p"
+        if soundtrack is not None:
+            _mux_sound(out, soundtrack)
         for name in names:
             img = Image.fromarray(photo_array(name)).convert("RGB").resize(size)
             for _ in range(int(seconds_each * fps)):
@@ -40,6 +43,29 @@ def video(names: list[str], seconds_each: float = 1.0, fps: int = 8, size: tuple
         for packet in stream.encode():
             out.mux(packet)
     return buf.getvalue()
+
+
+def _mux_sound(out, wav: bytes) -> None:
+    import wave
+
+    import av
+
+    with wave.open(io.BytesIO(wav)) as w:
+        rate, width, channels = w.getframerate(), w.getsampwidth(), w.getnchannels()
+        pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2" if width == 2 else "u1")
+    samples = pcm.reshape(-1, channels).mean(axis=1).astype(np.float32) / (32768.0 if width == 2 else 128.0)
+    track = out.add_stream("aac", rate=rate)
+    track.layout = "mono"
+    track.bit_rate = 128_000
+    step = 1024
+    for i in range(0, len(samples), step):
+        frame = av.AudioFrame.from_ndarray(samples[None, i:i + step].copy(), format="fltp", layout="mono")
+        frame.sample_rate = rate
+        frame.pts = i
+        for packet in track.encode(frame):
+            out.mux(packet)
+    for packet in track.encode():
+        out.mux(packet)
 
 
 def speech(text: str) -> bytes | None:

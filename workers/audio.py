@@ -113,7 +113,7 @@ def decode_audio(data: bytes, mime: str | None, max_seconds: float) -> np.ndarra
             raise _too_long(container.duration / 1e6, max_seconds)
         limit = int(max_seconds * SAMPLE_RATE)
         try:
-            samples = _decode_stream(container, limit)
+            samples = decode_stream(container, limit)
         except WireError:
             raise
         except MemoryError:
@@ -127,7 +127,7 @@ def decode_audio(data: bytes, mime: str | None, max_seconds: float) -> np.ndarra
     return samples
 
 
-def _decode_stream(container: Any, limit: int) -> np.ndarray:
+def decode_stream(container: Any, limit: int) -> np.ndarray:
     """Samples of the first audio stream; stops once past ``limit`` samples (the caller refuses)."""
     import av
 

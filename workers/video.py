@@ -106,3 +106,32 @@ def frames_from_bytes(data: bytes) -> list[Image.Image]:
         raise WireError(ErrorCode.INVALID_REQUEST, f"a frame chunk of {len(data)} bytes is not whole 256x256 RGB frames")
     arr = np.frombuffer(data, dtype=np.uint8).reshape(-1, FRAME_SIDE, FRAME_SIDE, 3)
     return [Image.fromarray(f) for f in arr]
+
+
+def extract_audio_wav(data: bytes, max_seconds: float) -> bytes | None:
+    """The clip's first audio track as a 16 kHz mono 16-bit WAV, or None when it has none.
+
+    Raises ``WireError`` when the track does not decode (the caller reports it beside the
+    video's frames rather than failing the video).
+    """
+    import wave
+
+    import av
+
+    from workers.audio import SAMPLE_RATE, decode_stream
+
+    try:
+        with av.open(io.BytesIO(data), mode="r") as container:
+            if not container.streams.audio:
+                return None
+            samples = decode_stream(container, int(max_seconds * SAMPLE_RATE))
+    except (av.error.FFmpegError, ValueError) as exc:
+        raise WireError(ErrorCode.UNSUPPORTED_MEDIA, f"the audio track does not decode ({exc.__class__.__name__})") from None
+    pcm = (np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(SAMPLE_RATE)
+        w.writeframes(pcm)
+    return out.getvalue()

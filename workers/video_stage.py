@@ -21,7 +21,7 @@ from streams.router import ERROR_HEADER
 from streams.settings import Settings
 from streams.split import spread_partitions
 from streams.topics import LANES
-from workers.video import FRAMES_MIME, chunk_frames, decode_video
+from workers.video import FRAMES_MIME, chunk_frames, decode_video, extract_audio_wav
 
 log = logging.getLogger(__name__)
 STAGE = "encode.video"
@@ -46,14 +46,20 @@ def plan_fanout(job: EncodeJob, settings: Settings, decode: Any = decode_video, 
                              error=WireError(err.code, err.message, field, err.retry_after_ms).to_wire())
         return [out_map(names.encoded(job.lane), job.id, failed.to_wire())]
     chunks = chunk_frames(video.frames, v.frames_per_chunk)
+    extras: dict[str, Any] = {"duration_s": round(video.duration_s, 3), "frames_sampled": len(video.frames),
+                              "has_audio": video.has_audio, "fps": v.fps}
+    audio: bytes | None = None
+    if video.has_audio and "audio" in _served(settings):
+        try:
+            audio = extract_audio_wav(data, v.max_seconds)
+        except WireError as err:
+            extras["audio_error"] = err.to_wire()
+    elif video.has_audio:
+        extras["audio_error"] = WireError(ErrorCode.UNSUPPORTED_MEDIA, "no audio encoder is deployed here").to_wire()
     span = Span(STAGE, job.sent_at_ms, started, now_ms()).to_wire()
     sent = now_ms()
-    extras = {"duration_s": round(video.duration_s, 3), "frames_sampled": len(video.frames),
-              "has_audio": video.has_audio, "fps": v.fps}
-    if video.has_audio:
-        extras["audio"] = "the audio track is not encoded yet"
-    header = EncodedPart(id=job.id, part=job.part, modality="video", sent_at_ms=sent, n_chunks=len(chunks),
-                         extras=extras, trace=[span])
+    header = EncodedPart(id=job.id, part=job.part, modality="video", sent_at_ms=sent,
+                         n_chunks=len(chunks) + (audio is not None), extras=extras, trace=[span])
     outs = [out_map(names.encoded(job.lane), job.id, header.to_wire())]
     spread = spread_partitions(f"{job.id}:{job.part}", len(chunks), settings.kafka.partitions)
     for k, data in enumerate(chunks):
@@ -62,7 +68,17 @@ def plan_fanout(job: EncodeJob, settings: Settings, decode: Any = decode_video, 
                               mime=FRAMES_MIME, trace=[span], chunk=k)
         topic = names.encode("image", job.lane)
         outs.append(out_map(topic, f"{job.id}:{job.part}:{k}", chunk_job.to_wire(), spread[k]))
+    if audio is not None:  # the soundtrack goes to the audio pool as the last chunk
+        k = len(chunks)
+        track = EncodeJob(id=job.id, part=job.part, n_parts=job.n_parts, modality="audio", lane=job.lane,
+                          tenant=job.tenant, deadline_at_ms=job.deadline_at_ms, sent_at_ms=sent, data=audio,
+                          mime="audio/wav", trace=[span], chunk=k)
+        outs.append(out_map(names.encode("audio", job.lane), f"{job.id}:{job.part}:{k}", track.to_wire()))
     return outs
+
+
+def _served(settings: Settings) -> set[str]:
+    return {m.strip() for m in settings.router.served_modalities.split(",")}
 
 
 def install_video_fanout(app: faust.App, settings: Settings, metrics: Metrics) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from schemas.request import Modality, Part, Request
 from streams.client import Client, new_id
+from streams.samples import video
 from tests.integration.conftest import start_pipeline
 
 pytestmark = pytest.mark.integration
@@ -54,20 +55,22 @@ def wer(ref: str, hyp: str) -> float:
 
 async def test_speech_is_transcribed_and_silence_is_empty(infra):
     pipe = await asyncio.to_thread(start_pipeline, infra, {"router": 1, "assembler": 1, "encode.text": 1,
-                                                           "encode.audio": 1},
-                                   MMSTREAM_ROUTER_SERVED_MODALITIES="text,audio")
+                                                           "encode.audio": 1, "encode.image": 1, "encode.video": 1},
+                                   MMSTREAM_ROUTER_SERVED_MODALITIES="text,audio,image,video")
     try:
         async with Client(pipe.bootstrap, pipe.prefix) as client:
             sub = await client.submit(Request(id=new_id(), parts=(
                 Part(Modality.TEXT, text="what does the clip say?"),
                 Part(Modality.AUDIO, data=spoken(SENTENCE), mime="audio/wav"),
                 Part(Modality.AUDIO, data=silence_wav(), mime="audio/wav"),
-                Part(Modality.AUDIO, data=b"RIFF\x00\x00\x00\x00WAVEjunk", mime="audio/wav")), deadline_ms=120_000))
+                Part(Modality.AUDIO, data=b"RIFF\x00\x00\x00\x00WAVEjunk", mime="audio/wav"),
+                Part(Modality.VIDEO, data=video(["chelsea", "coffee"], soundtrack=spoken(SENTENCE)), mime="video/mp4")),
+                deadline_ms=120_000))
             event = await sub.result(timeout_s=180)
     finally:
         await asyncio.to_thread(pipe.supervisor.stop)
     assert event.kind == "result" and event.payload["partial"]
-    text, speech, silence, junk = event.payload["parts"]
+    text, speech, silence, junk, clip = event.payload["parts"]
     transcript = speech["extras"]["transcript"]
     score = wer(SENTENCE, transcript)
     print(f"\ntranscript {transcript!r}: WER {score:.3f}")
@@ -75,3 +78,7 @@ async def test_speech_is_transcribed_and_silence_is_empty(infra):
     assert speech["embedding"]["shape"] == [512]
     assert silence["extras"]["transcript"] == "" and silence["extras"]["speech_seconds"] == 0
     assert junk["error"]["code"] == "unsupported_media" and junk["error"]["field"] == "parts.3"
+
+    # A video's soundtrack goes to the audio pool; its transcript lands beside the frames.
+    assert clip["extras"]["frames_encoded"] == 2 and clip["extras"]["complete"]
+    assert wer(SENTENCE, clip["extras"]["transcript"]) <= 0.35, clip["extras"]["transcript"]
