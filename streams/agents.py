@@ -8,6 +8,7 @@ import logging
 from typing import Any
 
 import faust
+import redis.asyncio
 
 from schemas.codec import DecodeError, unpack
 from schemas.errors import ErrorCode, WireError
@@ -16,6 +17,7 @@ from schemas.jobs import DeadlineTick, Manifest, fan_in_from_wire
 from schemas.trace import now_ms
 from streams.app import raw_topic, topic_names
 from streams.assembly import Assembly, AssemblyPolicy, due_at, step
+from streams import costs
 from streams.lagmon import LagReader
 from streams.load import LoadView
 from streams.metrics import Metrics, request_modality
@@ -45,6 +47,8 @@ def install_router(app: faust.App, settings: Settings, metrics: Metrics) -> None
     adm = settings.admission
     backpressure = Backpressure(adm.backpressure_high_ms, adm.backpressure_low_ms)
     reader = LagReader(settings.kafka.bootstrap)
+    # Encoders publish what a unit of work really costs them; admission follows it.
+    cost_redis = redis.asyncio.Redis.from_url(settings.redis.url, socket_timeout=0.2, socket_connect_timeout=0.2)
 
     @app.timer(adm.refresh_ms / 1000.0, name="load")
     async def refresh_load() -> None:
@@ -52,6 +56,8 @@ def install_router(app: faust.App, settings: Settings, metrics: Metrics) -> None
         if not adm.enabled and router.partitioner.strategy != "least-loaded":
             return
         try:
+            observed = await costs.read(cost_redis, settings.kafka.topic_prefix)
+            load.cost.ms_per_unit.update({m: v for m, v in observed.items() if m != "any"})
             await reader.start()
             load.update(await reader.measure(settings.kafka.topic_prefix), settings.kafka.topic_prefix)
             router.partitioner.refresh(load.partition_ms)

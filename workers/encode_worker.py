@@ -27,6 +27,7 @@ from schemas.jobs import EncodedPart, EncodeJob
 from schemas.tensor import to_wire
 from schemas.trace import Span, now_ms
 from streams.app import raw_topic, topic_names
+from streams import costs
 from streams.metrics import Metrics
 from streams.policies.batching import Batch, BatchLimits, MicroBatcher, Pending, Wait
 from streams.produce import Out, out_map, send_all
@@ -37,6 +38,7 @@ from streams.topics import LANES
 log = logging.getLogger(__name__)
 
 SEND_RETRY_S = (0.1, 0.5, 1.0, 2.0, 5.0)
+COST_PUBLISH_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +81,9 @@ class EncoderLoop:
         self.space = asyncio.Semaphore(e.max_queue)
         self.wake = asyncio.Event()
         self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"engine-{modality}")
+        self.cost_observer = costs.CostObserver()
+        self.redis_url = settings.redis.url
+        self._redis: Any = None
 
     def install(self) -> None:
         for lane in LANES:
@@ -87,6 +92,15 @@ class EncoderLoop:
         @self.app.task
         async def batches() -> None:
             await self.run_forever()
+
+        @self.app.timer(COST_PUBLISH_S, name=f"costs-{self.modality}")
+        async def publish_costs() -> None:
+            if self._redis is None:
+                import redis.asyncio
+
+                self._redis = redis.asyncio.Redis.from_url(self.redis_url, socket_timeout=0.2,
+                                                           socket_connect_timeout=0.2)
+            await costs.publish(self._redis, self.names.prefix, self.modality, self.cost_observer)
 
     def _install_intake(self, lane: str) -> None:
         topic = raw_topic(self.app, self.names.encode(self.modality, lane))
@@ -155,6 +169,7 @@ class EncoderLoop:
                 log.error("%s: engine returned %d outputs for %d inputs", self.stage, len(results), len(live))
                 results = [RuntimeError("engine returned a wrong number of outputs")] * len(live)
             self.metrics.observe_batch(self.stage, len(live))
+            self.cost_observer.observe(sum(self.cost(j.job) for j in live), finished - started)
             for j, r in zip(live, results):
                 span = Span(self.stage, j.job.sent_at_ms, started, finished).to_wire()
                 self.metrics.observe_span(self.stage, self._modality(j.job), j.job.lane, started - j.job.sent_at_ms,

@@ -1,0 +1,59 @@
+"""Observed engine cost per unit of work, shared through Redis so the router's admission
+and routing follow what the encoders really take (instead of fixed guesses).
+
+Each encoder pool keeps an EWMA of milliseconds per unit (tokens for text, images or frames
+for the image pool, clips for audio) over its batches, and publishes it every few seconds
+into the hash ``mm:cost:<prefix>``; the router reads the hash when it refreshes its load
+view. Both sides are best effort: Redis down only means the last (or default) numbers stay.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def cost_key(topic_prefix: str) -> str:
+    return f"mm:cost:{topic_prefix}"
+
+
+@dataclass
+class CostObserver:
+    """EWMA of ms per unit for one modality (pure; the encoder feeds it after each batch)."""
+
+    alpha: float = 0.2
+    ms_per_unit: float | None = None
+
+    def observe(self, units: float, service_ms: float) -> None:
+        if units <= 0 or service_ms < 0:
+            return
+        seen = service_ms / units
+        self.ms_per_unit = seen if self.ms_per_unit is None else (1 - self.alpha) * self.ms_per_unit + self.alpha * seen
+
+
+async def publish(redis: Any, topic_prefix: str, modality: str, observer: CostObserver) -> None:
+    if observer.ms_per_unit is None:
+        return
+    try:
+        await redis.hset(cost_key(topic_prefix), modality, f"{observer.ms_per_unit:.6f}")
+    except Exception as exc:
+        log.debug("cost publish failed: %r", exc)
+
+
+async def read(redis: Any, topic_prefix: str) -> dict[str, float]:
+    """modality -> ms per unit as published; {} when Redis cannot be read."""
+    try:
+        raw = await redis.hgetall(cost_key(topic_prefix))
+    except Exception as exc:
+        log.debug("cost read failed: %r", exc)
+        return {}
+    out = {}
+    for k, v in raw.items():
+        try:
+            out[k.decode() if isinstance(k, bytes) else k] = float(v)
+        except (TypeError, ValueError):
+            continue
+    return out
