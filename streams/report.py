@@ -39,7 +39,7 @@ RUN_SCHEMA: dict[str, Any] = {
                  "throughput", "cpu", "peak_rss_mb", "floor_ms", "overhead_ms", "samples_ms"],
     "properties": {
         "mode": {"enum": ["pipeline", "monolithic"]},
-        "workload": {"enum": ["text", "mixed"]},
+        "workload": {"enum": ["text", "mixed", "chat"]},
         "config": {"type": "object", "required": ["rate", "seed", "duration_s"]},
         "offered_rate": _NUM,
         "achieved_rate": _NUM,
@@ -81,6 +81,11 @@ RUN_SCHEMA: dict[str, Any] = {
             "properties": {"e2e": {"type": "object", "additionalProperties": {"type": "array", "items": _NUM}}},
         },
         "batch_size": SUMMARY_SCHEMA,
+        "by_lane": {"type": "object", "additionalProperties": {
+            "type": "object", "required": ["e2e", "requests"], "properties": {"e2e": SUMMARY_SCHEMA}}},
+        "by_cache": {"type": "object", "additionalProperties": SUMMARY_SCHEMA},
+        "generation": {"type": "object", "required": ["ttft_ms", "tpot_ms"],
+                       "properties": {"ttft_ms": SUMMARY_SCHEMA, "tpot_ms": SUMMARY_SCHEMA}},
         "cache": {"type": "object", "required": ["hits", "misses"],
                   "properties": {"hits": {"type": "integer"}, "misses": {"type": "integer"}}},
     },
