@@ -51,7 +51,9 @@ CHAT_PROMPTS = (
     "Which is larger, an elephant or a mouse? Answer in one sentence.",
 )
 # Request kinds of the mixed workload and their shares (text-only, text + 1 image, text + 2).
-MIXED_KINDS = (("text", 0.5), ("text+image", 0.3), ("text+2images", 0.2))
+MIXED_KINDS = (("text", 0.45), ("text+image", 0.25), ("text+2images", 0.05), ("text+video", 0.2),
+               ("text+audio", 0.05))
+"""The design scenario: about half text-only, 30% with images, 20% with a video, a share of audio."""
 SAMPLE_PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry")
 FLOOR_TEXT_WORDS = 13  # the median length of `text_request` (e^2.6 words)
 
@@ -106,8 +108,6 @@ class BenchConfig:
             raise ValueError(f"unknown mode {self.mode!r}; modes: {', '.join(MODES)}")
         if any(r <= 0 for r in self.sweep) or self.duration_s <= 0:
             raise ValueError("rates and duration must be positive")
-        if self.mode == "monolithic" and self.workload == "chat":
-            raise ValueError("the monolithic baseline does not run generation yet")
         if self.scheduler is not None and self.scheduler not in SCHEDULERS:
             raise ValueError(f"unknown scheduler {self.scheduler!r}; schedulers: {', '.join(SCHEDULERS)}")
         if not 0.0 <= self.repeat < 1.0:
@@ -202,7 +202,10 @@ def chat_request(rng: random.Random, lane: str, max_tokens: int = 32) -> Request
 
 
 def mixed_request(rng: random.Random, lane: str) -> Request:
-    """A text part plus 0, 1 or 2 sample photos with the shares of ``MIXED_KINDS``."""
+    """A text part plus photos, a short video or a spoken clip with the shares of
+    ``MIXED_KINDS``. Every medium is bytes of its own (a tag in the JPEG comment or the
+    video's corner; a different sentence), so the reuse cache does not answer across
+    requests unless ``repeat`` asks for it."""
     x, kind = rng.random(), MIXED_KINDS[-1][0]
     acc = 0.0
     for name, share in MIXED_KINDS:
@@ -210,12 +213,24 @@ def mixed_request(rng: random.Random, lane: str) -> Request:
         if x < acc:
             kind = name
             break
-    images = sample_images()
-    n_images = {"text": 0, "text+image": 1, "text+2images": 2}[kind]
     parts = [Part(Modality.TEXT, text=_text(rng))]
+    images = sample_images()
+    n_images = {"text+image": 1, "text+2images": 2}.get(kind, 0)
     for _ in range(n_images):
         data, mime = images[rng.randrange(len(images))]
         parts.append(Part(Modality.IMAGE, data=_with_comment(data, rng.getrandbits(64)), mime=mime))
+    if kind == "text+video":
+        from streams import samples
+
+        names = [rng.choice(SAMPLE_PHOTOS) for _ in range(4)]
+        parts.append(Part(Modality.VIDEO, data=samples.video(names, tag=rng.getrandbits(32)), mime="video/mp4"))
+    if kind == "text+audio":
+        from streams import samples
+
+        clip = samples.speech(_text(rng, rng.randint(5, 15)))
+        if clip is None:
+            raise RuntimeError("the mixed workload's audio needs espeak-ng (apt-get install espeak-ng)")
+        parts.append(Part(Modality.AUDIO, data=clip, mime="audio/wav"))
     return Request(id=new_id(), parts=tuple(parts), lane=Lane(lane))
 
 
@@ -319,7 +334,9 @@ async def run_bench(settings: Settings, cfg: BenchConfig, progress: bool = True)
     """
     from streams.monolith import Engines
 
-    engines = await asyncio.to_thread(Engines, settings, cfg.workload == "mixed")  # chat: the text floor only
+    mono = cfg.mode == "monolithic"
+    engines = await asyncio.to_thread(Engines, settings, cfg.workload == "mixed",
+                                      mono and cfg.workload == "mixed", mono and cfg.workload == "chat")
     floor = engines.floor_ms(_text(random.Random(0), FLOOR_TEXT_WORDS),
                              sample_images()[0] if cfg.workload == "mixed" else None, cfg.floor_repeats)
     runs = []
@@ -457,7 +474,7 @@ async def _run_monolith(settings: Settings, cfg: BenchConfig, rate: float, engin
     records = []
     for o in mono.outcomes:
         rec = Record(request_kind(o.request), tuple(str(p.modality) for p in o.request.parts), o.arrived_at_ms,
-                     lane=str(o.request.lane))
+                     lane=str(o.request.lane), ttft_ms=o.ttft_ms, tpot_ms=o.tpot_ms)
         if o.finished_at_ms is not None:
             rec.done_at_ms = o.finished_at_ms
             rec.outcome = "ok" if len(o.errors) < len(o.request.parts) else "internal"

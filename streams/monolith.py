@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from schemas.request import Modality, Request
+from schemas.request import Modality, Request, Task
 from streams.settings import Settings
 
 
@@ -80,6 +80,10 @@ class Outcome:
     finished_at_ms: float | None = None
     errors: list[str] = field(default_factory=list)
     batch_size: int = 0
+    ttft_ms: float | None = None
+    """Generation: arrival to the first generated token (the monolith does not stream, so
+    this is when the token existed, not when a client could have seen it)."""
+    tpot_ms: float | None = None
 
     @property
     def e2e_ms(self) -> float:
@@ -90,7 +94,10 @@ class Outcome:
 class Engines:
     """The text and image encoders of the pipeline, loaded and warmed in this process."""
 
-    def __init__(self, settings: Settings, need_image: bool = True) -> None:
+    def __init__(self, settings: Settings, need_image: bool = True, need_media: bool = False,
+                 need_lm: bool = False) -> None:
+        """Text always; the image encoder for images and video frames; with ``need_media``
+        the audio encoder and video decoding; with ``need_lm`` the generator's LM."""
         from workers.engine import OnnxEngine
         from workers.image import ImageEncoder, load_labels
         from workers.repository import ModelRepository
@@ -112,6 +119,29 @@ class Engines:
             self.image = ImageEncoder(iengine, load_labels(icfg.directory / "labels.json"),
                                       max_pixels=settings.limits.max_image_pixels, embedding_dim=icfg.embedding_dim)
             self.image.warmup()
+        self.settings = settings
+        self.audio = None
+        if need_media:
+            from workers.audio import AudioEncoder, WhisperEngine
+
+            acfg = repo.resolve(settings.models.audio_model)
+            aengine = WhisperEngine(acfg, settings.models.audio_precision, e.intra_op_threads)
+            self.info["encode.audio"] = _info(aengine.load())
+            self.audio = AudioEncoder(aengine, max_seconds=settings.limits.max_audio_seconds)
+            self.audio.warmup()
+        self.lm = None
+        if need_lm:
+            import tokenizers
+
+            from workers.lm import LMEngine, StopChecker
+
+            g = settings.generator
+            lcfg = repo.resolve(settings.models.lm_model)
+            self.lm = LMEngine.from_config(lcfg, g.precision, intra_op_threads=e.intra_op_threads)
+            self.tokenizer = tokenizers.Tokenizer.from_file(str(lcfg.tokenizer_path))
+            self.stops = StopChecker(self.tokenizer, self.lm.eos_token_ids)
+            self.info["generate"] = {"model": lcfg.name, "version": lcfg.version, "precision": g.precision,
+                                     "provider": self.lm.provider}
 
     def floor_ms(self, text: str, image: tuple[bytes, str] | None, repeats: int = 20) -> dict[str, float]:
         """Median service time of each engine alone at batch 1 (encoder call included:
@@ -193,30 +223,126 @@ class Monolith:
         """Runs in the engine thread: every text part in one call, then every image part."""
         from schemas.trace import now_ms
 
-        for modality, stage in ((Modality.TEXT, "encode.text"), (Modality.IMAGE, "encode.image")):
-            items = [(o, p) for o in batch for p in o.request.parts if p.modality == modality]
+        grounding: dict[tuple[int, int], dict[str, Any]] = {}  # (request, part) -> what the LM is told
+        generate = [o for o in batch if o.request.task == Task.GENERATE]
+        generating = {id(o) for o in generate}  # their text goes to the LM as it is
+        for modality, stage in ((Modality.TEXT, "encode.text"), (Modality.IMAGE, "encode.image"),
+                                (Modality.VIDEO, "encode.video"), (Modality.AUDIO, "encode.audio")):
+            items = [(o, i, p) for o in batch for i, p in enumerate(o.request.parts) if p.modality == modality
+                     and not (modality == Modality.TEXT and id(o) in generating)]
             if not items:
                 continue
             started = now_ms()
-            if modality == Modality.TEXT:
-                results = self.engines.text.run_batch([p.text for _, p in items])
-            elif self.engines.image is not None:
-                results = self.engines.image.run_batch([(p.data, p.mime) for _, p in items])
-            else:
-                results = [RuntimeError("no image engine loaded")] * len(items)
+            results = self._encode(modality, [p for _, _, p in items])
             finished = now_ms()
-            seen: set[int] = set()
-            for (o, _), r in zip(items, results):
+            for (o, i, _), r in zip(items, results):
                 if isinstance(r, Exception):
                     o.errors.append(f"{stage}: {r}")
-                if id(o) not in seen:  # one span per request and engine call
-                    seen.add(id(o))
-                    # Queue time of a hop counts from where the request's previous hop ended,
-                    # so a request's spans add up to its e2e, as the pipeline's do.
-                    ready = o.arrived_at_ms + sum(s["queued_ms"] + s["service_ms"] for s in o.spans)
-                    o.spans.append({"stage": stage, "queued_ms": round(max(0.0, started - ready), 3),
-                                    "service_ms": round(finished - started, 3)})
+                grounding[(id(o), i)] = _grounding(modality, r)
+            self._span([o for o, _, _ in items], stage, started, finished)
+        if generate:
+            self._generate(generate, grounding)
         done = now_ms()
         for o in batch:
             o.finished_at_ms = done
             o.batch_size = len(batch)
+
+    def _encode(self, modality: Modality, parts: list[Any]) -> list[Any]:
+        e = self.engines
+        if modality == Modality.TEXT:
+            return e.text.run_batch([p.text for p in parts])
+        if e.image is None or (modality in (Modality.VIDEO, Modality.AUDIO) and e.audio is None):
+            return [RuntimeError(f"no {modality} engine loaded")] * len(parts)
+        if modality == Modality.IMAGE:
+            return e.image.run_batch([(p.data, p.mime) for p in parts])
+        if modality == Modality.AUDIO:
+            return e.audio.run_batch([(p.data, p.mime) for p in parts])
+        return [self._video(p.data) for p in parts]
+
+    def _video(self, data: bytes) -> Any:
+        """Frames through the image encoder, pooled; the soundtrack through the audio encoder."""
+        import numpy as np
+        from PIL import Image
+
+        from workers.video import decode_video, extract_audio_wav
+
+        v = self.engines.settings.video
+        try:
+            clip = decode_video(data, v.max_seconds, v.max_frames, v.fps)
+            frames = self.engines.image.encode([Image.fromarray(f) for f in clip.frames])
+            wav = extract_audio_wav(data, v.max_seconds) if clip.has_audio else None
+            track = self.engines.audio.run_batch([(wav, "audio/wav")])[0] if wav else None
+        except Exception as exc:
+            return exc
+        pooled = np.mean([f.embedding for f in frames], axis=0)
+        return {"embedding": pooled / max(float(np.linalg.norm(pooled)), 1e-12),
+                "frames": [[round(i / v.fps, 3), [[l, p] for l, p in f.top5[:3]]] for i, f in enumerate(frames)],
+                "transcript": getattr(track, "transcript", None)}
+
+    def _span(self, outcomes: list[Outcome], stage: str, started: float, finished: float) -> None:
+        seen: set[int] = set()
+        for o in outcomes:
+            if id(o) not in seen:  # one span per request and engine call
+                seen.add(id(o))
+                # Queue time of a hop counts from where the request's previous hop ended,
+                # so a request's spans add up to its e2e, as the pipeline's do.
+                ready = o.arrived_at_ms + sum(s["queued_ms"] + s["service_ms"] for s in o.spans)
+                o.spans.append({"stage": stage, "queued_ms": round(max(0.0, started - ready), 3),
+                                "service_ms": round(finished - started, 3)})
+
+    def _generate(self, batch: list[Outcome], grounding: dict[tuple[int, int], dict[str, Any]]) -> None:
+        """Static batching, as a monolith does it: the batch's sequences run to completion
+        together (the same engine and prompt builder as the generator stage)."""
+        from schemas.trace import now_ms
+        from streams.policies import prompt as P
+        from streams.policies.scheduler import SchedulerLimits, SequenceRequest, StaticBatchScheduler
+        from workers.generator_stage import prompt_parts
+        from workers.lm import SamplingParams, execute_step
+
+        e, g = self.engines, self.engines.settings.generator
+        if e.lm is None:
+            for o in batch:
+                o.errors.append("generate: no language model loaded")
+            return
+        started = now_ms()
+        scheduler = StaticBatchScheduler(SchedulerLimits(g.max_tokens_per_step, max(g.max_running, len(batch)),
+                                                         g.max_prefill_chunk), e.lm.eos_token_ids)
+        sequences, first, last, count = {}, {}, {}, {}
+        for o in batch:
+            parts = [{"modality": "text", "text": p.text} if p.modality == Modality.TEXT else grounding.get((id(o), i), {})
+                     for i, p in enumerate(o.request.parts)]
+            text = P.render_chatml(P.build_messages(prompt_parts(parts), P.PromptSettings()))
+            ids = e.tokenizer.encode(text, add_special_tokens=False).ids
+            params = SamplingParams(max_tokens=o.request.params.max_tokens, temperature=o.request.params.temperature,
+                                    stop=o.request.params.stop)
+            sid = str(id(o))
+            sequences[sid] = e.lm.new_sequence(sid, ids, params)
+            scheduler.add(SequenceRequest(sid, len(ids), params.max_tokens, str(o.request.lane), time.monotonic()))
+        while scheduler.has_work:
+            step = execute_step(e.lm, scheduler.schedule(time.monotonic()), sequences, e.stops)
+            now = now_ms()
+            for sid in step.tokens:
+                first.setdefault(sid, now)
+                last[sid] = now
+                count[sid] = count.get(sid, 0) + 1
+            for fin in scheduler.update(step):
+                e.lm.release(sequences.pop(fin.seq_id))
+        for o in batch:
+            sid = str(id(o))
+            if sid in first:
+                o.ttft_ms = first[sid] - o.arrived_at_ms
+                o.tpot_ms = (last[sid] - first[sid]) / (count[sid] - 1) if count[sid] > 1 else None
+        self._span(batch, "generate", started, now_ms())
+
+
+def _grounding(modality: Modality, r: Any) -> dict[str, Any]:
+    """What the LM is told about one encoded part (as the assembler forwards it)."""
+    if isinstance(r, Exception):
+        return {"modality": str(modality), "failed": True}
+    if modality == Modality.IMAGE:
+        return {"modality": "image", "labels": [[l, p] for l, p in r.top5]}
+    if modality == Modality.AUDIO:
+        return {"modality": "audio", "transcript": r.transcript}
+    if modality == Modality.VIDEO:
+        return {"modality": "video", "frames": r["frames"], "transcript": r["transcript"]}
+    return {"modality": str(modality)}

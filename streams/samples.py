@@ -23,9 +23,10 @@ def photo(name: str, fmt: str = "JPEG") -> bytes:
 
 
 def video(names: list[str], seconds_each: float = 1.0, fps: int = 8, size: tuple[int, int] = (320, 240),
-          fmt: str = "mp4", codec: str = "mpeg4", soundtrack: bytes | None = None) -> bytes:
+          fmt: str = "mp4", codec: str = "mpeg4", soundtrack: bytes | None = None, tag: int | None = None) -> bytes:
     """An MP4 (or WebM) slideshow of the named photos, ``seconds_each`` per photo; with
-    ``soundtrack`` (a WAV), that sound as an AAC audio track."""
+    ``soundtrack`` (a WAV), that sound as an AAC audio track; with ``tag``, a small pattern
+    of its bits in a corner, so clips of the same photos are different bytes."""
     import av
 
     buf = io.BytesIO()
@@ -37,6 +38,11 @@ def video(names: list[str], seconds_each: float = 1.0, fps: int = 8, size: tuple
             _mux_sound(out, soundtrack)
         for name in names:
             img = Image.fromarray(photo_array(name)).convert("RGB").resize(size)
+            if tag is not None:
+                pixels = np.asarray(img).copy()
+                for bit in range(32):
+                    pixels[(bit // 8) * 4:(bit // 8) * 4 + 4, (bit % 8) * 4:(bit % 8) * 4 + 4] = 255 * ((tag >> bit) & 1)
+                img = Image.fromarray(pixels)
             for _ in range(int(seconds_each * fps)):
                 for packet in stream.encode(av.VideoFrame.from_image(img)):
                     out.mux(packet)

@@ -39,3 +39,25 @@ async def test_top_once_shows_every_stage(pipeline) -> None:
     for stage in running:
         assert stage in text
     assert f"{pipeline.prefix}.ingress.rt" in text
+
+
+async def test_the_monolith_serves_every_modality_and_generation(infra, monkeypatch) -> None:
+    """The baseline runs the mixed workload's video and audio and the chat workload's
+    generation with the pipeline's engines (no broker needed: it is one process)."""
+    from dataclasses import replace
+
+    import streams.bench as bench
+
+    # Every request one of the media kinds, so a short run sees video and audio.
+    monkeypatch.setattr(bench, "MIXED_KINDS", (("text+video", 0.5), ("text+audio", 0.5)))
+    mixed = BenchConfig(workload="mixed", rate=6.0, duration_s=6.0, drain_s=60.0, seed=3, mode="monolithic")
+    [run] = validate(await run_bench(infra, mixed, progress=False))
+    assert run["requests"]["ok"] == run["requests"]["sent"] > 0
+    assert {"text+video", "text+audio"} <= set(run["latency_ms"])
+    stages = {s for kind in run["latency_ms"].values() for s in kind["stages"]}
+    assert {"encode.video", "encode.audio"} <= stages
+
+    chat = replace(mixed, workload="chat", rate=1.0, duration_s=4.0)
+    [gen] = validate(await run_bench(infra, chat, progress=False))
+    assert gen["requests"]["ok"] == gen["requests"]["sent"] > 0
+    assert gen["generation"]["ttft_ms"]["count"] == gen["requests"]["ok"] and gen["generation"]["ttft_ms"]["p50"] > 0
