@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from typing import Any
 
 import faust
@@ -17,7 +18,7 @@ from schemas.jobs import DeadlineTick, Manifest, fan_in_from_wire
 from schemas.trace import now_ms
 from streams.app import raw_topic, topic_names
 from streams.assembly import Assembly, AssemblyPolicy, due_at, step
-from streams import costs
+from streams import costs, topic_reader
 from streams.lagmon import LagReader
 from streams.load import LoadView
 from streams.metrics import Metrics, request_modality
@@ -138,6 +139,8 @@ def install_assembler(app: faust.App, settings: Settings, metrics: Metrics) -> N
         key = msg.id.encode()
         raw = table.get(key)
         state = Assembly.from_bytes(raw) if raw else None
+        if state is not None and state.pending is not None:
+            state = await finish_delivery(key, state)
         now = now_ms()
         if state is None and isinstance(msg, Manifest) and len(due) >= a.max_pending:
             err = WireError(ErrorCode.OVERLOADED, "the assembler is tracking its maximum of requests")
@@ -145,16 +148,17 @@ def install_assembler(app: faust.App, settings: Settings, metrics: Metrics) -> N
                                                   Event(msg.id, EventKind.ERROR, 1, now, error=err.to_wire()).to_wire())])
             return
         result = step(state, msg, now, policy, lane=lane)
-        if result.forward is not None:
-            # A generate request goes on to the generator, which sends its terminal event.
-            await send_all(app.producer, [out_map(names.generate(result.forward.lane), msg.id,
-                                                  result.forward.to_wire())])
-            metrics.request_done("assemble", "ok")
-        if result.emit is not None and result.reply_to:
-            # Deliver the answer before recording it: a crash in between repeats the answer
-            # (clients dedupe by id) instead of losing it.
-            await send_all(app.producer, [out_map(result.reply_to, msg.id, result.emit.to_wire())])
-            _observe_terminal(metrics, result.emit, result.state)
+        answer = None
+        if result.forward is not None:  # a generate request goes on; the generator answers it
+            answer = out_map(names.generate(result.forward.lane), msg.id, result.forward.to_wire())
+        elif result.emit is not None and result.reply_to:
+            answer = out_map(result.reply_to, msg.id, result.emit.to_wire())
+        if answer is not None and result.state is not None:
+            await deliver(key, result.state, answer)
+            if result.emit is not None:
+                _observe_terminal(metrics, result.emit, result.state)
+            else:
+                metrics.request_done("assemble", "ok")
         if not result.changed:
             return
         if result.state is None:
@@ -164,6 +168,27 @@ def install_assembler(app: faust.App, settings: Settings, metrics: Metrics) -> N
         else:
             table[key] = result.state.to_bytes()
             due[msg.id] = (due_at(result.state, policy), result.state.lane)
+
+    async def deliver(key: bytes, state: Assembly, answer: Out) -> None:
+        """Exactly one answer per request, through crashes: record the intent and flush it
+        to the changelog, then send, then (in the caller) record the tombstone."""
+        table[key] = replace(state, pending=(answer.topic, answer.value)).to_bytes()
+        await app.producer.flush()  # the intent is durable before the answer exists
+        await send_all(app.producer, [answer])
+
+    async def finish_delivery(key: bytes, state: Assembly) -> Assembly:
+        """A request found mid-delivery (the assembler died between sending and recording):
+        send its answer only if the topic does not hold it already."""
+        topic, value = state.pending
+        since = (state.done_at_ms or state.first_seen_ms) - 5_000.0  # clock skew margin
+        if await topic_reader.contains(settings.kafka.bootstrap, topic, key, value, since):
+            log.info("assembler: %s was answered before a restart; not answering again", key.decode())
+        else:
+            log.info("assembler: %s was not answered before a restart; answering now", key.decode())
+            await send_all(app.producer, [Out(topic, key, value, out_map(topic, key, {}).headers)])
+        done = replace(state, pending=None)
+        table[key] = done.to_bytes()
+        return done
 
     async def give_up(event: Any, exc: Exception) -> None:
         metrics.to_dlq("assemble")

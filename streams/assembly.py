@@ -39,6 +39,10 @@ class Assembly:
     """Headers of fanned-out parts still waiting for chunks."""
     chunks: dict[int, dict[int, EncodedPart]] = field(default_factory=dict)
     done_at_ms: float | None = None
+    pending: tuple[str, bytes] | None = None
+    """(topic, value) of the answer being delivered: recorded (and flushed) before the
+    answer is sent, cleared after. Found set after a crash, it means "maybe sent": the
+    assembler looks on the topic before sending it again, so the answer exists once."""
 
     @property
     def done(self) -> bool:
@@ -54,6 +58,7 @@ class Assembly:
             "chunks": {} if self.done else {str(i): {str(k): c.to_wire() for k, c in cs.items()}
                                             for i, cs in self.chunks.items()},
             "done_at_ms": self.done_at_ms,
+            "pending": list(self.pending) if self.pending else None,
         }, use_bin_type=True)
 
     @classmethod
@@ -67,6 +72,7 @@ class Assembly:
             chunks={int(i): {int(k): EncodedPart.from_wire(c) for k, c in cs.items()}
                     for i, cs in (m.get("chunks") or {}).items()},
             done_at_ms=m.get("done_at_ms"),
+            pending=(str(m["pending"][0]), bytes(m["pending"][1])) if m.get("pending") else None,
         )
 
 

@@ -238,7 +238,8 @@ class Monolith:
             for (o, i, _), r in zip(items, results):
                 if isinstance(r, Exception):
                     o.errors.append(f"{stage}: {r}")
-                grounding[(id(o), i)] = _grounding(modality, r)
+                if id(o) in generating:
+                    grounding[(id(o), i)] = _grounding(modality, r)
             self._span([o for o, _, _ in items], stage, started, finished)
         if generate:
             self._generate(generate, grounding)
@@ -251,7 +252,7 @@ class Monolith:
         e = self.engines
         if modality == Modality.TEXT:
             return e.text.run_batch([p.text for p in parts])
-        if e.image is None or (modality in (Modality.VIDEO, Modality.AUDIO) and e.audio is None):
+        if e.image is None or (modality in (Modality.VIDEO, Modality.AUDIO) and getattr(e, "audio", None) is None):
             return [RuntimeError(f"no {modality} engine loaded")] * len(parts)
         if modality == Modality.IMAGE:
             return e.image.run_batch([(p.data, p.mime) for p in parts])

@@ -29,3 +29,34 @@ async def read_to_end(bootstrap: str, topic: str) -> list:
         return records
     finally:
         await consumer.stop()
+
+
+async def contains(bootstrap: str, topic: str, key: bytes, value: bytes, since_ms: float) -> bool:
+    """Whether ``topic`` holds a record with exactly this key and value, written at or after
+    ``since_ms`` (epoch ms). Reads every partition from that time to its current end."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        await consumer._client.force_metadata_update()
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or set())]
+        if not tps:
+            return False
+        consumer.assign(tps)
+        starts = await consumer.offsets_for_times({tp: int(since_ms) for tp in tps})
+        ends = await consumer.end_offsets(tps)
+        remaining = set()
+        for tp in tps:
+            start = starts.get(tp)
+            if start is not None and start.offset < ends[tp]:
+                consumer.seek(tp, start.offset)
+                remaining.add(tp)
+        while remaining:
+            for recs in (await consumer.getmany(*remaining, timeout_ms=500)).values():
+                if any(r.key == key and r.value == value for r in recs):
+                    return True
+            for tp in list(remaining):
+                if await consumer.position(tp) >= ends[tp]:
+                    remaining.discard(tp)
+        return False
+    finally:
+        await consumer.stop()

@@ -159,3 +159,13 @@ def test_video_at_deadline_pools_the_chunks_it_has():
     part = r.emit.payload["parts"][0]
     assert r.emit.kind == "result" and part["embedding"] is not None
     assert part["extras"]["frames_encoded"] == 2 and part["extras"]["complete"] is False
+
+
+def test_a_pending_answer_survives_the_round_trip_through_the_table():
+    state, _ = run([manifest(n=1), part(0)])
+    from dataclasses import replace
+
+    pending = replace(state, pending=("mm.results", b"\x81\xa1v\x01"))
+    back = Assembly.from_bytes(pending.to_bytes())
+    assert back.pending == ("mm.results", b"\x81\xa1v\x01") and back.done
+    assert Assembly.from_bytes(state.to_bytes()).pending is None
