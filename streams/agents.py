@@ -60,7 +60,9 @@ def install_router(app: faust.App, settings: Settings, metrics: Metrics) -> None
             observed = await costs.read(cost_redis, settings.kafka.topic_prefix)
             load.cost.ms_per_unit.update({m: v for m, v in observed.items() if m != "any"})
             await reader.start()
-            load.update(await reader.measure(settings.kafka.topic_prefix), settings.kafka.topic_prefix)
+            rows = await reader.measure(settings.kafka.topic_prefix)
+            load.update(rows, settings.kafka.topic_prefix)
+            rt_backlog = sum(r.lag for r in rows if r.topic == names.ingress("rt") and r.group == app.conf.id)
             router.partitioner.refresh(load.partition_ms)
         except Exception as exc:  # keep the last estimate; admission must not stop routing
             log.warning("router: could not read consumer lag: %r", exc)
@@ -68,7 +70,10 @@ def install_router(app: faust.App, settings: Settings, metrics: Metrics) -> None
             return
         if not adm.enabled:
             return
-        change = backpressure.update(load.total_ms)
+        # rt first at the router too: a backlog of rt requests counts as queued work over the
+        # high watermark, so bulk ingress waits until the rt backlog is worked off.
+        over = rt_backlog > adm.rt_backlog_records
+        change = backpressure.update(max(load.total_ms, backpressure.high_ms + 1) if over else load.total_ms)
         bulk = [tp for tp in app.consumer.assignment() if tp.topic == names.ingress("bulk")]
         if change == "pause" or (backpressure.paused and bulk):
             app.consumer.pause_partitions(bulk)

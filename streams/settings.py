@@ -133,6 +133,9 @@ class AdmissionSettings:
     refresh_ms: int = setting(1_000, "How often the router re-reads consumer lag to estimate queued work.")
     backpressure_high_ms: float = setting(3_000.0, "Total queued work (ms) past which the router stops reading bulk ingress.")
     backpressure_low_ms: float = setting(1_000.0, "Total queued work (ms) under which it reads bulk ingress again.")
+    rt_backlog_records: int = setting(
+        100, "rt ingress records waiting at the router past which it stops reading bulk ingress (rt first)."
+    )
 
 
 @dataclass(frozen=True)

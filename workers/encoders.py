@@ -27,6 +27,17 @@ log = logging.getLogger(__name__)
 class Runner:
     run_batch: Callable[[list[EncodeJob]], list[Any]]
     cost: Callable[[EncodeJob], float]
+    calibrate: Callable[[], tuple[float, float]] | None = None
+    """Times one representative batch on the engine itself (no cache): (units, ms). The
+    router's cost model starts from it before any real traffic has been observed."""
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    import time
+
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1000.0
 
 
 def refs_not_served(job: EncodeJob) -> WireError:
@@ -69,7 +80,13 @@ def text_runner(settings: Settings, metrics: Metrics, stage: str = "encode.text"
     run = with_cache(settings, metrics, "text", lambda jobs: encoder.run_batch([j.text for j in jobs]),
                      lambda job: normalize(job.text or "").encode(), config, PREPROCESSING_VERSION,
                      settings.cache.ttl_text_s)
-    return Runner(run, lambda job: float(pre.count_tokens(job.text or "")))
+    from workers.text import _WARMUP_TEXTS
+
+    def calibrate() -> tuple[float, float]:
+        texts = list(_WARMUP_TEXTS)
+        return float(sum(pre.count_tokens(t) for t in texts)), _timed(lambda: encoder.embed(texts))
+
+    return Runner(run, lambda job: float(pre.count_tokens(job.text or "")), calibrate)
 
 
 def image_runner(settings: Settings, metrics: Metrics, stage: str = "encode.image") -> tuple[Runner, Any]:
@@ -114,7 +131,13 @@ def image_runner(settings: Settings, metrics: Metrics, stage: str = "encode.imag
     # Keyed by the bytes as sent (not yet by decoded pixels): the same file hits.
     run = with_cache(settings, metrics, "image", run_batch, lambda job: job.data, config,
                      f"{PREPROCESSING_VERSION}+{FRAMES_MIME}", settings.cache.ttl_image_s)
-    return Runner(run, cost), encoder
+    from workers.image import _warmup_image
+
+    def calibrate() -> tuple[float, float]:
+        images = [_warmup_image(seed) for seed in range(4)]
+        return 4.0, _timed(lambda: encoder.encode(images))
+
+    return Runner(run, cost, calibrate), encoder
 
 
 def audio_runner(settings: Settings, metrics: Metrics, stage: str = "encode.audio") -> Runner:

@@ -40,8 +40,11 @@ def _encoder_installer(modality: str) -> Installer:
             runner = audio_runner(settings, metrics)
         else:
             runner = generic_runner(settings, metrics)
-        EncoderLoop(app, settings, metrics, modality, with_claims(runner.run_batch, claim_resolver(settings)),
-                    cost=runner.cost).install()
+        loop = EncoderLoop(app, settings, metrics, modality, with_claims(runner.run_batch, claim_resolver(settings)),
+                           cost=runner.cost)
+        if runner.calibrate is not None:  # the cost model's first numbers, before real traffic
+            loop.cost_observer.observe(*runner.calibrate())
+        loop.install()
 
     return install
 
