@@ -128,9 +128,17 @@ def image_runner(settings: Settings, metrics: Metrics, stage: str = "encode.imag
         # Every image is resized to 224x224 before the engine: one image (or frame) is one unit.
         return max(1.0, len(job.data or b"") / FRAME_BYTES) if job.mime == FRAMES_MIME else 1.0
 
-    # Keyed by the bytes as sent (not yet by decoded pixels): the same file hits.
-    run = with_cache(settings, metrics, "image", run_batch, lambda job: job.data, config,
-                     f"{PREPROCESSING_VERSION}+{FRAMES_MIME}", settings.cache.ttl_image_s)
+    from workers.image import normalized_pixels
+
+    def content(job: EncodeJob) -> bytes | None:
+        # Photos by the pixels the model sees (the same picture hits however it was
+        # encoded); frame chunks are raw pixels already.
+        if job.data is None or job.mime == FRAMES_MIME:
+            return job.data
+        return normalized_pixels(job.data, job.mime, settings.limits.max_image_pixels)
+
+    run = with_cache(settings, metrics, "image", run_batch, content, config,
+                     f"{PREPROCESSING_VERSION}+pixels+{FRAMES_MIME}", settings.cache.ttl_image_s)
     from workers.image import _warmup_image
 
     def calibrate() -> tuple[float, float]:

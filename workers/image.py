@@ -169,6 +169,17 @@ def _resize_and_crop(image: Image.Image) -> Image.Image:
     return resized.crop((left, top, left + INPUT_SIZE, top + INPUT_SIZE))
 
 
+def normalized_pixels(data: bytes, mime: str | None, max_pixels: int) -> bytes | None:
+    """The exact pixels the model sees (decoded, resized, cropped, RGB uint8) as bytes: what
+    the reuse cache keys an image by, so the same picture hits however it was encoded. None
+    when the bytes do not decode (the encoder then reports the error)."""
+    try:
+        image = decode_image(data, mime, max_pixels, min_shorter_side=RESIZE_SHORTER_SIDE)
+    except WireError:
+        return None
+    return np.asarray(_resize_and_crop(image), dtype=np.uint8).tobytes()
+
+
 def load_labels(path: Path) -> tuple[str, ...]:
     """Class names from a model's labels.json (a JSON list of strings, index = class id).
 

@@ -151,3 +151,13 @@ def test_jpeg_may_be_decoded_at_reduced_scale_above_the_target() -> None:
     # A PNG has no reduced decode: same pixels either way.
     png = encode(photo_like(600, 400), "PNG")
     assert decode_image(png, None, LIMIT, min_shorter_side=256).size == (600, 400)
+
+
+def test_the_same_picture_normalizes_to_the_same_pixels_whatever_its_encoding():
+    from workers.image import normalized_pixels
+
+    img = photo_like(400, 300, seed=3)
+    png, webp = encode(img, "PNG"), encode(img, "WEBP", lossless=True)
+    assert png != webp
+    assert normalized_pixels(png, "image/png", 10**8) == normalized_pixels(webp, "image/webp", 10**8)
+    assert normalized_pixels(b"not an image", None, 10**8) is None
