@@ -85,6 +85,8 @@ class Manifest:
     sent_at_ms: float
     params: dict[str, Any] = field(default_factory=dict)
     trace: list[Any] = field(default_factory=list)
+    result_key: str | None = None
+    """Where the assembler stores the whole answer for identical requests (reuse cache)."""
 
     TYPE = "manifest"
 
@@ -94,6 +96,8 @@ class Manifest:
                  n_parts=self.n_parts, modalities=self.modalities, deadline_at_ms=self.deadline_at_ms,
                  accepted_at_ms=self.accepted_at_ms, client_sent_at_ms=self.client_sent_at_ms,
                  sent_at_ms=self.sent_at_ms, params=self.params, trace=self.trace)
+        if self.result_key is not None:
+            m["result_key"] = self.result_key
         return m
 
     @classmethod
@@ -104,7 +108,8 @@ class Manifest:
                        reply_to=str(m["reply_to"]), n_parts=int(m["n_parts"]), modalities=list(m["modalities"]),
                        deadline_at_ms=float(m["deadline_at_ms"]), accepted_at_ms=float(m["accepted_at_ms"]),
                        client_sent_at_ms=float(m["client_sent_at_ms"]), sent_at_ms=float(m["sent_at_ms"]),
-                       params=dict(m.get("params") or {}), trace=list(m.get("trace") or []))
+                       params=dict(m.get("params") or {}), trace=list(m.get("trace") or []),
+                       result_key=m.get("result_key"))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed manifest: {exc}") from None
 

@@ -24,6 +24,8 @@ from streams.load import LoadView
 from streams.metrics import Metrics, request_modality
 from streams.policies.admission import Backpressure
 from streams.produce import Out, out_map, send_all
+from streams.lifecycle import RequestStatus
+from streams.result_cache import ResultCache
 from streams.router import ERROR_HEADER, Router, TopicCache
 from streams.settings import Settings
 from streams.topics import LANES
@@ -43,7 +45,9 @@ def install_router(app: faust.App, settings: Settings, metrics: Metrics) -> None
     names = topic_names(settings)
     cache = TopicCache(settings.kafka.bootstrap, settings.router.topic_cache_s)
     load = LoadView()
-    router = Router(settings, cache.exists, load)
+    results = ResultCache(settings.redis.url, settings.cache.ttl_result_s) \
+        if settings.cache.enabled and settings.cache.whole_result else None
+    router = Router(settings, cache.exists, load, results)
     source = raw_topic(app, *(names.ingress(lane) for lane in LANES))
     adm = settings.admission
     backpressure = Backpressure(adm.backpressure_high_ms, adm.backpressure_low_ms)
@@ -54,11 +58,12 @@ def install_router(app: faust.App, settings: Settings, metrics: Metrics) -> None
     @app.timer(adm.refresh_ms / 1000.0, name="load")
     async def refresh_load() -> None:
         """Re-read lag, re-estimate queued work, and pause or resume bulk ingress."""
-        if not adm.enabled and router.partitioner.strategy != "least-loaded":
+        if not adm.enabled and router.partitioner.strategy != "least-loaded" and results is None:
             return
         try:
             observed = await costs.read(cost_redis, settings.kafka.topic_prefix)
             load.cost.ms_per_unit.update({m: v for m, v in observed.items() if m != "any"})
+            router.models = await costs.read_identities(cost_redis, settings.kafka.topic_prefix)
             await reader.start()
             rows = await reader.measure(settings.kafka.topic_prefix)
             load.update(rows, settings.kafka.topic_prefix)
@@ -112,6 +117,8 @@ def install_router(app: faust.App, settings: Settings, metrics: Metrics) -> None
 def install_assembler(app: faust.App, settings: Settings, metrics: Metrics) -> None:
     names = topic_names(settings)
     a = settings.assembler
+    results = ResultCache(settings.redis.url, settings.cache.ttl_result_s) \
+        if settings.cache.enabled and settings.cache.whole_result else None
     policy = AssemblyPolicy(retention_ms=float(a.retention_ms), orphan_ttl_ms=float(a.orphan_ttl_ms))
     table = app.Table("assembly", key_type=bytes, value_type=bytes, partitions=settings.kafka.partitions)
     # id -> (epoch ms when a tick is due, lane). Rebuilt from the table after every
@@ -162,6 +169,9 @@ def install_assembler(app: faust.App, settings: Settings, metrics: Metrics) -> N
             await deliver(key, result.state, answer)
             if result.emit is not None:
                 _observe_terminal(metrics, result.emit, result.state)
+                m = result.state.manifest
+                if results is not None and m is not None and m.result_key and result.state.status == RequestStatus.FINISHED:
+                    await results.put(m.result_key, result.emit.payload or {})  # a complete answer only
             else:
                 metrics.request_done("assemble", "ok")
         if not result.changed:

@@ -57,3 +57,26 @@ async def read(redis: Any, topic_prefix: str) -> dict[str, float]:
         except (TypeError, ValueError):
             continue
     return out
+
+
+def models_key(topic_prefix: str) -> str:
+    return f"mm:models:{topic_prefix}"
+
+
+async def publish_identity(redis: Any, topic_prefix: str, modality: str, identity: str) -> None:
+    """Which model (name/version/precision/preprocessing) answers ``modality``: part of the
+    whole-result cache key, so a new model never serves an old model's answers."""
+    try:
+        await redis.hset(models_key(topic_prefix), modality, identity)
+    except Exception as exc:
+        log.debug("identity publish failed: %r", exc)
+
+
+async def read_identities(redis: Any, topic_prefix: str) -> dict[str, str]:
+    try:
+        raw = await redis.hgetall(models_key(topic_prefix))
+    except Exception as exc:
+        log.debug("identity read failed: %r", exc)
+        return {}
+    return {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+            for k, v in raw.items()}

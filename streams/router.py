@@ -57,7 +57,7 @@ class Router:
     reply-topic existence check, which is injected."""
 
     def __init__(self, settings: Settings, topic_exists: Callable[[str], Awaitable[bool]],
-                 load: LoadView | None = None) -> None:
+                 load: LoadView | None = None, results: Any = None) -> None:
         self.settings = settings
         self.topics = TopicNames(settings.kafka.topic_prefix)
         self.limits = limits_from(settings)
@@ -66,6 +66,10 @@ class Router:
         self.topic_exists = topic_exists
         self.load = load if load is not None else LoadView()
         self.partitioner = Partitioner(settings.router.partitioner)
+        self.results = results
+        """A ResultCache (streams/result_cache.py), or None: no whole-result reuse."""
+        self.models: dict[str, str] = {}
+        """modality -> model identity, as the encoders publish them (refreshed by the agent)."""
         a = settings.admission
         self.admission = AdmissionLimits(a.max_queued_ms_rt, a.max_queued_ms_bulk) if a.enabled else None
 
@@ -104,8 +108,14 @@ class Router:
             event = Event(req.id, EventKind.ERROR, 0, now_ms(), error=err.to_wire())
             return Routed([out_map(req.reply_to or self.topics.results, req.id, event.to_wire())], "error",
                           str(err.code), lane=str(req.lane), admission="reject")
+        key = self._result_key(req)
+        if key is not None:
+            stored = await self.results.get(key)
+            if stored is not None:
+                return self._answer_from_cache(req, stored, client_sent, started)
         plan = split_request(
             req, topics=self.topics, partitions=self.settings.kafka.partitions, partitioner=self.partitioner,
+            result_key=key,
             cost_ms=self._part_cost, modality_topics=self.settings.router.modality_topics,
             served_modalities=self.served_modalities, client_sent_at_ms=client_sent,
             started_at_ms=started, now_ms=now_ms(), default_deadline_ms=self.settings.limits.default_deadline_ms,
@@ -121,6 +131,37 @@ class Router:
         return Routed(outs, "ok", modality=modalities.pop() if len(modalities) == 1 else "mixed", lane=str(req.lane),
                       queued_ms=max(0.0, started - client_sent), service_ms=m.accepted_at_ms - started,
                       admission="admit" if decision is not None else None)
+
+    def _result_key(self, req: Any) -> str | None:
+        """The whole-result key of an embed request whose parts all have content here and a
+        published model; None when it cannot be cached."""
+        if self.results is None or str(req.task) != "embed" or not self.settings.cache.whole_result:
+            return None
+        from streams.policies.cache_keys import content_digest, result_key
+        from workers.text import normalize
+
+        parts = []
+        for p in req.parts:
+            if str(p.modality) not in self.served_modalities or p.ref is not None:
+                return None
+            content = normalize(p.text).encode() if p.text is not None else p.data
+            parts.append((str(p.modality), content_digest(content or b"")))
+        tenant = None if self.settings.cache.cross_tenant else req.tenant
+        return result_key(tenant=tenant, task="embed", parts=parts, models=self.models)
+
+    def _answer_from_cache(self, req: Any, payload: dict[str, Any], client_sent: float, started: float) -> Routed:
+        now = now_ms()
+        reply_to = req.reply_to or self.topics.results
+        span = {"stage": "route", "queued_ms": round(max(0.0, started - client_sent), 3),
+                "service_ms": round(now - started, 3)}
+        accepted = Event(req.id, EventKind.ACCEPTED, 0, now, payload={"task": "embed", "parts": len(req.parts)})
+        result = Event(req.id, EventKind.RESULT, 1, now, payload=payload,
+                       timings={"e2e_ms": round(now - client_sent, 3), "stages": [span], "parts": []},
+                       cache={"hits": len(req.parts), "misses": 0, "result": "hit"})
+        modalities = {str(p.modality) for p in req.parts}
+        return Routed([out_map(reply_to, req.id, accepted.to_wire()), out_map(reply_to, req.id, result.to_wire())],
+                      "ok", modality=modalities.pop() if len(modalities) == 1 else "mixed", lane=str(req.lane),
+                      queued_ms=span["queued_ms"], service_ms=span["service_ms"], admission="admit")
 
     def _part_cost(self, part: Any) -> float:
         m = str(part.modality)

@@ -110,6 +110,10 @@ class CacheSettings:
     )
     ttl_text_s: int = setting(3600, "How long a text embedding stays reusable.")
     ttl_image_s: int = setting(3600, "How long an image (or video frame chunk) embedding stays reusable.")
+    whole_result: bool = setting(
+        True, "Answer identical embed requests (same tenant, content and models) from the stored answer at the router."
+    )
+    ttl_result_s: int = setting(600, "How long a whole answer stays reusable.")
     timeout_ms: float = setting(50.0, "Redis socket timeout: past it a lookup counts as a miss and a failure.")
     breaker_failures: int = setting(3, "Consecutive Redis failures that open the breaker (cache bypassed).")
     breaker_cooldown_s: float = setting(10.0, "How long the breaker stays open before one trial call.")

@@ -50,6 +50,7 @@ def split_request(
     partitioner: Partitioner | None = None,
     cost_ms: Callable[[Part], float] = lambda part: 1.0,
     modality_topics: bool = True,
+    result_key: str | None = None,
     served_modalities: frozenset[str],
     client_sent_at_ms: float,
     started_at_ms: float,
@@ -68,7 +69,7 @@ def split_request(
         id=req.id, task=str(req.task), tenant=req.tenant, lane=str(req.lane), reply_to=reply_to,
         n_parts=len(req.parts), modalities=[str(p.modality) for p in req.parts], deadline_at_ms=deadline_at,
         accepted_at_ms=now_ms, client_sent_at_ms=client_sent_at_ms, sent_at_ms=now_ms,
-        params=req.params.to_wire(), trace=[router_span],
+        params=req.params.to_wire(), trace=[router_span], result_key=result_key,
     )
     jobs: list[RoutedJob] = []
     failed: list[EncodedPart] = []

@@ -82,6 +82,8 @@ class EncoderLoop:
         self.wake = asyncio.Event()
         self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"engine-{modality}")
         self.cost_observer = costs.CostObserver()
+        self.identity = ""
+        """name/version/precision/preprocessing of the model, published for the result cache."""
         self.redis_url = settings.redis.url
         self._redis: Any = None
 
@@ -101,6 +103,8 @@ class EncoderLoop:
                 self._redis = redis.asyncio.Redis.from_url(self.redis_url, socket_timeout=0.2,
                                                            socket_connect_timeout=0.2)
             await costs.publish(self._redis, self.names.prefix, self.modality, self.cost_observer)
+            if self.identity:
+                await costs.publish_identity(self._redis, self.names.prefix, self.modality, self.identity)
 
     def _install_intake(self, lane: str) -> None:
         topic = raw_topic(self.app, self.names.encode(self.modality, lane))

@@ -28,6 +28,8 @@ class Runner:
     run_batch: Callable[[list[EncodeJob]], list[Any]]
     cost: Callable[[EncodeJob], float]
     calibrate: Callable[[], tuple[float, float]] | None = None
+    identity: str = ""
+    """name/version/precision/preprocessing: what the whole-result cache keys on."""
     """Times one representative batch on the engine itself (no cache): (units, ms). The
     router's cost model starts from it before any real traffic has been observed."""
 
@@ -86,7 +88,8 @@ def text_runner(settings: Settings, metrics: Metrics, stage: str = "encode.text"
         texts = list(_WARMUP_TEXTS)
         return float(sum(pre.count_tokens(t) for t in texts)), _timed(lambda: encoder.embed(texts))
 
-    return Runner(run, lambda job: float(pre.count_tokens(job.text or "")), calibrate)
+    identity = f"{config.name}/{config.version}/{settings.encoder.precision}/{PREPROCESSING_VERSION}"
+    return Runner(run, lambda job: float(pre.count_tokens(job.text or "")), calibrate, identity)
 
 
 def image_runner(settings: Settings, metrics: Metrics, stage: str = "encode.image") -> tuple[Runner, Any]:
@@ -145,7 +148,8 @@ def image_runner(settings: Settings, metrics: Metrics, stage: str = "encode.imag
         images = [_warmup_image(seed) for seed in range(4)]
         return 4.0, _timed(lambda: encoder.encode(images))
 
-    return Runner(run, cost, calibrate), encoder
+    identity = f"{config.name}/{config.version}/{settings.encoder.precision}/{PREPROCESSING_VERSION}"
+    return Runner(run, cost, calibrate, identity), encoder
 
 
 def audio_runner(settings: Settings, metrics: Metrics, stage: str = "encode.audio") -> Runner:
@@ -172,7 +176,8 @@ def audio_runner(settings: Settings, metrics: Metrics, stage: str = "encode.audi
 
     run = with_cache(settings, metrics, "audio", run_batch, lambda job: job.data, config, PREPROCESSING_VERSION,
                      settings.cache.ttl_image_s)
-    return Runner(run, lambda job: 1.0)
+    identity = f"{config.name}/{config.version}/{settings.models.audio_precision}/{PREPROCESSING_VERSION}"
+    return Runner(run, lambda job: 1.0, identity=identity)
 
 
 def generic_runner(settings: Settings, metrics: Metrics) -> Runner:

@@ -44,6 +44,7 @@ def _encoder_installer(modality: str) -> Installer:
                            cost=runner.cost)
         if runner.calibrate is not None:  # the cost model's first numbers, before real traffic
             loop.cost_observer.observe(*runner.calibrate())
+        loop.identity = runner.identity
         loop.install()
 
     return install

@@ -24,3 +24,18 @@ def cache_key(*, modality: str, digest: str, model: str, version: str, precision
         if not value or "|" in value:
             raise ValueError(f"{name} {value!r} cannot be part of a cache key")
     return f"mm:enc:{KEY_VERSION}|{modality}|{model}|{version}|{precision}|{preprocessing}|{scope}|{digest}"
+
+
+def result_key(*, tenant: str | None, task: str, parts: list[tuple[str, str]], models: dict[str, str]) -> str | None:
+    """The key of a whole request's answer: its task, each part's (modality, content digest)
+    in order, and the model identity (name/version/precision/preprocessing) the encoders
+    publish for each modality. None when a modality has no published identity (then the
+    answer is not cached: the key could not say which model made it)."""
+    items = []
+    for modality, digest in parts:
+        identity = models.get(modality)
+        if not identity:
+            return None
+        items.append(f"{modality}={identity}={digest}")
+    scope = f"t={tenant}" if tenant is not None else "shared"
+    return f"mm:res:{KEY_VERSION}|{task}|{scope}|" + content_digest("\n".join(items).encode())

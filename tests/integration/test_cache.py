@@ -74,3 +74,19 @@ async def test_requests_succeed_while_redis_is_down(infra, own_redis):
         assert repeat.payload["parts"][0]["cache"] == "miss"  # Redis is gone: recomputed, not failed
     finally:
         await asyncio.to_thread(pipe.supervisor.stop)
+
+
+async def test_an_identical_request_is_answered_whole_by_the_router(pipeline):
+    text = f"whole answer {new_id()}"
+    image = photo("coffee")
+    async with Client(pipeline.bootstrap, pipeline.prefix) as client:
+        first = await _ask(client, Part(Modality.TEXT, text=text), Part(Modality.IMAGE, data=image, mime="image/jpeg"))
+        again = None
+        for _ in range(20):  # the router learns the encoders' model identities within seconds
+            again = await _ask(client, Part(Modality.TEXT, text=text), Part(Modality.IMAGE, data=image, mime="image/jpeg"))
+            if (again.cache or {}).get("result") == "hit":
+                break
+            await asyncio.sleep(0.5)
+    assert again.cache["result"] == "hit"
+    assert [s["stage"] for s in again.timings["stages"]] == ["route"]
+    assert [p["embedding"] for p in again.payload["parts"]] == [p["embedding"] for p in first.payload["parts"]]

@@ -33,3 +33,16 @@ def test_breaker_opens_after_failures_and_tries_again_after_cooldown():
     assert not b.allow(7)  # failed trial: open again
     b.record(True, 12)
     assert b.allow(12) and b.state == "closed"
+
+
+def test_whole_result_key_names_the_models_and_needs_all_of_them():
+    from streams.policies.cache_keys import result_key
+
+    parts = [("text", content_digest(b"a")), ("image", content_digest(b"b"))]
+    models = {"text": "minilm/1/fp32/p1", "image": "effnet/1/fp32/p2"}
+    key = result_key(tenant="t", task="embed", parts=parts, models=models)
+    assert key is not None
+    assert result_key(tenant="t", task="embed", parts=parts, models={**models, "image": "effnet/2/fp32/p2"}) != key
+    assert result_key(tenant="u", task="embed", parts=parts, models=models) != key
+    assert result_key(tenant="t", task="embed", parts=parts[::-1], models=models) != key
+    assert result_key(tenant="t", task="embed", parts=parts, models={"text": "minilm/1/fp32/p1"}) is None
