@@ -187,6 +187,19 @@ def speech_segments(samples: np.ndarray) -> list[tuple[int, int]]:
     return [(int(s["start"]), int(s["end"])) for s in get_speech_timestamps(samples, options, SAMPLE_RATE)]
 
 
+def normalized_speech(data: bytes, mime: str | None, max_seconds: float) -> bytes | None:
+    """The speech the model hears (16 kHz mono samples inside the VAD's segments, as 16-bit
+    PCM) as bytes: what the reuse cache keys a clip by, so the same words hit whatever the
+    file's format, rate or surrounding silence. None when the clip does not decode."""
+    try:
+        samples = decode_audio(data, mime, max_seconds)
+    except WireError:
+        return None
+    speech = [samples[start:end] for start, end in speech_segments(samples)]
+    joined = np.concatenate(speech) if speech else np.zeros(0, np.float32)
+    return (np.clip(joined, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+
+
 def pack_windows(segments: Sequence[tuple[int, int]], window: int = WINDOW_SAMPLES) -> list[list[tuple[int, int]]]:
     """Group ``segments`` into windows of at most ``window`` samples in total, in order.
 

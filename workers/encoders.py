@@ -174,8 +174,14 @@ def audio_runner(settings: Settings, metrics: Metrics, stage: str = "encode.audi
                 "transcript": r.transcript, "speech_seconds": round(r.speech_seconds, 3), "language": r.language}))
         return out
 
-    run = with_cache(settings, metrics, "audio", run_batch, lambda job: job.data, config, PREPROCESSING_VERSION,
-                     settings.cache.ttl_image_s)
+    from workers.audio import normalized_speech
+
+    max_s = settings.limits.max_audio_seconds
+    # Keyed by the speech the model hears (decoded, resampled, VAD-trimmed): a few ms of
+    # work that saves Whisper's hundreds when the same words come again.
+    run = with_cache(settings, metrics, "audio", run_batch,
+                     lambda job: normalized_speech(job.data, job.mime, max_s) if job.data else None,
+                     config, f"{PREPROCESSING_VERSION}+speech", settings.cache.ttl_image_s)
     identity = f"{config.name}/{config.version}/{settings.models.audio_precision}/{PREPROCESSING_VERSION}"
     return Runner(run, lambda job: 1.0, identity=identity)
 

@@ -124,3 +124,40 @@ def test_streamed_wav_with_a_placeholder_size_is_measured_by_its_data() -> None:
 def test_clip_at_the_limit_is_accepted() -> None:
     samples = decode_audio(wav_bytes(tone(2.0, SAMPLE_RATE), SAMPLE_RATE), "audio/wav", max_seconds=2)
     assert len(samples) == 2 * SAMPLE_RATE
+
+
+def test_the_same_speech_normalizes_the_same_in_another_container():
+    import io
+    import shutil
+    import subprocess
+    import tempfile
+    import wave
+    from pathlib import Path
+
+    import av
+    import numpy as np
+
+    from workers.audio import normalized_speech
+
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng makes the speech; make test installs it")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "s.wav"
+        subprocess.run(["espeak-ng", "-w", str(out), "hello there, general kenobi"], check=True)
+        wav = out.read_bytes()
+    with wave.open(io.BytesIO(wav)) as w:
+        rate, pcm = w.getframerate(), np.frombuffer(w.readframes(w.getnframes()), "<i2")
+    flac = io.BytesIO()
+    with av.open(flac, mode="w", format="flac") as container:  # lossless: the same samples
+        stream = container.add_stream("flac", rate=rate)
+        stream.layout = "mono"
+        frame = av.AudioFrame.from_ndarray(pcm[None, :].copy(), format="s16", layout="mono")
+        frame.sample_rate = rate
+        for packet in stream.encode(frame):
+            container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    a = normalized_speech(wav, "audio/wav", 60)
+    b = normalized_speech(flac.getvalue(), "audio/flac", 60)
+    assert a and a == b
+    assert normalized_speech(b"junk", "audio/wav", 60) is None
