@@ -50,6 +50,21 @@ class EncoderCache:
         self.breaker.record(True, self.clock())
         return values
 
+    def claim(self, keys: Sequence[str], hold_ms: int) -> list[bool]:
+        """Single-flight across replicas: for each key, whether this worker now computes it
+        (SET NX of ``<key>:inflight`` for ``hold_ms``). When the cache is unavailable every
+        key is ours (only time is at stake)."""
+        if not keys or not self.breaker.allow(self.clock()):
+            return [True] * len(keys)
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.set(f"{key}:inflight", b"1", nx=True, px=hold_ms)
+            return [bool(ok) for ok in pipe.execute()]
+        except Exception as exc:
+            self._failed("SET NX", exc)
+            return [True] * len(keys)
+
     def set_many(self, items: Sequence[tuple[str, bytes]]) -> bool:
         if not items or not self.breaker.allow(self.clock()):
             return False
@@ -57,6 +72,7 @@ class EncoderCache:
             pipe = self.client.pipeline(transaction=False)
             for key, value in items:
                 pipe.set(key, value, ex=self.ttl_s)
+                pipe.delete(f"{key}:inflight")
             pipe.execute()
         except Exception as exc:
             self._failed("SET", exc)
@@ -85,16 +101,43 @@ def unpack_output(raw: bytes) -> tuple[np.ndarray, dict[str, Any]]:
 
 class CachingBatch:
     """``run_batch`` with the reuse cache in front. ``key_of(job)`` gives a job's cache key,
-    or None for jobs that are not cached."""
+    or None for jobs that are not cached.
+
+    Single-flight: identical misses in one batch compute once; across replicas, a miss that
+    another worker is computing right now (its ``:inflight`` claim) is waited for, up to
+    ``wait_ms``, and computed here only if it does not appear."""
 
     def __init__(self, run_batch: Callable[[list[EncodeJob]], list[Any]], key_of: Callable[[EncodeJob], str | None],
-                 cache: EncoderCache, metrics: Metrics, modality: str, wire_dtype: str = "float16") -> None:
+                 cache: EncoderCache, metrics: Metrics, modality: str, wire_dtype: str = "float16",
+                 wait_ms: float = 500.0, poll_ms: float = 10.0, sleep: Callable[[float], None] = time.sleep) -> None:
         self.run_batch = run_batch
         self.key_of = key_of
         self.cache = cache
         self.metrics = metrics
         self.modality = modality
         self.wire_dtype = wire_dtype
+        self.wait_ms = wait_ms
+        self.poll_ms = poll_ms
+        self.sleep = sleep
+
+    def _wait_for_others(self, missing: list[str], found: dict[str, tuple[np.ndarray, dict[str, Any]]]) -> None:
+        """Claim the missing keys; for those another worker claimed first, poll for its
+        answer (adding it to ``found``) until it appears or ``wait_ms`` runs out."""
+        ours = self.cache.claim(missing, hold_ms=int(self.wait_ms * 4))
+        theirs = [k for k, mine in zip(missing, ours) if not mine]
+        deadline = time.monotonic() + self.wait_ms / 1000.0
+        while theirs and time.monotonic() < deadline:
+            self.sleep(self.poll_ms / 1000.0)
+            values = self.cache.get_many(theirs)
+            if values is None:
+                return
+            for key, raw in zip(list(theirs), values):
+                if raw is not None:
+                    try:
+                        found[key] = unpack_output(raw)
+                    except Exception:
+                        continue
+                    theirs.remove(key)
 
     def __call__(self, jobs: list[EncodeJob]) -> list[Any]:
         from workers.encode_worker import Encoded
@@ -109,6 +152,9 @@ class CachingBatch:
                     found[key] = unpack_output(raw)
                 except Exception:  # a corrupt entry is a miss
                     log.warning("reuse cache: unreadable entry %s; recomputing", key)
+        missing = [k for k in cacheable if k not in found]
+        if values is not None and missing:
+            self._wait_for_others(missing, found)
         # Each missing key runs once (single-flight within the batch); uncached jobs run as they are.
         todo: list[EncodeJob] = []
         runs_at: dict[str, int] = {}

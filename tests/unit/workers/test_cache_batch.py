@@ -5,12 +5,19 @@ import numpy as np
 
 from schemas.jobs import EncodeJob
 from streams.metrics import Metrics
-from workers.cache import CachingBatch
+import time
+
+from workers.cache import CachingBatch, pack_output
 
 
 class DictCache:
     def __init__(self, up=True):
-        self.store, self.up = {}, up
+        self.store, self.up, self.claims = {}, up, set()
+
+    def claim(self, keys, hold_ms):
+        mine = [k not in self.claims for k in keys]
+        self.claims.update(keys)
+        return mine
 
     def get_many(self, keys):
         return [self.store.get(k) for k in keys] if self.up else None
@@ -60,3 +67,29 @@ def test_cache_down_only_costs_time():
     batch, calls = make(DictCache(up=False))
     out = batch([job(1, "aa"), job(2, "aa")])
     assert [float(o.embedding[0]) for o in out] == [2.0, 2.0] and calls == [["aa"]]
+
+
+def test_a_miss_another_replica_is_computing_is_waited_for_not_recomputed():
+    cache = DictCache()
+    cache.claims.add("k:aa")  # another replica claimed it a moment ago
+    polls = []
+
+    def sleep(_s):  # the other replica's answer lands after the second poll
+        polls.append(_s)
+        if len(polls) == 2:
+            cache.store["k:aa"] = pack_output(np.full(4, 9.0, dtype=np.float32), {}, "float16")
+
+    batch, calls = make(cache)
+    batch.sleep = sleep
+    out = batch([job(1, "aa"), job(2, "bbb")])
+    assert calls == [["bbb"]]  # aa was not computed here
+    assert out[0].cache == "hit" and float(out[0].embedding[0]) == 9.0
+
+
+def test_a_claimed_miss_that_never_appears_is_computed_after_the_wait():
+    cache = DictCache()
+    cache.claims.add("k:aa")
+    batch, calls = make(cache)
+    batch.wait_ms, batch.poll_ms, batch.sleep = 5.0, 1.0, time.sleep
+    out = batch([job(1, "aa")])
+    assert calls == [["aa"]] and out[0].cache == "miss"
