@@ -20,6 +20,7 @@ from streams.app import raw_topic, topic_names
 from streams.assembly import Assembly, AssemblyPolicy, due_at, step
 from streams import costs, topic_reader
 from streams.lagmon import LagReader
+from streams.lanes import install_lane_priority
 from streams.load import LoadView
 from streams.metrics import Metrics, request_modality
 from streams.policies.admission import Backpressure
@@ -125,6 +126,8 @@ def install_assembler(app: faust.App, settings: Settings, metrics: Metrics) -> N
     # rebalance; kept current by the agent in between.
     due: dict[str, tuple[float, str]] = {}
     source = raw_topic(app, *(names.encoded(lane) for lane in LANES))
+    install_lane_priority(app, settings.kafka.bootstrap, settings.kafka.topic_prefix, names.encoded("rt"),
+                          names.encoded("bulk"), settings.admission.rt_backlog_records)
 
     @table.on_recover
     async def rebuild_index() -> None:

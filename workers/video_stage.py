@@ -16,6 +16,7 @@ from schemas.jobs import EncodedPart, EncodeJob
 from schemas.trace import Span, now_ms
 from streams.app import raw_topic, topic_names
 from streams.metrics import Metrics
+from streams.lanes import install_lane_priority
 from streams.produce import Out, out_map, send_all
 from streams.router import ERROR_HEADER
 from streams.settings import Settings
@@ -88,6 +89,8 @@ def install_video_fanout(app: faust.App, settings: Settings, metrics: Metrics) -
     executor = ThreadPoolExecutor(1, thread_name_prefix="video-decode")
     resolver = claim_resolver(settings)
     source = raw_topic(app, *(names.encode("video", lane) for lane in LANES))
+    install_lane_priority(app, settings.kafka.bootstrap, settings.kafka.topic_prefix, names.encode("video", "rt"),
+                          names.encode("video", "bulk"), max(1, settings.admission.rt_backlog_records // 10))
 
     @app.agent(source, name="fanout-video")
     async def fanout(stream: Any) -> None:

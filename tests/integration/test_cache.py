@@ -29,14 +29,17 @@ async def test_a_hit_returns_the_same_embedding_as_the_miss(pipeline):
     image = photo("chelsea")
     async with Client(pipeline.bootstrap, pipeline.prefix) as client:
         first = await _ask(client, Part(Modality.TEXT, text=text), Part(Modality.IMAGE, data=image, mime="image/jpeg"))
-        second = await _ask(client, Part(Modality.TEXT, text=f"  {text} "), Part(Modality.IMAGE, data=image, mime="image/jpeg"))
+        # A third part makes it another request (not a whole-result hit), so its first two
+        # parts show the encoders' cache at work.
+        second = await _ask(client, Part(Modality.TEXT, text=f"  {text} "), Part(Modality.IMAGE, data=image, mime="image/jpeg"),
+                            Part(Modality.TEXT, text=f"another {new_id()}"))
         other_tenant = await _ask(client, Part(Modality.TEXT, text=text), tenant="someone-else")
     # The image may already be cached by an earlier test; the fresh text cannot be.
     assert first.payload["parts"][0]["cache"] == "miss"
-    assert [p["cache"] for p in second.payload["parts"]] == ["hit", "hit"]
-    for a, b in zip(first.payload["parts"], second.payload["parts"]):
+    assert [p["cache"] for p in second.payload["parts"]] == ["hit", "hit", "miss"]
+    for a, b in zip(first.payload["parts"], second.payload["parts"][:2]):
         assert a["embedding"] == b["embedding"] and a["extras"] == b["extras"]
-    assert second.cache == {"hits": 2, "misses": 0}
+    assert second.cache == {"hits": 2, "misses": 1}
     assert other_tenant.payload["parts"][0]["cache"] == "miss"  # tenants do not share by default
 
 
