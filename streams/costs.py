@@ -37,23 +37,15 @@ class CostObserver:
 async def publish(redis: Any, topic_prefix: str, modality: str, observer: CostObserver) -> None:
     if observer.ms_per_unit is None:
         return
-    try:
-        await redis.hset(cost_key(topic_prefix), modality, f"{observer.ms_per_unit:.6f}")
-    except Exception as exc:
-        log.debug("cost publish failed: %r", exc)
+    await _hset(redis, cost_key(topic_prefix), modality, f"{observer.ms_per_unit:.6f}")
 
 
 async def read(redis: Any, topic_prefix: str) -> dict[str, float]:
     """modality -> ms per unit as published; {} when Redis cannot be read."""
-    try:
-        raw = await redis.hgetall(cost_key(topic_prefix))
-    except Exception as exc:
-        log.debug("cost read failed: %r", exc)
-        return {}
     out = {}
-    for k, v in raw.items():
+    for k, v in (await _hgetall(redis, cost_key(topic_prefix))).items():
         try:
-            out[k.decode() if isinstance(k, bytes) else k] = float(v)
+            out[_text(k)] = float(v)
         except (TypeError, ValueError):
             continue
     return out
@@ -66,17 +58,28 @@ def models_key(topic_prefix: str) -> str:
 async def publish_identity(redis: Any, topic_prefix: str, modality: str, identity: str) -> None:
     """Which model (name/version/precision/preprocessing) answers ``modality``: part of the
     whole-result cache key, so a new model never serves an old model's answers."""
-    try:
-        await redis.hset(models_key(topic_prefix), modality, identity)
-    except Exception as exc:
-        log.debug("identity publish failed: %r", exc)
+    await _hset(redis, models_key(topic_prefix), modality, identity)
 
 
 async def read_identities(redis: Any, topic_prefix: str) -> dict[str, str]:
+    return {_text(k): _text(v) for k, v in (await _hgetall(redis, models_key(topic_prefix))).items()}
+
+
+async def _hset(redis: Any, key: str, field: str, value: str) -> None:
+    """Best effort: Redis trouble only means the readers keep their last numbers."""
     try:
-        raw = await redis.hgetall(models_key(topic_prefix))
+        await redis.hset(key, field, value)
     except Exception as exc:
-        log.debug("identity read failed: %r", exc)
+        log.debug("publishing %s failed: %r", key, exc)
+
+
+async def _hgetall(redis: Any, key: str) -> dict[Any, Any]:
+    try:
+        return await redis.hgetall(key)
+    except Exception as exc:
+        log.debug("reading %s failed: %r", key, exc)
         return {}
-    return {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
-            for k, v in raw.items()}
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

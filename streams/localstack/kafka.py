@@ -145,11 +145,7 @@ class LocalKafka:
         An external broker is left alone. The run directory is kept for its log until the
         next start.
         """
-        with procs.state_lock(self.root / "start.lock"):
-            record = procs.read_pid_file(self.pid_file)
-            if record is not None:
-                procs.terminate(record.pid, grace_s, started=record.started)
-                self.pid_file.unlink(missing_ok=True)
+        procs.stop_recorded(self.pid_file, self.root / "start.lock", grace_s)
         return self.status()
 
     def status(self) -> KafkaStatus:

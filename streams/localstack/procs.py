@@ -147,6 +147,16 @@ def terminate(pid: int, grace_s: float, started: int | None = None) -> bool:
     return False
 
 
+def stop_recorded(pid_file: Path, lock_file: Path, grace_s: float) -> None:
+    """Stop the process a pid file records (SIGTERM, SIGKILL after ``grace_s``) and remove
+    the file, under the state lock; a missing file means nothing of ours runs."""
+    with state_lock(lock_file):
+        record = read_pid_file(pid_file)
+        if record is not None:
+            terminate(record.pid, grace_s, started=record.started)
+            pid_file.unlink(missing_ok=True)
+
+
 def require_tool(name: str, install_hint: str) -> str:
     """The path of executable ``name`` on PATH.
 

@@ -106,11 +106,7 @@ class LocalRedis:
 
     def stop(self, grace_s: float = 10) -> RedisStatus:
         """Stop our server (SIGTERM, then SIGKILL after ``grace_s``); an external one is left alone."""
-        with procs.state_lock(self.root / "start.lock"):
-            record = procs.read_pid_file(self.pid_file)
-            if record is not None:
-                procs.terminate(record.pid, grace_s, started=record.started)
-                self.pid_file.unlink(missing_ok=True)
+        procs.stop_recorded(self.pid_file, self.root / "start.lock", grace_s)
         return self.status()
 
     def status(self) -> RedisStatus:
