@@ -111,7 +111,12 @@ def test_silence_around_speech_is_trimmed_and_the_embedding_barely_moves(encoder
     padded = np.concatenate([np.zeros(3 * SAMPLE_RATE), samples, np.zeros(4 * SAMPLE_RATE)])
     plain, trimmed = only(encoder.run_batch([(speech[2], None), (wav(padded), None)]))
     assert abs(plain.speech_seconds - trimmed.speech_seconds) < 0.3
-    assert word_error_rate([plain.transcript], [trimmed.transcript]) <= 0.1
+    # Each transcript is held to the script, not to the other one: Whisper's decoding can
+    # flip a word between two runs whose inputs differ by a few samples, and which word
+    # flips depends on the CPU's vector instructions (seen: AVX-512 vs AVX2). Word for word
+    # equality would test the hardware, not the trimming.
+    for out in (plain, trimmed):
+        assert word_error_rate([SCRIPTS[2]], [out.transcript]) <= MAX_WER, out.transcript
     cos = float(cosine_rows(plain.embedding[None], trimmed.embedding[None])[0])
     print(f"embedding cosine, clip vs clip with 7 s of silence around it: {cos:.4f}")
     assert cos > 0.95
