@@ -30,6 +30,7 @@ demo: models
 	$(MMSTREAM) demo
 
 test: models
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -rs
 
 unit: setup

@@ -11,6 +11,10 @@ import msgpack
 CONTENT_TYPE_HEADER = "content-type"
 MSGPACK = "application/msgpack"
 JSON = "application/json"
+ERROR_HEADER = "x-mm-error"
+"""Header of a dead-lettered record: why it could not be handled (stable code first)."""
+SOURCE_HEADER = "x-mm-source"
+"""Header of a dead-lettered record: topic[partition]@offset it came from."""
 
 
 class DecodeError(ValueError):

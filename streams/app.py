@@ -7,7 +7,7 @@ from typing import Any
 
 import faust
 
-from streams.settings import Settings
+from schemas.settings import Settings
 from streams.topics import TopicNames
 
 

@@ -19,7 +19,8 @@ from typing import Any, AsyncIterator
 
 from schemas.codec import CONTENT_TYPE_HEADER, MSGPACK, DecodeError, pack, unpack
 from schemas.events import Event
-from schemas.request import Request
+from schemas.request import Modality, Part, Request
+from schemas.trace import now_ms
 
 MAX_EVENTS_PER_REQUEST = 4096
 
@@ -144,7 +145,6 @@ class Client:
         """
         if self._producer is None:
             raise ClientError("client not started")
-        from schemas.trace import now_ms
 
         sub = Submission(request_id, now_ms())
         self._pending[request_id] = sub
@@ -177,8 +177,6 @@ class Client:
         self._seen.pop(request_id, None)
 
     async def _read(self) -> None:
-        from schemas.trace import now_ms
-
         assert self._consumer is not None
         async for record in self._consumer:
             sub = self._pending.get(record.key.decode("utf-8", "replace") if record.key else "")
@@ -211,7 +209,6 @@ async def wait_until_serving(bootstrap: str, topic_prefix: str, timeout_s: float
     """
     import time
 
-    from schemas.request import Modality, Part
 
     start = time.monotonic()
     async with Client(bootstrap, topic_prefix) as client:

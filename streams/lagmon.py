@@ -29,8 +29,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
 from aiokafka.errors import KafkaError
 
+from schemas.settings import Settings
 from streams.metrics import Metrics, serve
-from streams.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgpack
 
-from streams.policies.breaker import CircuitBreaker
+from workers.breaker import CircuitBreaker
 
 log = logging.getLogger(__name__)
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from typing import Callable
 
 from schemas.errors import ErrorCode, WireError
 from schemas.jobs import EncodedPart, EncodeJob, Manifest
-from typing import Callable
-
 from schemas.request import Modality, Part, Request, Task
 from schemas.trace import Span
 from streams.policies.partitioning import Partitioner

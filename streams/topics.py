@@ -17,7 +17,7 @@ import logging
 from dataclasses import dataclass, field
 
 from schemas.request import Lane, Modality
-from streams.settings import KafkaSettings
+from schemas.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ import numpy as np
 
 from schemas.jobs import EncodeJob
 from schemas.tensor import from_wire, to_wire
-from streams.metrics import Metrics
-from streams.policies.breaker import CircuitBreaker
+from workers.breaker import CircuitBreaker
+from workers.outputs import Encoded, Observer
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class CachingBatch:
     ``wait_ms``, and computed here only if it does not appear."""
 
     def __init__(self, run_batch: Callable[[list[EncodeJob]], list[Any]], key_of: Callable[[EncodeJob], str | None],
-                 cache: EncoderCache, metrics: Metrics, modality: str, wire_dtype: str = "float16",
+                 cache: EncoderCache, metrics: Observer, modality: str, wire_dtype: str = "float16",
                  wait_ms: float = 500.0, poll_ms: float = 10.0, sleep: Callable[[float], None] = time.sleep) -> None:
         self.run_batch = run_batch
         self.key_of = key_of
@@ -140,8 +140,6 @@ class CachingBatch:
                     theirs.remove(key)
 
     def __call__(self, jobs: list[EncodeJob]) -> list[Any]:
-        from workers.encode_worker import Encoded
-
         keys = [self.key_of(j) for j in jobs]
         cacheable = sorted({k for k in keys if k is not None})
         values = self.cache.get_many(cacheable) if cacheable else None

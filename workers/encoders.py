@@ -16,9 +16,20 @@ import numpy as np
 
 from schemas.errors import ErrorCode, WireError
 from schemas.jobs import EncodeJob
-from streams.metrics import Metrics
-from streams.settings import Settings
-from workers.encode_worker import Encoded
+from schemas.settings import Settings
+from workers import audio, image, text
+from workers.audio import AudioEncoder, normalized_speech
+from workers.breaker import CircuitBreaker
+from workers.cache import CachingBatch, EncoderCache
+from workers.cache_keys import cache_key, content_digest
+from workers.claims import ClaimResolver
+from workers.engines.ctranslate2 import WhisperEngine
+from workers.engines.onnx import OnnxEngine
+from workers.image import ImageEncoder, _warmup_image, load_labels, normalized_pixels
+from workers.outputs import Encoded, Observer
+from workers.repository import ModelRepository
+from workers.text import _WARMUP_TEXTS, TextEncoder, TextPreprocessor, normalize
+from workers.video import FRAME_BYTES, FRAMES_MIME, decode_video, frames_from_bytes
 
 log = logging.getLogger(__name__)
 
@@ -50,18 +61,15 @@ def refs_not_served(job: EncodeJob) -> WireError:
 def claim_resolver(settings: Settings) -> Any:
     from pathlib import Path
 
-    from workers.claims import ClaimResolver
 
     lim = settings.limits
     return ClaimResolver(settings.redis.url, Path(lim.ref_file_root) if lim.ref_file_root else None,
                          lim.max_ref_bytes)
 
 
-def load_engine(settings: Settings, metrics: Metrics, model: str, stage: str, engine_cls: Any = None,
+def load_engine(settings: Settings, metrics: Observer, model: str, stage: str, engine_cls: Any = None,
                 precision: str | None = None) -> tuple[Any, Any]:
     """(model config, loaded engine) for ``model``; reports the engine on the metrics."""
-    from workers.engine import OnnxEngine
-    from workers.repository import ModelRepository
 
     config = ModelRepository(settings.models.repository).resolve(model)
     engine = (engine_cls or OnnxEngine)(config, precision or settings.encoder.precision,
@@ -72,31 +80,25 @@ def load_engine(settings: Settings, metrics: Metrics, model: str, stage: str, en
     return config, engine
 
 
-def text_runner(settings: Settings, metrics: Metrics, stage: str = "encode.text") -> Runner:
-    from workers.text import PREPROCESSING_VERSION, TextEncoder, TextPreprocessor, normalize
-
+def text_runner(settings: Settings, metrics: Observer, stage: str = "encode.text") -> Runner:
     config, engine = load_engine(settings, metrics, settings.models.text_model, stage)
     pre = TextPreprocessor(config.tokenizer_path, config.max_length)
     encoder = TextEncoder(engine, pre, embedding_dim=config.embedding_dim)
     encoder.warmup()
     run = with_cache(settings, metrics, "text", lambda jobs: encoder.run_batch([j.text for j in jobs]),
-                     lambda job: normalize(job.text or "").encode(), config, PREPROCESSING_VERSION,
+                     lambda job: normalize(job.text or "").encode(), config, text.PREPROCESSING_VERSION,
                      settings.cache.ttl_text_s)
-    from workers.text import _WARMUP_TEXTS
 
     def calibrate() -> tuple[float, float]:
         texts = list(_WARMUP_TEXTS)
         return float(sum(pre.count_tokens(t) for t in texts)), _timed(lambda: encoder.embed(texts))
 
-    identity = f"{config.name}/{config.version}/{settings.encoder.precision}/{PREPROCESSING_VERSION}"
+    identity = f"{config.name}/{config.version}/{settings.encoder.precision}/{text.PREPROCESSING_VERSION}"
     return Runner(run, lambda job: float(pre.count_tokens(job.text or "")), calibrate, identity)
 
 
-def image_runner(settings: Settings, metrics: Metrics, stage: str = "encode.image") -> tuple[Runner, Any]:
+def image_runner(settings: Settings, metrics: Observer, stage: str = "encode.image") -> tuple[Runner, Any]:
     """The image pool's runner (photos and video frame chunks) and the ImageEncoder itself."""
-    from workers.image import PREPROCESSING_VERSION, ImageEncoder, load_labels
-    from workers.video import FRAME_BYTES, FRAMES_MIME, frames_from_bytes
-
     config, engine = load_engine(settings, metrics, settings.models.image_model, stage)
     encoder = ImageEncoder(engine, load_labels(config.directory / "labels.json"),
                            max_pixels=settings.limits.max_image_pixels)
@@ -131,7 +133,6 @@ def image_runner(settings: Settings, metrics: Metrics, stage: str = "encode.imag
         # Every image is resized to 224x224 before the engine: one image (or frame) is one unit.
         return max(1.0, len(job.data or b"") / FRAME_BYTES) if job.mime == FRAMES_MIME else 1.0
 
-    from workers.image import normalized_pixels
 
     def content(job: EncodeJob) -> bytes | None:
         # Photos by the pixels the model sees (the same picture hits however it was
@@ -141,21 +142,18 @@ def image_runner(settings: Settings, metrics: Metrics, stage: str = "encode.imag
         return normalized_pixels(job.data, job.mime, settings.limits.max_image_pixels)
 
     run = with_cache(settings, metrics, "image", run_batch, content, config,
-                     f"{PREPROCESSING_VERSION}+pixels+{FRAMES_MIME}", settings.cache.ttl_image_s)
-    from workers.image import _warmup_image
+                     f"{image.PREPROCESSING_VERSION}+pixels+{FRAMES_MIME}", settings.cache.ttl_image_s)
 
     def calibrate() -> tuple[float, float]:
         images = [_warmup_image(seed) for seed in range(4)]
         return 4.0, _timed(lambda: encoder.encode(images))
 
-    identity = f"{config.name}/{config.version}/{settings.encoder.precision}/{PREPROCESSING_VERSION}"
+    identity = f"{config.name}/{config.version}/{settings.encoder.precision}/{image.PREPROCESSING_VERSION}"
     return Runner(run, cost, calibrate, identity), encoder
 
 
-def audio_runner(settings: Settings, metrics: Metrics, stage: str = "encode.audio") -> Runner:
+def audio_runner(settings: Settings, metrics: Observer, stage: str = "encode.audio") -> Runner:
     """Whisper through CTranslate2: transcript plus the speech-pooled encoder embedding."""
-    from workers.audio import PREPROCESSING_VERSION, AudioEncoder, WhisperEngine
-
     config, engine = load_engine(settings, metrics, settings.models.audio_model, stage, WhisperEngine,
                                  settings.models.audio_precision)
     encoder = AudioEncoder(engine, max_seconds=settings.limits.max_audio_seconds)
@@ -174,22 +172,20 @@ def audio_runner(settings: Settings, metrics: Metrics, stage: str = "encode.audi
                 "transcript": r.transcript, "speech_seconds": round(r.speech_seconds, 3), "language": r.language}))
         return out
 
-    from workers.audio import normalized_speech
 
     max_s = settings.limits.max_audio_seconds
     # Keyed by the speech the model hears (decoded, resampled, VAD-trimmed): a few ms of
     # work that saves Whisper's hundreds when the same words come again.
     run = with_cache(settings, metrics, "audio", run_batch,
                      lambda job: normalized_speech(job.data, job.mime, max_s) if job.data else None,
-                     config, f"{PREPROCESSING_VERSION}+speech", settings.cache.ttl_image_s)
-    identity = f"{config.name}/{config.version}/{settings.models.audio_precision}/{PREPROCESSING_VERSION}"
+                     config, f"{audio.PREPROCESSING_VERSION}+speech", settings.cache.ttl_image_s)
+    identity = f"{config.name}/{config.version}/{settings.models.audio_precision}/{audio.PREPROCESSING_VERSION}"
     return Runner(run, lambda job: 1.0, identity=identity)
 
 
-def generic_runner(settings: Settings, metrics: Metrics) -> Runner:
+def generic_runner(settings: Settings, metrics: Observer) -> Runner:
     """The no-routing baseline: one pool for every modality, one queue, one batch loop.
     A video is decoded and its frames encoded right here, not fanned out."""
-    from workers.video import decode_video
 
     text = text_runner(settings, metrics, "encode.any")
     image, image_encoder = image_runner(settings, metrics, "encode.any")
@@ -229,14 +225,11 @@ def generic_runner(settings: Settings, metrics: Metrics) -> Runner:
     return Runner(run_batch, lambda job: 1.0)
 
 
-def with_cache(settings: Settings, metrics: Metrics, modality: str, run_batch: Any,
+def with_cache(settings: Settings, metrics: Observer, modality: str, run_batch: Any,
                content: Callable[[EncodeJob], bytes | None], config: Any, preprocessing: str, ttl_s: int) -> Any:
     """``run_batch`` behind the Redis reuse cache, or as it is when the cache is off."""
     if not settings.cache.enabled:
         return run_batch
-    from streams.policies.breaker import CircuitBreaker
-    from streams.policies.cache_keys import cache_key, content_digest
-    from workers.cache import CachingBatch, EncoderCache
 
     c = settings.cache
     cache = EncoderCache(settings.redis.url, ttl_s, c.timeout_ms / 1000.0,

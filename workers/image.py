@@ -30,7 +30,7 @@ from PIL import Image, ImageOps
 
 from schemas.errors import ErrorCode, WireError
 from workers.isolation import decode_then_encode
-from workers.text import Engine, EncoderOutputError
+from workers.text import EncoderOutputError, Engine
 
 log = logging.getLogger(__name__)
 

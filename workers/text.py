@@ -88,7 +88,7 @@ class TextPreprocessor:
 
 
 class Engine(Protocol):
-    """What the encoder needs of an engine (``workers.engine.OnnxEngine`` is one)."""
+    """What the encoder needs of an engine (``workers.engines.onnx.OnnxEngine`` is one)."""
 
     @property
     def input_names(self) -> tuple[str, ...]: ...

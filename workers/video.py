@@ -19,6 +19,7 @@ import numpy as np
 from PIL import Image
 
 from schemas.errors import ErrorCode, WireError
+from workers.audio import SAMPLE_RATE, decode_stream
 
 FRAMES_MIME = "video/x-mm-frames"
 FRAME_SIDE = 256
@@ -118,7 +119,6 @@ def extract_audio_wav(data: bytes, max_seconds: float) -> bytes | None:
 
     import av
 
-    from workers.audio import SAMPLE_RATE, decode_stream
 
     try:
         with av.open(io.BytesIO(data), mode="r") as container:

@@ -2,8 +2,9 @@
 
 One step is schedule -> execute -> update (as in vLLM v1). The scheduler is pure policy over
 plain data: it does no I/O, knows nothing of the model, and takes ``now`` (monotonic
-seconds) as an argument. The caller executes the ``SchedulerOutput`` (``workers.lm.
-execute_step``) and hands back a ``StepOutput``; call ``update`` once per ``schedule``.
+seconds) as an argument. It fills in the engine's own plan type (``workers.engines.lm.StepPlan``);
+the caller executes it (``workers.engines.lm.execute_step``) and hands back a ``StepOutput``;
+call ``update`` once per ``schedule``.
 
 Per step, in this order, until ``max_tokens_per_step`` tokens are spent:
 
@@ -28,7 +29,9 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Iterable
+
+from workers.engines.lm import PrefillChunk, StepOutput, StepPlan
 
 LANES = ("rt", "bulk")
 
@@ -102,36 +105,24 @@ class SequenceRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class PrefillChunk:
-    """Compute prompt tokens [start, start + num_tokens) of ``seq_id`` this step."""
-
-    seq_id: str
-    start: int
-    num_tokens: int
-    is_last: bool  # the chunk ends the prompt: its logits give the first output token
-
-
-@dataclass(frozen=True, slots=True)
 class SchedulerOutput:
     """One step's work. Every field is a decision the executor carries out."""
 
-    decode: tuple[str, ...]  # sequences that generate one token each, rt first
-    prefill: tuple[PrefillChunk, ...]  # prompt chunks to compute, rt first
+    plan: StepPlan  # what the engine computes this step (the engine's own type), rt first
     dropped: tuple[tuple[str, str], ...]  # (seq_id, reason) ended before this step; free their state
     num_tokens: int  # tokens this step computes: len(decode) + sum of chunk sizes
 
     @property
+    def decode(self) -> tuple[str, ...]:
+        return self.plan.decode
+
+    @property
+    def prefill(self) -> tuple[PrefillChunk, ...]:
+        return self.plan.prefill
+
+    @property
     def is_empty(self) -> bool:
-        return not self.decode and not self.prefill
-
-
-@dataclass(frozen=True, slots=True)
-class StepOutput:
-    """What the executor produced: a token for every decoded sequence and every prefill
-    chunk with ``is_last``; ``stopped`` names sequences whose text hit a stop string."""
-
-    tokens: Mapping[str, int]
-    stopped: frozenset[str] = frozenset()
+        return not self.plan.decode and not self.plan.prefill
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,8 +249,7 @@ class ContinuousBatchScheduler:
                 prefill.append(chunk)
                 budget -= chunk.num_tokens
         out = SchedulerOutput(
-            decode=tuple(decode),
-            prefill=tuple(prefill),
+            plan=StepPlan(decode=tuple(decode), prefill=tuple(prefill)),
             dropped=tuple((f.seq_id, f.reason) for f in dropped),
             num_tokens=self.limits.max_tokens_per_step - budget,
         )

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from streams import localstack
-from streams.settings import Settings
-from streams.supervisor import Supervisor
+from mmstream import localstack
+from mmstream.supervisor import Supervisor
+from schemas.settings import Settings
 from streams.topics import ensure_topics, topic_specs
 
 REPO = Path(__file__).resolve().parents[2]

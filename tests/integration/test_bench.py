@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from streams.bench import BenchConfig, run_bench
-from streams.report import validate, write_report
-from streams.top import run_top
+from mmstream.bench import BenchConfig, run_bench
+from mmstream.report import validate, write_report
+from mmstream.top import run_top
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +46,7 @@ async def test_the_monolith_serves_every_modality_and_generation(infra, monkeypa
     generation with the pipeline's engines (no broker needed: it is one process)."""
     from dataclasses import replace
 
-    import streams.bench as bench
+    import mmstream.bench as bench
 
     # Every request one of the media kinds, so a short run sees video and audio.
     monkeypatch.setattr(bench, "MIXED_KINDS", (("text+video", 0.5), ("text+audio", 0.5)))

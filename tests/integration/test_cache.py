@@ -11,10 +11,10 @@ import time
 
 import pytest
 
+from mmstream.samples import photo
 from schemas.request import Modality, Part, Request
 from streams.client import Client, new_id
 from tests.integration.conftest import start_pipeline
-from streams.samples import photo
 
 pytestmark = pytest.mark.integration
 

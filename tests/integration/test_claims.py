@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import redis
 
+from mmstream.samples import photo, video
 from schemas.request import Modality, Part, Request
 from streams.client import Client, new_id
-from streams.samples import photo, video
 
 pytestmark = pytest.mark.integration
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from mmstream.samples import photo
 from schemas.request import Modality, Params, Part, Request, Task
 from streams.client import Client, new_id
-from streams.samples import photo
 from tests.integration.conftest import start_pipeline
 
 pytestmark = pytest.mark.integration

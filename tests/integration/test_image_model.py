@@ -18,8 +18,8 @@ pytest.importorskip("efficientnet_lite_pytorch")
 pytest.importorskip("skimage")
 
 from schemas.errors import ErrorCode, WireError  # noqa: E402
-from streams.settings import Settings  # noqa: E402
-from workers.engine import OnnxEngine  # noqa: E402
+from schemas.settings import Settings  # noqa: E402
+from workers.engines.onnx import OnnxEngine  # noqa: E402
 from workers.image import ImageEncoder, ImageOutput, load_labels  # noqa: E402
 from workers.models.build import build_models, ensure_built  # noqa: E402
 from workers.models.efficientnet import NAME, sample_photo  # noqa: E402

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 CATS = {"tabby", "tiger cat", "Egyptian cat", "Persian cat", "Siamese cat"}
 
 
-from streams.samples import photo, video
+from mmstream.samples import photo, video
 
 
 def png_header_claiming(width: int, height: int) -> bytes:

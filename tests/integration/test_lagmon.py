@@ -11,9 +11,9 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from schemas.settings import Settings
 from streams.lagmon import LagMonitor, measure_lag
 from streams.metrics import Metrics
-from streams.settings import Settings
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from streams.policies.prompt import PromptSettings, TextPart, build_prompt
+from schemas.settings import Settings
 from streams.policies.scheduler import (
     ContinuousBatchScheduler,
     Finished,
@@ -21,11 +21,11 @@ from streams.policies.scheduler import (
     SequenceRequest,
     StaticBatchScheduler,
 )
-from streams.settings import Settings
-from workers.lm import LMEngine, SamplingParams, StopChecker, execute_step
+from workers.engines.lm import LMEngine, SamplingParams, StopChecker, execute_step
 from workers.models.build import ensure_built
 from workers.models.smollm import NAME
 from workers.prefix_cache import PrefixCache
+from workers.prompt import PromptSettings, TextPart, build_prompt
 from workers.repository import ModelConfig
 
 pytest.importorskip("torch")

@@ -15,8 +15,8 @@ import redis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from streams.localstack import LocalKafka, LocalRedis, LocalStackError, procs
-from streams.settings import LocalSettings
+from mmstream.localstack import LocalKafka, LocalRedis, LocalStackError, procs
+from schemas.settings import LocalSettings
 
 pytestmark = pytest.mark.integration
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from mmstream.samples import photo, video
 from schemas.request import Modality, Part, Request
 from streams.client import Client, new_id
 from tests.integration.conftest import start_pipeline
-from streams.samples import photo, video
 
 pytestmark = pytest.mark.integration
 

@@ -8,11 +8,10 @@ import json
 import numpy as np
 import pytest
 
-from schemas.codec import JSON, MSGPACK, pack
+from schemas.codec import ERROR_HEADER, JSON, MSGPACK, pack
 from schemas.request import Modality, Part, Request
 from schemas.tensor import from_wire
 from streams.client import Client, new_id
-from streams.router import ERROR_HEADER
 from tests.integration.kafka_io import read_to_end, terminal_events
 
 pytestmark = pytest.mark.integration
@@ -27,7 +26,7 @@ SENTENCES = [
 
 
 def direct_embeddings(settings, texts, precision="fp32"):
-    from workers.engine import OnnxEngine
+    from workers.engines.onnx import OnnxEngine
     from workers.repository import ModelRepository
     from workers.text import TextEncoder, TextPreprocessor
 

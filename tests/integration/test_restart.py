@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos.runner import load, run_scenario
+from mmstream.chaos import load, run_scenario
 
 pytestmark = pytest.mark.integration
 

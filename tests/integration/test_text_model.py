@@ -12,8 +12,8 @@ import time
 import numpy as np
 import pytest
 
-from streams.settings import Settings
-from workers.engine import OnnxEngine
+from schemas.settings import Settings
+from workers.engines.onnx import OnnxEngine
 from workers.models.build import build_models, ensure_built
 from workers.models.fidelity import FIDELITY_SENTENCES, cosine_rows
 from workers.models.minilm import NAME, package_dir

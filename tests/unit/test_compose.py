@@ -6,8 +6,8 @@ from pathlib import Path
 
 import yaml
 
-from streams.settings import LocalSettings
-from workers.runner import STAGES
+from schemas.settings import LocalSettings
+from streams.stages.runner import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import yaml
 
-from streams.settings import Settings
+from schemas.settings import Settings
+from streams.stages.runner import STAGES
 from streams.topics import TopicNames
-from workers.runner import STAGES
 
 DOCS = list(yaml.safe_load_all((Path(__file__).resolve().parents[2] / "infra" / "k8s" / "mmstream.yaml").read_text()))
 

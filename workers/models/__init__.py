@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from workers.models import build
+
 __all__ = ["BuildReport", "build_models", "ensure_built"]
 
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from workers.models import build
 
         return getattr(build, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

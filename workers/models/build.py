@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
-from workers.models import efficientnet, minilm, whisper, smollm
+from schemas.settings import Settings
+from workers.models import efficientnet, minilm, smollm, whisper
 from workers.repository import (
     CONFIG_FILE,
     ModelConfig,
@@ -215,7 +216,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rebuild even when up to date")
     args = parser.parse_args(argv)
     if args.root is None:
-        from streams.settings import Settings  # the entry point resolves settings once
 
         args.root = Settings.from_env().models.repository
     for report in build_models(args.root, args.names or None, force=args.force):

@@ -218,7 +218,11 @@ def _export(module: Any, path: Path) -> None:
 
 def _quantize_static(src: Path, dst: Path, calibration: np.ndarray) -> None:
     from onnxruntime.quantization import (
-        CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static,
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
     )  # fmt: skip
 
     class Batches(CalibrationDataReader):

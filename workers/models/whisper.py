@@ -37,9 +37,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from workers.audio import (
-    MAX_DECODE_TOKENS, MEL_FRAMES, PREPROCESSING_VERSION, AudioEncoder, WhisperEngine, decode_audio,
-)  # fmt: skip
+from workers.audio import MEL_FRAMES, PREPROCESSING_VERSION, AudioEncoder, decode_audio
+from workers.engines.ctranslate2 import MAX_DECODE_TOKENS, WhisperEngine
 from workers.models.fidelity import compare
 from workers.repository import ModelConfig, TensorSpec, VariantSpec
 

@@ -3,7 +3,8 @@ import json
 
 import msgpack
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from schemas import ErrorCode, Limits, Modality, Part, Request, WireError, pack, unpack
 from schemas.codec import DecodeError

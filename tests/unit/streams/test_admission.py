@@ -1,7 +1,8 @@
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from schemas.errors import ErrorCode
-from streams.policies.admission import Admit, AdmissionLimits, Backpressure, CostModel, Reject, admit
+from streams.policies.admission import AdmissionLimits, Admit, Backpressure, CostModel, Reject, admit
 
 LIMITS = AdmissionLimits(max_queued_ms_rt=1000, max_queued_ms_bulk=200)
 

@@ -1,5 +1,6 @@
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from schemas.errors import ErrorCode, WireError
 from schemas.jobs import DeadlineTick, EncodedPart, Manifest

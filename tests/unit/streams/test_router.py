@@ -2,10 +2,11 @@ import asyncio
 import json
 
 from schemas import pack, unpack
+from schemas.codec import ERROR_HEADER
 from schemas.events import Event
 from schemas.jobs import EncodeJob, fan_in_from_wire
-from streams.router import ERROR_HEADER, Router
-from streams.settings import Settings, env_name
+from schemas.settings import Settings, env_name
+from streams.stages.router import Router
 
 
 def make_router(**env):

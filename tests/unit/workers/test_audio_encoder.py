@@ -14,7 +14,12 @@ pytest.importorskip("faster_whisper")
 from schemas.errors import ErrorCode, WireError  # noqa: E402
 from workers import audio  # noqa: E402
 from workers.audio import (  # noqa: E402
-    SAMPLE_RATE, WINDOW_SAMPLES, AudioEncoder, AudioOutput, pack_windows, pooled_embedding,
+    SAMPLE_RATE,
+    WINDOW_SAMPLES,
+    AudioEncoder,
+    AudioOutput,
+    pack_windows,
+    pooled_embedding,
 )  # fmt: skip
 
 DIM = 8

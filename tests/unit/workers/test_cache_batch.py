@@ -1,12 +1,12 @@
 """The reuse-cache wrapper's bookkeeping (no Redis here: a dict stands in for the store,
 because what is tested is which jobs run and what each slot gets back)."""
 
+import time
+
 import numpy as np
 
 from schemas.jobs import EncodeJob
 from streams.metrics import Metrics
-import time
-
 from workers.cache import CachingBatch, pack_output
 
 

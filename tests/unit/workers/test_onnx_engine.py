@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workers.engine import EngineError, OnnxEngine
+from workers.engines.onnx import EngineError, OnnxEngine
 from workers.repository import ModelConfig, ModelNotFoundError
 
 onnx = pytest.importorskip("onnx")  # only to write the test graph; the engine does not need it

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
+from mmstream.samples import video
 from schemas.errors import ErrorCode, WireError
-from streams.samples import video
 from workers.video import FRAME_SIDE, chunk_frames, decode_video, frames_from_bytes
 
 

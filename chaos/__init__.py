@@ -1,1 +1,0 @@
-"""Fault scenarios as data, and the runner that checks the invariants after them."""

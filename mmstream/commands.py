@@ -1,0 +1,222 @@
+"""What each `mmstream` command does (the parser lives in cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from mmstream import localstack
+from mmstream.console import event_line
+from mmstream.localstack import LocalStackError
+from mmstream.supervisor import DEFAULT_REPLICAS, Supervisor, parse_replicas
+from schemas.codec import JSON
+from schemas.request import Lane, Modality, Part, Request, Task
+from schemas.settings import Settings, describe
+from streams.client import Client, new_id, wait_until_serving
+from streams.stages import STAGES
+from streams.topics import ensure_topics, topic_specs
+from workers.repository import ModelNotFoundError, ModelRepository
+
+
+class UserError(Exception):
+    """Something the person running the command can fix; printed as one sentence."""
+
+
+def run(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
+    handler = {
+        "up": cmd_up, "down": cmd_down, "status": cmd_status, "config": cmd_config, "worker": cmd_worker,
+        "send": cmd_send, "demo": cmd_demo, "bench": cmd_bench, "top": cmd_top, "models": cmd_models,
+    }[args.command]
+    return handler(args, settings, repo_root)
+
+
+def _localstack_call(fn: Any, *a: Any, **kw: Any) -> Any:
+    try:
+        return fn(*a, **kw)
+    except LocalStackError as exc:
+        raise UserError(str(exc)) from None
+
+
+def cmd_up(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
+    kafka, redis = _localstack_call(localstack.up, settings, repo_root)
+    print(f"kafka  {kafka.bootstrap}  pid={kafka.pid}  {'external' if kafka.external else 'local'}")
+    print(f"redis  {settings.redis.url}  pid={redis.pid}")
+    created = asyncio.run(ensure_topics(settings.kafka.bootstrap, topic_specs(settings.kafka),
+                                        settings.kafka.replication_factor))
+    if created:
+        print(f"topics created: {len(created)}")
+    if args.infra_only:
+        return 0
+    try:
+        replicas = {**DEFAULT_REPLICAS, **parse_replicas(args.replicas)}
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    _ensure_models(settings)
+    workers = Supervisor(settings).start(replicas)
+    for w in workers:
+        print(f"worker {w.stage}[{w.replica}]  pid={w.pid}  log={w.log_file}")
+    print("waiting for the pipeline to answer a probe request ...", flush=True)
+    elapsed = asyncio.run(_probe(settings, args.timeout))
+    print(f"ready: a probe request was answered end to end ({elapsed:.1f} s after start)")
+    print("stop everything with: mmstream down")
+    return 0
+
+
+def _ensure_models(settings: Settings) -> None:
+    try:
+        m = settings.models
+        for name in (m.text_model, m.image_model, m.audio_model, m.lm_model):
+            ModelRepository(settings.models.repository).resolve(name)
+    except ModelNotFoundError as exc:
+        raise UserError(f"{exc} (run: mmstream models build)") from None
+
+
+async def _probe(settings: Settings, timeout_s: float) -> float:
+    try:
+        return await wait_until_serving(settings.kafka.bootstrap, settings.kafka.topic_prefix, timeout_s)
+    except TimeoutError:
+        raise UserError(f"the pipeline did not answer within {timeout_s:.0f} s; see the worker logs "
+                        f"({settings.local.state_dir / 'workers'})") from None
+
+
+def cmd_down(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
+    n = Supervisor(settings).stop()
+    print(f"workers stopped: {n}")
+    kafka, redis = _localstack_call(localstack.down, settings, repo_root)
+    print(f"kafka  {'running (external, left alone)' if kafka.running else 'stopped'}")
+    print(f"redis  {'running (external, left alone)' if redis.running else 'stopped'}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
+    kafka, redis = _localstack_call(localstack.status, settings, repo_root)
+    print(f"kafka   {kafka.bootstrap:<22} {'healthy' if kafka.healthy else 'DOWN':<8} pid={kafka.pid}"
+          f"{' (external)' if kafka.external else ''}  data={kafka.data_dir}  log={kafka.log_file}")
+    print(f"redis   {settings.redis.url:<22} {'healthy' if redis.healthy else 'DOWN':<8} pid={redis.pid}")
+    workers = Supervisor(settings).workers()
+    if not workers:
+        print("workers none (start them with: mmstream up)")
+    for w in workers:
+        port = w.metrics_port
+        metrics = f"metrics=http://127.0.0.1:{port}/metrics" if port else "metrics=(not bound yet)"
+        print(f"worker  {w.stage + '[' + str(w.replica) + ']':<22} {'running' if w.alive else 'DEAD':<8} "
+              f"pid={w.pid}  {metrics}  log={w.log_file}")
+    healthy = kafka.healthy and redis.healthy and all(w.alive for w in workers)
+    return 0 if healthy else 1
+
+
+def cmd_config(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
+    for var, value, doc in describe(settings):
+        print(f"{var}={value}\n    {doc}")
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
+    if args.stage not in STAGES:
+        raise UserError(f"unknown stage {args.stage!r}; stages: {', '.join(STAGES)}")
+    from streams.stages.runner import run_stage  # loads Faust and the engines: only for this command
+
+    run_stage(settings, args.stage, args.replica, args.loglevel)
+    return 0
+
+
+def cmd_send(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
+    if args.json:
+        payload: dict[str, Any] = json.loads(args.json.read_text())
+        payload.setdefault("id", new_id())
+        return asyncio.run(_send_raw(settings, payload, args.timeout))
+    parts = [Part(Modality.TEXT, text=t) for t in args.text]
+    for media in ("image", "audio", "video"):
+        for path in getattr(args, media):
+            parts.append(_file_part(Modality(media), path, settings))
+    if not parts:
+        raise UserError("give at least one part: --text TEXT, --image/--audio/--video PATH (or --json FILE)")
+    req = Request(id=new_id(), parts=tuple(parts), task=Task(args.task), lane=Lane(args.lane),
+                  deadline_ms=args.deadline_ms)
+    return asyncio.run(_send(settings, req, args.timeout))
+
+
+def _file_part(modality: Any, path: Path, settings: Settings) -> Any:
+    import mimetypes
+
+
+    if not path.is_file():
+        raise UserError(f"{path} is not a file")
+    # Over the inline limit, the client stores the bytes in Redis and sends a claim check.
+    return Part(modality, data=path.read_bytes(), mime=mimetypes.guess_type(path.name)[0])
+
+
+async def _send(settings: Settings, req: Any, timeout_s: float) -> int:
+    async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix, redis_url=settings.redis.url,
+                      inline_limit_bytes=settings.limits.max_inline_bytes,
+                      claim_ttl_s=settings.limits.claim_ttl_s) as client:
+        return await _follow(await client.submit(req), timeout_s)
+
+
+async def _follow(sub: Any, timeout_s: float) -> int:
+    """Print each event of ``sub`` as a JSON line; 0 on a result, 1 on an error, 3 on silence."""
+
+    try:
+        async for event in sub.events(timeout_s):
+            print(event_line(event), flush=True)
+            if event.terminal:
+                return 0 if event.kind == "result" else 1
+    except asyncio.TimeoutError:
+        print(f"mmstream: no answer to {sub.id} within {timeout_s:.0f} s", file=sys.stderr)
+        return 3
+    return 1
+
+
+async def _send_raw(settings: Settings, payload: dict[str, Any], timeout_s: float) -> int:
+    """Send a JSON request exactly as written (JSON on the wire), then follow its events."""
+
+    async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix) as client:
+        rid = str(payload["id"])
+        payload.setdefault("reply_to", client.reply_to)
+        sub = await client.submit_raw(rid, json.dumps(payload).encode(), JSON, str(payload.get("lane", "rt")))
+        return await _follow(sub, timeout_s)
+
+
+def cmd_demo(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
+    from mmstream.demo import run_demo  # the sample media need PIL, PyAV and espeak: only here
+
+    return asyncio.run(run_demo(settings))
+
+
+def cmd_bench(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
+    from mmstream import bench  # the monolithic baseline loads the engines: only for this command
+
+    return bench.cli_main(args, settings)
+
+
+def cmd_top(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
+    from mmstream import top  # rich's live view: only for this command
+
+    return top.cli_main(args, settings)
+
+
+def cmd_models(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
+    if args.models_command == "list":
+
+        repo = ModelRepository(settings.models.repository)
+        root = settings.models.repository
+        names = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.exists() else []
+        if not names:
+            print(f"no models in {root} (run: mmstream models build)")
+        for name in names:
+            for version in repo.versions(name):
+                cfg = repo.resolve(name, version)
+                variants = ", ".join(f"{k} ({v.bytes / 1e6:.1f} MB)" for k, v in cfg.variants.items())
+                print(f"{name} {version}: {variants}  fidelity={json.dumps({k: v.fidelity for k, v in cfg.variants.items()})}")
+        return 0
+    from workers.models.build import build_models  # the exporters' import graph: only for this command
+
+    try:
+        build_models(settings.models.repository, names=args.only, force=args.force)  # logs one line per model
+    except ImportError as exc:  # the exporters import torch & co. only when a model must be built
+        raise UserError(f"the model build needs the build extra ({exc}): pip install -e '.[build]'") from None
+    return 0

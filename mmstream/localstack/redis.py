@@ -1,0 +1,182 @@
+"""A local Redis for `mmstream up` and the integration tests: the reuse cache, nothing durable.
+
+Configured from infra/redis/redis.conf (loopback only, a memory cap with LRU eviction, no
+persistence). Its state lives under ``<state_dir>/redis``: ``redis.json`` (pid file),
+``redis.conf`` (the filled template) and ``redis.log``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from string import Template
+from urllib.parse import urlsplit
+
+import redis
+
+from mmstream.localstack import procs
+from mmstream.localstack.procs import LocalStackError
+from schemas.settings import LocalSettings
+
+_TEMPLATE = Path(__file__).resolve().parents[2] / "infra" / "redis" / "redis.conf"
+_HINT = "Redis is needed for the local cache: sudo apt-get install redis-server"
+
+
+@dataclass(frozen=True)
+class RedisStatus:
+    """What `mmstream status` shows about Redis."""
+
+    running: bool  # a server answers on the URL's port (or, if ours, its process lives)
+    pid: int | None  # our server's pid; None when not running or external
+    url: str
+    healthy: bool  # answered PING just now
+    external: bool  # a server we did not start (never stopped by us)
+    used_memory_bytes: int | None
+    maxmemory_bytes: int | None  # 0 means no cap
+    maxmemory_policy: str | None
+    log_file: Path | None  # our server's log
+
+
+class LocalRedis:
+    """Start, stop and inspect the local Redis that ``url`` points at.
+
+    ``template`` defaults to infra/redis/redis.conf of this checkout.
+    """
+
+    def __init__(self, local: LocalSettings, url: str, template: Path = _TEMPLATE,
+                 probe_timeout_s: float = 2.0) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("redis", "rediss") or not parts.hostname:
+            raise LocalStackError(f"Redis URL {url!r} is not redis://host:port/db.")
+        self.local = local
+        self.url = url
+        self.host = parts.hostname
+        self.port = parts.port or 6379
+        self.template = template
+        self.root = local.state_dir / "redis"
+        self.pid_file = self.root / "redis.json"
+        self.conf = self.root / "redis.conf"
+        self.log_file = self.root / "redis.log"
+        self.probe_timeout_s = probe_timeout_s
+
+    def ensure_installed(self) -> str:
+        """The path of redis-server, installed with apt-get when missing and we are root.
+
+        Raises LocalStackError saying how to install it when that is not possible.
+        """
+        found = shutil.which("redis-server")
+        if found:
+            return found
+        if os.geteuid() != 0 or shutil.which("apt-get") is None:
+            raise LocalStackError(_HINT)
+        install = ["apt-get", "install", "-y", "-q", "redis-server"]
+        try:
+            procs.run_tool(install, "Installing redis-server", timeout_s=600)
+        except LocalStackError:
+            # Usually a stale or empty package index (fresh containers ship none).
+            procs.run_tool(["apt-get", "update", "-q"], "Updating the apt package index", timeout_s=600)
+            procs.run_tool(install, "Installing redis-server", timeout_s=600)
+        return procs.require_tool("redis-server", _HINT)
+
+    def start(self, timeout_s: float = 15) -> RedisStatus:
+        """Make a Redis answer PING at the URL and return its status.
+
+        Idempotent: our server already running is reused; a server someone else runs on
+        the port is reused and reported ``external``. Raises LocalStackError, with the last
+        20 log lines, if ours exits or does not answer within ``timeout_s`` seconds.
+        """
+        deadline = time.monotonic() + timeout_s
+        with procs.state_lock(self.root / "start.lock"):
+            record = procs.read_pid_file(self.pid_file)
+            if record is None or not record.is_running():
+                if self._ping():
+                    return self.status()
+                self._check_port_free()
+                record = self._launch(self.ensure_installed())
+            try:
+                self._wait_ready(record, deadline)
+            except LocalStackError:
+                procs.terminate(record.pid, grace_s=5, started=record.started)
+                self.pid_file.unlink(missing_ok=True)
+                raise
+        return self.status()
+
+    def stop(self, grace_s: float = 10) -> RedisStatus:
+        """Stop our server (SIGTERM, then SIGKILL after ``grace_s``); an external one is left alone."""
+        procs.stop_recorded(self.pid_file, self.root / "start.lock", grace_s)
+        return self.status()
+
+    def status(self) -> RedisStatus:
+        """Our server's state if it runs, else whether some other server answers at the URL."""
+        record = procs.read_pid_file(self.pid_file)
+        ours = record is not None and record.is_running()
+        memory = self._memory_info()
+        healthy = memory is not None
+        memory = memory or {}
+        return RedisStatus(
+            running=ours or healthy,
+            pid=record.pid if ours and record else None,
+            url=self.url,
+            healthy=healthy,
+            external=healthy and not ours,
+            used_memory_bytes=memory.get("used_memory"),
+            maxmemory_bytes=memory.get("maxmemory"),
+            maxmemory_policy=memory.get("maxmemory_policy"),
+            log_file=self.log_file if ours else None,
+        )
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _check_port_free(self) -> None:
+        if procs.is_port_open(self.host, self.port):
+            raise LocalStackError(
+                f"Port {self.port} on {self.host} is taken by something that does not answer Redis "
+                "PING; free it or set MMSTREAM_REDIS_URL to another port.")
+        if not procs.is_loopback(self.host):
+            raise LocalStackError(
+                f"No Redis answers at {self.url}, and `mmstream up` only starts one on this "
+                "machine's loopback address (127.0.0.1 or localhost).")
+
+    def _launch(self, server: str) -> procs.PidRecord:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.conf.write_text(Template(self.template.read_text()).substitute(
+            host=self.host, port=self.port, dir=self.root, logfile=self.log_file,
+            maxmemory_mb=self.local.redis_maxmemory_mb))
+        self.log_file.write_bytes(b"")  # so a failure's tail shows this run, not the last
+        pid = procs.start_detached([server, str(self.conf)], self.log_file, cwd=self.root)
+        return procs.write_pid_file(self.pid_file, pid, url=self.url)
+
+    def _wait_ready(self, record: procs.PidRecord, deadline: float) -> None:
+        while True:
+            if not record.is_running():
+                raise LocalStackError(f"redis-server exited while starting; {self.log_file} ends with:\n"
+                                      + procs.tail(self.log_file))
+            if self._ping():
+                return
+            if time.monotonic() >= deadline:
+                raise LocalStackError(f"redis-server did not answer PING in time; {self.log_file} "
+                                      "ends with:\n" + procs.tail(self.log_file))
+            time.sleep(0.05)
+
+    def _client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.url, socket_connect_timeout=self.probe_timeout_s,
+                                    socket_timeout=self.probe_timeout_s)
+
+    def _ping(self) -> bool:
+        return self._memory_info() is not None
+
+    def _memory_info(self) -> dict | None:
+        """INFO memory of the server at the URL, or None if it does not answer as Redis."""
+        if not procs.is_port_open(self.host, self.port):
+            return None
+        client = self._client()
+        try:
+            client.ping()
+            return client.info("memory")
+        except (redis.RedisError, OSError):
+            return None
+        finally:
+            client.close()

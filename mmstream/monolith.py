@@ -1,0 +1,346 @@
+"""The baseline the pipeline is measured against: a traditional monolithic server.
+
+The same engines and models as the pipeline's encoders (``TextEncoder`` and
+``ImageEncoder`` over ``OnnxEngine``, from the same model repository), in ONE process
+behind ONE FIFO queue with fixed batching: collect up to ``max_batch_size`` requests or
+until the oldest has waited ``max_wait_s``, run the whole batch (every text part in one
+text-engine call, then every image part in one image-engine call), answer it, take the
+next. No broker hop, no serialization, no per-modality pools: what the pipeline's
+overhead is weighed against.
+
+``fifo_next`` is the batching policy as pure code; ``Monolith`` carries it out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from schemas.request import Modality, Request, Task
+from schemas.settings import Settings
+from schemas.trace import now_ms
+from streams.policies.scheduler import SchedulerLimits, SequenceRequest, StaticBatchScheduler
+from streams.stages.generator import prompt_parts
+from workers import prompt as P
+from workers.audio import AudioEncoder
+from workers.engines.ctranslate2 import WhisperEngine
+from workers.engines.lm import LMEngine, SamplingParams, StopChecker, execute_step
+from workers.engines.onnx import OnnxEngine
+from workers.image import ImageEncoder, load_labels
+from workers.repository import ModelRepository
+from workers.text import TextEncoder, TextPreprocessor
+from workers.video import decode_video, extract_audio_wav
+
+
+@dataclass(frozen=True, slots=True)
+class FifoLimits:
+    """Fixed batching of the monolith."""
+
+    max_batch_size: int = 16
+    """Most requests in one batch (all their parts ride along)."""
+    max_wait_s: float = 0.004
+    """How long the oldest queued request waits for company before its batch runs anyway."""
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1 or self.max_wait_s < 0:
+            raise ValueError(f"invalid FIFO limits {self}")
+
+
+@dataclass(frozen=True, slots=True)
+class Take:
+    """Run the first ``n`` queued requests now."""
+
+    n: int
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    until: float
+    """Monotonic seconds at which the oldest request's batch is due even with no arrivals."""
+
+
+def fifo_next(arrivals: Sequence[float], now: float, limits: FifoLimits) -> Take | Wait | None:
+    """What the monolith does next, given the monotonic arrival times of its queue (oldest
+    first): ``Take(n)`` of the head when ``max_batch_size`` requests wait or the oldest has
+    waited ``max_wait_s``; ``Wait(until)`` otherwise; None when the queue is empty.
+
+    Strict FIFO: a batch is always a prefix of the queue, never more than
+    ``max_batch_size`` long, and every queued request is eventually taken.
+    """
+    if not arrivals:
+        return None
+    if len(arrivals) >= limits.max_batch_size:
+        return Take(limits.max_batch_size)
+    due = arrivals[0] + limits.max_wait_s
+    if now >= due:
+        return Take(len(arrivals))
+    return Wait(due)
+
+
+@dataclass
+class Outcome:
+    """One request's life in the monolith (epoch milliseconds, like the pipeline's spans)."""
+
+    request: Request
+    arrived_at_ms: float
+    spans: list[dict[str, Any]] = field(default_factory=list)
+    """``{stage, queued_ms, service_ms}`` per engine call the request rode in, in order."""
+    finished_at_ms: float | None = None
+    errors: list[str] = field(default_factory=list)
+    batch_size: int = 0
+    ttft_ms: float | None = None
+    """Generation: arrival to the first generated token (the monolith does not stream, so
+    this is when the token existed, not when a client could have seen it)."""
+    tpot_ms: float | None = None
+
+    @property
+    def e2e_ms(self) -> float:
+        assert self.finished_at_ms is not None
+        return self.finished_at_ms - self.arrived_at_ms
+
+
+class Engines:
+    """The text and image encoders of the pipeline, loaded and warmed in this process."""
+
+    def __init__(self, settings: Settings, need_image: bool = True, need_media: bool = False,
+                 need_lm: bool = False) -> None:
+        """Text always; the image encoder for images and video frames; with ``need_media``
+        the audio encoder and video decoding; with ``need_lm`` the generator's LM."""
+
+        e = settings.encoder
+        repo = ModelRepository(settings.models.repository)
+        tcfg = repo.resolve(settings.models.text_model)
+        tengine = OnnxEngine(tcfg, e.precision, e.intra_op_threads, allow_spinning=e.allow_spinning)
+        self.info = {"encode.text": _info(tengine.load())}
+        self.text = TextEncoder(tengine, TextPreprocessor(tcfg.tokenizer_path, tcfg.max_length),
+                                embedding_dim=tcfg.embedding_dim)
+        self.text.warmup()
+        self.image = None
+        if need_image:
+            icfg = repo.resolve(settings.models.image_model)
+            iengine = OnnxEngine(icfg, e.precision, e.intra_op_threads, allow_spinning=e.allow_spinning)
+            self.info["encode.image"] = _info(iengine.load())
+            self.image = ImageEncoder(iengine, load_labels(icfg.directory / "labels.json"),
+                                      max_pixels=settings.limits.max_image_pixels, embedding_dim=icfg.embedding_dim)
+            self.image.warmup()
+        self.settings = settings
+        self.audio = None
+        if need_media:
+
+            acfg = repo.resolve(settings.models.audio_model)
+            aengine = WhisperEngine(acfg, settings.models.audio_precision, e.intra_op_threads)
+            self.info["encode.audio"] = _info(aengine.load())
+            self.audio = AudioEncoder(aengine, max_seconds=settings.limits.max_audio_seconds)
+            self.audio.warmup()
+        self.lm = None
+        if need_lm:
+            import tokenizers
+
+
+            g = settings.generator
+            lcfg = repo.resolve(settings.models.lm_model)
+            self.lm = LMEngine.from_config(lcfg, g.precision, intra_op_threads=e.intra_op_threads)
+            self.tokenizer = tokenizers.Tokenizer.from_file(str(lcfg.tokenizer_path))
+            self.stops = StopChecker(self.tokenizer, self.lm.eos_token_ids)
+            self.info["generate"] = {"model": lcfg.name, "version": lcfg.version, "precision": g.precision,
+                                     "provider": self.lm.provider}
+
+    def floor_ms(self, text: str, image: tuple[bytes, str] | None, repeats: int = 20) -> dict[str, float]:
+        """Median service time of each engine alone at batch 1 (encoder call included:
+        tokenizing, or decoding and preprocessing the image), in milliseconds."""
+        out = {"encode.text": _median_ms(lambda: self.text.run_batch([text]), repeats)}
+        if self.image is not None and image is not None:
+            out["encode.image"] = _median_ms(lambda: self.image.run_batch([image]), repeats)
+        return out
+
+
+def _info(info: Any) -> dict[str, str]:
+    return {"model": info.model, "version": info.version, "precision": info.precision, "provider": info.provider}
+
+
+def _median_ms(fn: Any, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1000.0)
+    times.sort()
+    return round(times[len(times) // 2], 3)
+
+
+class Monolith:
+    """One FIFO queue, one engine thread, fixed batching (``fifo_next``).
+
+    ``submit`` is called from the event loop at each arrival; ``run`` serves until
+    ``close`` and the queue is empty. Every submitted request gets exactly one ``Outcome``
+    with ``finished_at_ms`` set (errors per part in ``errors``).
+    """
+
+    def __init__(self, engines: Engines, limits: FifoLimits) -> None:
+        self.engines = engines
+        self.limits = limits
+        self.queue: deque[tuple[float, Outcome]] = deque()
+        self.outcomes: list[Outcome] = []
+        self.batch_sizes: list[int] = []
+        self._wake = asyncio.Event()
+        self._closed = False
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="monolith-engine")
+
+    def submit(self, request: Request) -> Outcome:
+        out = Outcome(request, now_ms())
+        self.outcomes.append(out)
+        self.queue.append((time.monotonic(), out))
+        self._wake.set()
+        return out
+
+    def close(self) -> None:
+        """No more arrivals: ``run`` returns once the queue is drained."""
+        self._closed = True
+        self._wake.set()
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                decision = fifo_next([t for t, _ in self.queue], time.monotonic(), self.limits)
+                if decision is None and self._closed:
+                    return
+                if isinstance(decision, Take):
+                    batch = [self.queue.popleft()[1] for _ in range(decision.n)]
+                    self.batch_sizes.append(len(batch))
+                    await loop.run_in_executor(self._executor, self._run_batch, batch)
+                    continue
+                self._wake.clear()
+                timeout = None if decision is None else max(0.0, decision.until - time.monotonic())
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            self._executor.shutdown(wait=False)
+
+    def _run_batch(self, batch: list[Outcome]) -> None:
+        """Runs in the engine thread: every text part in one call, then every image part."""
+
+        grounding: dict[tuple[int, int], dict[str, Any]] = {}  # (request, part) -> what the LM is told
+        generate = [o for o in batch if o.request.task == Task.GENERATE]
+        generating = {id(o) for o in generate}  # their text goes to the LM as it is
+        for modality, stage in ((Modality.TEXT, "encode.text"), (Modality.IMAGE, "encode.image"),
+                                (Modality.VIDEO, "encode.video"), (Modality.AUDIO, "encode.audio")):
+            items = [(o, i, p) for o in batch for i, p in enumerate(o.request.parts) if p.modality == modality
+                     and not (modality == Modality.TEXT and id(o) in generating)]
+            if not items:
+                continue
+            started = now_ms()
+            results = self._encode(modality, [p for _, _, p in items])
+            finished = now_ms()
+            for (o, i, _), r in zip(items, results):
+                if isinstance(r, Exception):
+                    o.errors.append(f"{stage}: {r}")
+                if id(o) in generating:
+                    grounding[(id(o), i)] = _grounding(modality, r)
+            self._span([o for o, _, _ in items], stage, started, finished)
+        if generate:
+            self._generate(generate, grounding)
+        done = now_ms()
+        for o in batch:
+            o.finished_at_ms = done
+            o.batch_size = len(batch)
+
+    def _encode(self, modality: Modality, parts: list[Any]) -> list[Any]:
+        e = self.engines
+        if modality == Modality.TEXT:
+            return e.text.run_batch([p.text for p in parts])
+        if e.image is None or (modality in (Modality.VIDEO, Modality.AUDIO) and getattr(e, "audio", None) is None):
+            return [RuntimeError(f"no {modality} engine loaded")] * len(parts)
+        if modality == Modality.IMAGE:
+            return e.image.run_batch([(p.data, p.mime) for p in parts])
+        if modality == Modality.AUDIO:
+            return e.audio.run_batch([(p.data, p.mime) for p in parts])
+        return [self._video(p.data) for p in parts]
+
+    def _video(self, data: bytes) -> Any:
+        """Frames through the image encoder, pooled; the soundtrack through the audio encoder."""
+        import numpy as np
+        from PIL import Image
+
+
+        v = self.engines.settings.video
+        try:
+            clip = decode_video(data, v.max_seconds, v.max_frames, v.fps)
+            frames = self.engines.image.encode([Image.fromarray(f) for f in clip.frames])
+            wav = extract_audio_wav(data, v.max_seconds) if clip.has_audio else None
+            track = self.engines.audio.run_batch([(wav, "audio/wav")])[0] if wav else None
+        except Exception as exc:
+            return exc
+        pooled = np.mean([f.embedding for f in frames], axis=0)
+        return {"embedding": pooled / max(float(np.linalg.norm(pooled)), 1e-12),
+                "frames": [[round(i / v.fps, 3), [[l, p] for l, p in f.top5[:3]]] for i, f in enumerate(frames)],
+                "transcript": getattr(track, "transcript", None)}
+
+    def _span(self, outcomes: list[Outcome], stage: str, started: float, finished: float) -> None:
+        seen: set[int] = set()
+        for o in outcomes:
+            if id(o) not in seen:  # one span per request and engine call
+                seen.add(id(o))
+                # Queue time of a hop counts from where the request's previous hop ended,
+                # so a request's spans add up to its e2e, as the pipeline's do.
+                ready = o.arrived_at_ms + sum(s["queued_ms"] + s["service_ms"] for s in o.spans)
+                o.spans.append({"stage": stage, "queued_ms": round(max(0.0, started - ready), 3),
+                                "service_ms": round(finished - started, 3)})
+
+    def _generate(self, batch: list[Outcome], grounding: dict[tuple[int, int], dict[str, Any]]) -> None:
+        """Static batching, as a monolith does it: the batch's sequences run to completion
+        together (the same engine and prompt builder as the generator stage)."""
+
+        e, g = self.engines, self.engines.settings.generator
+        if e.lm is None:
+            for o in batch:
+                o.errors.append("generate: no language model loaded")
+            return
+        started = now_ms()
+        scheduler = StaticBatchScheduler(SchedulerLimits(g.max_tokens_per_step, max(g.max_running, len(batch)),
+                                                         g.max_prefill_chunk), e.lm.eos_token_ids)
+        sequences, first, last, count = {}, {}, {}, {}
+        for o in batch:
+            parts = [{"modality": "text", "text": p.text} if p.modality == Modality.TEXT else grounding.get((id(o), i), {})
+                     for i, p in enumerate(o.request.parts)]
+            text = P.render_chatml(P.build_messages(prompt_parts(parts), P.PromptSettings()))
+            ids = e.tokenizer.encode(text, add_special_tokens=False).ids
+            params = SamplingParams(max_tokens=o.request.params.max_tokens, temperature=o.request.params.temperature,
+                                    stop=o.request.params.stop)
+            sid = str(id(o))
+            sequences[sid] = e.lm.new_sequence(sid, ids, params)
+            scheduler.add(SequenceRequest(sid, len(ids), params.max_tokens, str(o.request.lane), time.monotonic()))
+        while scheduler.has_work:
+            step = execute_step(e.lm, scheduler.schedule(time.monotonic()), sequences, e.stops)
+            now = now_ms()
+            for sid in step.tokens:
+                first.setdefault(sid, now)
+                last[sid] = now
+                count[sid] = count.get(sid, 0) + 1
+            for fin in scheduler.update(step):
+                e.lm.release(sequences.pop(fin.seq_id))
+        for o in batch:
+            sid = str(id(o))
+            if sid in first:
+                o.ttft_ms = first[sid] - o.arrived_at_ms
+                o.tpot_ms = (last[sid] - first[sid]) / (count[sid] - 1) if count[sid] > 1 else None
+        self._span(batch, "generate", started, now_ms())
+
+
+def _grounding(modality: Modality, r: Any) -> dict[str, Any]:
+    """What the LM is told about one encoded part (as the assembler forwards it)."""
+    if isinstance(r, Exception):
+        return {"modality": str(modality), "failed": True}
+    if modality == Modality.IMAGE:
+        return {"modality": "image", "labels": [[l, p] for l, p in r.top5]}
+    if modality == Modality.AUDIO:
+        return {"modality": "audio", "transcript": r.transcript}
+    if modality == Modality.VIDEO:
+        return {"modality": "video", "frames": r["frames"], "transcript": r["transcript"]}
+    return {"modality": str(modality)}

@@ -1,0 +1,169 @@
+"""Local worker processes for `mmstream up`: N replicas per stage, detached, with pid files
+and logs under ``<state_dir>/workers/<topic_prefix>/``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from schemas.settings import Settings
+from streams.stages import STAGES
+
+DEFAULT_REPLICAS = {"router": 1, "assembler": 1, "encode.text": 1, "encode.image": 1, "encode.audio": 1,
+                    "encode.video": 1, "generate": 1, "lagmon": 1}
+
+
+@dataclass(frozen=True)
+class WorkerProc:
+    stage: str
+    replica: int
+    pid: int
+    log_file: str
+    started_at: float
+    assigned_port: int = 0
+    """The metrics port handed to the worker (0: it picks one and writes it to its .port file)."""
+
+    @property
+    def alive(self) -> bool:
+        return _alive(self.pid)
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The port this worker serves /metrics on, once it has bound it."""
+        try:
+            return int(Path(self.log_file).with_suffix(".port").read_text())
+        except (OSError, ValueError):
+            return self.assigned_port or None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child is not alive
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][:1] != "Z"
+    except OSError:
+        return True
+
+
+def parse_replicas(specs: list[str]) -> dict[str, int]:
+    """``["encode.text=2"]`` -> ``{"encode.text": 2}``; raises ``ValueError`` on bad input."""
+    out: dict[str, int] = {}
+    for spec in specs:
+        stage, sep, count = spec.partition("=")
+        if not sep or not count.isdigit():
+            raise ValueError(f"--replicas takes STAGE=N, got {spec!r}")
+        out[stage.strip()] = int(count)
+    return out
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, env: dict[str, str] | None = None) -> None:
+        self.settings = settings
+        self.env = dict(os.environ if env is None else env)
+        self.dir = settings.local.state_dir / "workers" / settings.kafka.topic_prefix
+
+    def _pidfile(self, stage: str, replica: int) -> Path:
+        return self.dir / f"{stage}-{replica}.json"
+
+    def workers(self) -> list[WorkerProc]:
+        """Every worker with a pid file, alive or not."""
+        if not self.dir.exists():
+            return []
+        procs = []
+        for f in sorted(self.dir.glob("*.json")):
+            try:
+                procs.append(WorkerProc(**json.loads(f.read_text())))
+            except (ValueError, TypeError):
+                f.unlink(missing_ok=True)
+        return procs
+
+    def start(self, replicas: dict[str, int]) -> list[WorkerProc]:
+        """Make each stage run exactly ``replicas[stage]`` workers (idempotent)."""
+
+        unknown = set(replicas) - set(STAGES)
+        if unknown:
+            raise ValueError(f"unknown stage(s) {', '.join(sorted(unknown))}; stages: {', '.join(STAGES)}")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        running = {(w.stage, w.replica): w for w in self.workers() if w.alive}
+        for stage, count in replicas.items():
+            for (s, r), w in list(running.items()):
+                if s == stage and r >= count:
+                    self.stop_one(w)
+            for replica in range(count):
+                if (stage, replica) not in running:
+                    self._spawn(stage, replica)
+        return [w for w in self.workers() if w.alive]
+
+    def _next_port(self) -> int:
+        """Lowest port from the base that no live worker uses (0 when the base is 0: the
+        worker picks a free one and reports it)."""
+        base = self.settings.local.metrics_base_port
+        if base == 0:
+            return 0
+        used = {w.assigned_port for w in self.workers() if w.alive}
+        port = base
+        while port in used:
+            port += 1
+        return port
+
+    def _spawn(self, stage: str, replica: int) -> WorkerProc:
+        log_file = self.dir / f"{stage}-{replica}.log"
+        log_file.with_suffix(".port").unlink(missing_ok=True)
+        port = self._next_port()
+        env = {**self.env, "MMSTREAM_METRICS_PORT": str(port)}
+        with open(log_file, "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "mmstream.cli", "worker", stage, "--replica", str(replica)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, start_new_session=True,
+            )
+        w = WorkerProc(stage, replica, proc.pid, str(log_file), time.time(), port)
+        self._pidfile(stage, replica).write_text(json.dumps(asdict(w)))
+        return w
+
+    def stop_one(self, w: WorkerProc, grace_s: float = 30.0, sig: int = signal.SIGTERM) -> None:
+        """Signal one worker (SIGTERM: graceful, commits offsets) and wait for it to exit."""
+        try:
+            os.kill(w.pid, sig)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + grace_s
+        while _alive(w.pid) and time.monotonic() < deadline:
+            _reap(w.pid)
+            time.sleep(0.1)
+        if _alive(w.pid):
+            os.kill(w.pid, signal.SIGKILL)
+            while _alive(w.pid):
+                _reap(w.pid)
+                time.sleep(0.05)
+        _reap(w.pid)
+        self._pidfile(w.stage, w.replica).unlink(missing_ok=True)
+        Path(w.log_file).with_suffix(".port").unlink(missing_ok=True)
+
+    def stop(self, grace_s: float = 30.0) -> int:
+        """Stop every worker of this topic prefix; returns how many were running."""
+        procs = [w for w in self.workers()]
+        for w in procs:
+            if w.alive:
+                os.kill(w.pid, signal.SIGTERM)
+        for w in procs:
+            self.stop_one(w, grace_s)
+        return sum(1 for _ in procs)
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass

@@ -1,0 +1,298 @@
+"""The router stage: decode raw ingress bytes, validate, admit, split into per-part encode jobs;
+and its Faust agent (``install_router``), thin glue around ``Router.handle``.
+
+Everything a message can do wrong ends here as an answer, never as a crashed agent:
+undecodable bytes go to the DLQ with their original headers and the reason; a decodable
+request that breaks the schema gets an ``error`` event when its id can be read (else DLQ).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+import faust
+import redis.asyncio
+from aiokafka.admin import AIOKafkaAdminClient
+
+from schemas.codec import CONTENT_TYPE_HEADER, ERROR_HEADER, JSON, SOURCE_HEADER, DecodeError, header, unpack
+from schemas.errors import ErrorCode, WireError
+from schemas.events import Event, EventKind
+from schemas.request import Limits, peek_reply, validate_request
+from schemas.settings import Settings
+from schemas.trace import now_ms
+from streams import costs
+from streams.app import raw_topic, topic_names
+from streams.lagmon import LagReader
+from streams.load import LoadView
+from streams.metrics import Metrics
+from streams.policies.admission import AdmissionLimits, Admit, Backpressure, Reject, admit
+from streams.policies.partitioning import Partitioner
+from streams.produce import Out, out_map, send_all
+from streams.result_cache import ResultCache
+from streams.split import split_request
+from streams.topics import LANES, TopicNames
+from workers.cache_keys import content_digest, result_key
+from workers.text import normalize
+
+log = logging.getLogger(__name__)
+
+def limits_from(settings: Settings) -> Limits:
+    lim = settings.limits
+    return Limits(max_text_bytes=lim.max_text_bytes, max_parts=lim.max_parts, max_inline_bytes=lim.max_inline_bytes,
+                  max_deadline_ms=lim.max_deadline_ms, default_deadline_ms=lim.default_deadline_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """What the router produces for one ingress record, and how it went (for metrics)."""
+
+    outs: list[Out]
+    outcome: str
+    """``ok`` (accepted and split), ``error`` (answered with an error event) or ``dlq``."""
+    code: str | None = None
+    modality: str = "text"
+    lane: str = "rt"
+    queued_ms: float = 0.0
+    service_ms: float = 0.0
+    admission: str | None = None
+    """``admit`` or ``reject`` when admission decided; None when it was off or not reached."""
+
+
+class Router:
+    """Turns one ingress record into the records to produce. No I/O of its own except the
+    reply-topic existence check, which is injected."""
+
+    def __init__(self, settings: Settings, topic_exists: Callable[[str], Awaitable[bool]],
+                 load: LoadView | None = None, results: Any = None) -> None:
+        self.settings = settings
+        self.topics = TopicNames(settings.kafka.topic_prefix)
+        self.limits = limits_from(settings)
+        self.served_modalities = frozenset(m.strip() for m in settings.router.served_modalities.split(",") if m.strip())
+        self.served_tasks = frozenset(t.strip() for t in settings.router.served_tasks.split(",") if t.strip())
+        self.topic_exists = topic_exists
+        self.load = load if load is not None else LoadView()
+        self.partitioner = Partitioner(settings.router.partitioner)
+        self.results = results
+        """A ResultCache (streams/result_cache.py), or None: no whole-result reuse."""
+        self.models: dict[str, str] = {}
+        """modality -> model identity, as the encoders publish them (refreshed by the agent)."""
+        a = settings.admission
+        self.admission = AdmissionLimits(a.max_queued_ms_rt, a.max_queued_ms_bulk) if a.enabled else None
+
+    async def handle(self, raw: bytes, headers: Any, record_ts_ms: float | None, source: str) -> Routed:
+        started = now_ms()
+        content_type = header(headers, CONTENT_TYPE_HEADER)
+        if raw is not None and len(raw) > self.settings.limits.max_request_bytes:
+            return Routed([self._dlq(raw, headers, source, f"{ErrorCode.PAYLOAD_TOO_LARGE}: request is {len(raw)} bytes")], "dlq")
+        try:
+            obj = unpack(raw, content_type)
+        except DecodeError as exc:
+            return Routed([self._dlq(raw, headers, source, f"undecodable: {exc}")], "dlq")
+        from_json = (content_type or "").startswith(JSON) or (content_type is None and bytes(raw).lstrip()[:1] == b"{")
+        try:
+            req = validate_request(obj, self.limits, from_json=from_json)
+            if str(req.task) not in self.served_tasks:
+                raise WireError(ErrorCode.INVALID_REQUEST,
+                                f"task {req.task!s} is not served by this deployment (served: {', '.join(sorted(self.served_tasks))})",
+                                "task")
+            if req.reply_to and req.reply_to != self.topics.results and not await self.topic_exists(req.reply_to):
+                raise WireError(ErrorCode.INVALID_REQUEST, f"reply_to topic {req.reply_to!r} does not exist; create it first",
+                                "reply_to")
+        except WireError as err:
+            who = peek_reply(obj)
+            if who is None:
+                return Routed([self._dlq(raw, headers, source, f"{err.code}: {err.message} (no readable id to answer)")], "dlq")
+            rid, reply_to = who
+            if reply_to and reply_to != self.topics.results and not await self.topic_exists(reply_to):
+                reply_to = None
+            event = Event(rid, EventKind.ERROR, 0, now_ms(), error=err.to_wire())
+            return Routed([out_map(reply_to or self.topics.results, rid, event.to_wire())], "error", str(err.code))
+        client_sent = record_ts_ms if record_ts_ms else started
+        decision = self._admit(req)
+        if isinstance(decision, Reject):
+            err = WireError(decision.code, decision.message, None, decision.retry_after_ms)
+            event = Event(req.id, EventKind.ERROR, 0, now_ms(), error=err.to_wire())
+            return Routed([out_map(req.reply_to or self.topics.results, req.id, event.to_wire())], "error",
+                          str(err.code), lane=str(req.lane), admission="reject")
+        key = self._result_key(req)
+        if key is not None:
+            stored = await self.results.get(key)
+            if stored is not None:
+                return self._answer_from_cache(req, stored, client_sent, started)
+        plan = split_request(
+            req, topics=self.topics, partitions=self.settings.kafka.partitions, partitioner=self.partitioner,
+            result_key=key,
+            cost_ms=self._part_cost, modality_topics=self.settings.router.modality_topics,
+            served_modalities=self.served_modalities, client_sent_at_ms=client_sent,
+            started_at_ms=started, now_ms=now_ms(), default_deadline_ms=self.settings.limits.default_deadline_ms,
+        )
+        m = plan.manifest
+        accepted = Event(req.id, EventKind.ACCEPTED, 0, m.accepted_at_ms,
+                         payload={"task": m.task, "parts": m.n_parts, "deadline_at_ms": m.deadline_at_ms})
+        encoded = self.topics.encoded(req.lane)
+        outs = [out_map(m.reply_to, req.id, accepted.to_wire()), out_map(encoded, req.id, m.to_wire())]
+        outs += [out_map(encoded, req.id, p.to_wire()) for p in plan.failed_parts]
+        outs += [out_map(j.topic, j.key, j.job.to_wire(), j.partition) for j in plan.jobs]
+        modalities = set(m.modalities)
+        return Routed(outs, "ok", modality=modalities.pop() if len(modalities) == 1 else "mixed", lane=str(req.lane),
+                      queued_ms=max(0.0, started - client_sent), service_ms=m.accepted_at_ms - started,
+                      admission="admit" if decision is not None else None)
+
+    def _result_key(self, req: Any) -> str | None:
+        """The whole-result key of an embed request whose parts all have content here and a
+        published model; None when it cannot be cached."""
+        if self.results is None or str(req.task) != "embed" or not self.settings.cache.whole_result:
+            return None
+        parts = []
+        for p in req.parts:
+            if str(p.modality) not in self.served_modalities or p.ref is not None:
+                return None
+            content = normalize(p.text).encode() if p.text is not None else p.data
+            parts.append((str(p.modality), content_digest(content or b"")))
+        tenant = None if self.settings.cache.cross_tenant else req.tenant
+        return result_key(tenant=tenant, task="embed", parts=parts, models=self.models)
+
+    def _answer_from_cache(self, req: Any, payload: dict[str, Any], client_sent: float, started: float) -> Routed:
+        now = now_ms()
+        reply_to = req.reply_to or self.topics.results
+        span = {"stage": "route", "queued_ms": round(max(0.0, started - client_sent), 3),
+                "service_ms": round(now - started, 3)}
+        accepted = Event(req.id, EventKind.ACCEPTED, 0, now, payload={"task": "embed", "parts": len(req.parts)})
+        result = Event(req.id, EventKind.RESULT, 1, now, payload=payload,
+                       timings={"e2e_ms": round(now - client_sent, 3), "stages": [span], "parts": []},
+                       cache={"hits": len(req.parts), "misses": 0, "result": "hit"})
+        modalities = {str(p.modality) for p in req.parts}
+        return Routed([out_map(reply_to, req.id, accepted.to_wire()), out_map(reply_to, req.id, result.to_wire())],
+                      "ok", modality=modalities.pop() if len(modalities) == 1 else "mixed", lane=str(req.lane),
+                      queued_ms=span["queued_ms"], service_ms=span["service_ms"], admission="admit")
+
+    def _part_cost(self, part: Any) -> float:
+        m = str(part.modality)
+        cost = self.load.cost
+        return cost.cost_ms(m, cost.units(m, len(part.text or ""), self.settings.video.max_frames))
+
+    def _admit(self, req: Any) -> Admit | Reject | None:
+        """The admission decision for a valid request (None when admission is off)."""
+        if self.admission is None:
+            return None
+        cost = self.load.cost
+        stages: dict[str, float] = {}
+        for part in req.parts:
+            m = str(part.modality)
+            if m not in self.served_modalities:
+                continue
+            size = len(part.text or "") if m == "text" else 0
+            stage = "encode.image" if m == "video" else f"encode.{m}"  # video frames land on the image pool
+            stages[stage] = stages.get(stage, 0.0) + cost.cost_ms(m, cost.units(m, size, self.settings.video.max_frames))
+        deadline = req.deadline_ms or self.settings.limits.default_deadline_ms
+        return admit(lane=str(req.lane), stages=stages, queued_ms=self.load.queued_ms, deadline_ms=deadline,
+                     limits=self.admission)
+
+    def _dlq(self, raw: bytes, headers: Any, source: str, reason: str) -> Out:
+        log.warning("router: to DLQ from %s: %s", source, reason)
+        original = list(headers.items()) if isinstance(headers, dict) else list(headers or [])
+        extra = [(ERROR_HEADER, reason.encode()[:1000]), (SOURCE_HEADER, source.encode())]
+        return Out(self.topics.dlq, None, bytes(raw or b""), [(k, bytes(v) if v is not None else b"") for k, v in original] + extra)
+
+
+class TopicCache:
+    """Which topics exist, from cluster metadata, cached for ``ttl_s`` (monotonic)."""
+
+    def __init__(self, bootstrap: str, ttl_s: float) -> None:
+        self.bootstrap = bootstrap
+        self.ttl_s = ttl_s
+        self._known: set[str] = set()
+        self._fetched_at = float("-inf")
+        self._admin: Any = None
+
+    async def exists(self, topic: str) -> bool:
+        if topic in self._known:
+            return True
+        if time.monotonic() - self._fetched_at >= self.ttl_s:
+            if self._admin is None:
+                self._admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+                await self._admin.start()
+            self._known = set(await self._admin.list_topics())
+            self._fetched_at = time.monotonic()
+        return topic in self._known
+
+
+def _record_ts_ms(event: Any) -> float | None:
+    ts = getattr(event.message, "timestamp", None)
+    return ts * 1000.0 if ts else None
+
+
+def install_router(app: faust.App, settings: Settings, metrics: Metrics) -> None:
+    names = topic_names(settings)
+    cache = TopicCache(settings.kafka.bootstrap, settings.router.topic_cache_s)
+    load = LoadView()
+    results = ResultCache(settings.redis.url, settings.cache.ttl_result_s) \
+        if settings.cache.enabled and settings.cache.whole_result else None
+    router = Router(settings, cache.exists, load, results)
+    source = raw_topic(app, *(names.ingress(lane) for lane in LANES))
+    adm = settings.admission
+    backpressure = Backpressure(adm.backpressure_high_ms, adm.backpressure_low_ms)
+    reader = LagReader(settings.kafka.bootstrap)
+    # Encoders publish what a unit of work really costs them; admission follows it.
+    cost_redis = redis.asyncio.Redis.from_url(settings.redis.url, socket_timeout=0.2, socket_connect_timeout=0.2)
+
+    @app.timer(adm.refresh_ms / 1000.0, name="load")
+    async def refresh_load() -> None:
+        """Re-read lag, re-estimate queued work, and pause or resume bulk ingress."""
+        if not adm.enabled and router.partitioner.strategy != "least-loaded" and results is None:
+            return
+        try:
+            observed = await costs.read(cost_redis, settings.kafka.topic_prefix)
+            load.cost.ms_per_unit.update({m: v for m, v in observed.items() if m != "any"})
+            router.models = await costs.read_identities(cost_redis, settings.kafka.topic_prefix)
+            await reader.start()
+            rows = await reader.measure(settings.kafka.topic_prefix)
+            load.update(rows, settings.kafka.topic_prefix)
+            rt_backlog = sum(r.lag for r in rows if r.topic == names.ingress("rt") and r.group == app.conf.id)
+            router.partitioner.refresh(load.partition_ms)
+        except Exception as exc:  # keep the last estimate; admission must not stop routing
+            log.warning("router: could not read consumer lag: %r", exc)
+            await reader.close()
+            return
+        if not adm.enabled:
+            return
+        # rt first at the router too: a backlog of rt requests counts as queued work over the
+        # high watermark, so bulk ingress waits until the rt backlog is worked off.
+        over = rt_backlog > adm.rt_backlog_records
+        change = backpressure.update(max(load.total_ms, backpressure.high_ms + 1) if over else load.total_ms)
+        bulk = [tp for tp in app.consumer.assignment() if tp.topic == names.ingress("bulk")]
+        if change == "pause" or (backpressure.paused and bulk):
+            app.consumer.pause_partitions(bulk)
+        elif change == "resume":
+            app.consumer.resume_partitions(bulk)
+        if change == "pause":
+            metrics.admission("bulk", "defer")
+        if change:
+            log.warning("router: %s bulk ingress (queued work %.0f ms; high %.0f, low %.0f)", change,
+                        load.total_ms, backpressure.high_ms, backpressure.low_ms)
+
+    @app.agent(source, name="route")
+    async def route(stream: Any) -> None:
+        async for event in stream.events():
+            origin = f"{event.message.topic}[{event.message.partition}]@{event.message.offset}"
+            try:
+                routed = await router.handle(event.value, event.headers, _record_ts_ms(event), origin)
+                outs = routed.outs
+            except Exception as exc:  # a bug must cost one message, not the stage
+                log.exception("router: failed on %s", origin)
+                routed = None
+                outs = [Out(names.dlq, None, bytes(event.value or b""),
+                            [(ERROR_HEADER, f"{ErrorCode.INTERNAL}: {exc!r}"[:1000].encode())])]
+            await send_all(app.producer, outs)
+            if routed is None or routed.outcome == "dlq":
+                metrics.to_dlq("route")
+                metrics.request_done("route", "dlq")
+            else:
+                metrics.request_done("route", routed.outcome, routed.code)
+                if routed.admission:
+                    metrics.admission(routed.lane, routed.admission)
+                if routed.outcome == "ok":
+                    metrics.observe_span("route", routed.modality, routed.lane, routed.queued_ms, routed.service_ms)

@@ -1,0 +1,101 @@
+"""Run one stage of the pipeline in this process: `mmstream worker <stage>`.
+
+A stage's engine loads and warms up before its Faust worker starts, so the worker joins
+its consumer group only when it can serve at full speed. Every worker serves Prometheus
+metrics on its own port and writes the bound port next to its pid file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable
+
+import faust
+
+from schemas.settings import Settings
+from streams.app import create_app
+from streams.lagmon import run_lag_monitor
+from streams.metrics import Metrics, serve
+from streams.stages.assembler import install_assembler
+from streams.stages.router import install_router
+from streams.stages import STAGES
+from streams.stages.encoder import EncoderLoop
+from streams.stages.generator import install_generator
+from streams.stages.video import install_video_fanout
+from streams.topics import ensure_topics, topic_specs
+from workers.claims import with_claims
+from workers.encoders import audio_runner, claim_resolver, generic_runner, image_runner, text_runner
+
+log = logging.getLogger(__name__)
+
+
+Installer = Callable[[faust.App, Settings, Metrics], None]
+
+
+def _encoder_installer(modality: str) -> Installer:
+    def install(app: faust.App, settings: Settings, metrics: Metrics) -> None:
+        if modality == "text":
+            runner = text_runner(settings, metrics)
+        elif modality == "image":
+            runner, _ = image_runner(settings, metrics)
+        elif modality == "audio":
+            runner = audio_runner(settings, metrics)
+        else:
+            runner = generic_runner(settings, metrics)
+        loop = EncoderLoop(app, settings, metrics, modality, with_claims(runner.run_batch, claim_resolver(settings)),
+                           cost=runner.cost)
+        if runner.calibrate is not None:  # the cost model's first numbers, before real traffic
+            loop.cost_observer.observe(*runner.calibrate())
+        loop.identity = runner.identity
+        loop.install()
+
+    return install
+
+
+def _installer(stage: str) -> Installer:
+    if stage == "router":
+        return install_router
+    if stage == "assembler":
+        return install_assembler
+    if stage in ("encode.text", "encode.image", "encode.audio", "encode.any"):
+        return _encoder_installer(stage.split(".", 1)[1])
+    if stage == "generate":
+        return install_generator
+    if stage == "encode.video":
+        return install_video_fanout
+    raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
+
+
+def build_stage(settings: Settings, stage: str, metrics: Metrics, replica: int = 0) -> faust.App:
+    """The Faust app of ``stage`` with its agents installed (and its engine warm)."""
+    install = _installer(stage)
+    app = create_app(settings, stage, replica)
+    install(app, settings, metrics)
+    return app
+
+
+def port_file(settings: Settings, stage: str, replica: int) -> Any:
+    return settings.local.state_dir / "workers" / settings.kafka.topic_prefix / f"{stage}-{replica}.port"
+
+
+def run_stage(settings: Settings, stage: str, replica: int = 0, loglevel: str = "info") -> None:
+    """Create the topics, build the stage, serve its metrics and run it until SIGTERM/SIGINT."""
+    asyncio.run(ensure_topics(settings.kafka.bootstrap, topic_specs(settings.kafka), settings.kafka.replication_factor))
+    if stage == "lagmon":
+
+        run_lag_monitor(settings, settings.metrics.port, settings.metrics.lag_interval_s,
+                        on_bound=lambda port: _write_port(settings, stage, replica, port))
+        return
+    metrics = Metrics()
+    app = build_stage(settings, stage, metrics, replica)
+    _write_port(settings, stage, replica, serve(settings.metrics.port, metrics.registry, settings.metrics.bind))
+    worker = faust.Worker(app, loglevel=loglevel, quiet=True)
+    worker.execute_from_commandline()
+
+
+def _write_port(settings: Settings, stage: str, replica: int, port: int) -> None:
+    path = port_file(settings, stage, replica)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(str(port))
+    log.info("%s[%d]: metrics on http://%s:%d/metrics", stage, replica, settings.metrics.bind, port)

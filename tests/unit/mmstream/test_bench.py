@@ -1,0 +1,226 @@
+"""The bench's pure parts: schedules, the monolith's FIFO batching policy, run reports."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from mmstream.bench import (
+    BenchConfig,
+    Record,
+    arrival_offsets,
+    build_run,
+    overhead,
+    parse_rates,
+    proc_cpu_s,
+    proc_peak_rss_mb,
+    request_kind,
+    schedule,
+)
+from mmstream.monolith import FifoLimits, Monolith, Take, Wait, fifo_next
+from mmstream.report import RUN_SCHEMA, BenchSchemaError, schema_problems, validate
+from schemas.request import Modality
+
+# -- FIFO batching policy -------------------------------------------------------------------
+
+def test_fifo_waits_for_company_then_runs_what_it_has() -> None:
+    limits = FifoLimits(max_batch_size=4, max_wait_s=0.010)
+    assert fifo_next([], 5.0, limits) is None
+    assert fifo_next([1.000, 1.002], 1.005, limits) == Wait(1.010)
+    assert fifo_next([1.000, 1.002], 1.010, limits) == Take(2)
+
+
+def test_fifo_runs_a_full_batch_at_once() -> None:
+    limits = FifoLimits(max_batch_size=3, max_wait_s=10.0)
+    assert fifo_next([1.0, 1.0, 1.0, 1.0, 1.0], 1.0, limits) == Take(3)
+
+
+def test_fifo_limits_are_checked() -> None:
+    with pytest.raises(ValueError):
+        FifoLimits(max_batch_size=0)
+    with pytest.raises(ValueError):
+        FifoLimits(max_wait_s=-1)
+
+
+@hsettings(max_examples=200, deadline=None)
+@given(gaps=st.lists(st.floats(0, 0.02), min_size=1, max_size=60),
+       size=st.integers(1, 8), wait=st.floats(0, 0.01), step=st.floats(0.0005, 0.01))
+def test_fifo_serves_everyone_once_in_order_within_limits(gaps: list[float], size: int, wait: float,
+                                                         step: float) -> None:
+    """Driving the policy over a clock: every request is taken exactly once, in arrival
+    order, no batch exceeds the size, and nobody waits past the wait without a batch."""
+    limits = FifoLimits(size, wait)
+    arrivals, t = [], 0.0
+    for g in gaps:
+        t += g
+        arrivals.append(t)
+    queue: list[float] = []
+    served: list[float] = []
+    now, i = 0.0, 0
+    while len(served) < len(arrivals):
+        while i < len(arrivals) and arrivals[i] <= now:
+            queue.append(arrivals[i])
+            i += 1
+        decision = fifo_next(queue, now, limits)
+        if isinstance(decision, Take):
+            assert 1 <= decision.n <= size
+            assert decision.n == size or now >= queue[0] + wait
+            served += queue[:decision.n]
+            del queue[:decision.n]
+            continue
+        if isinstance(decision, Wait):
+            assert decision.until > now and len(queue) < size
+        now += step
+    assert served == arrivals
+
+
+# -- the monolith with stand-in engines --------------------------------------------------------
+
+class _FakeText:
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def run_batch(self, texts):
+        self.calls.append(len(texts))
+        return [[0.0] for _ in texts]
+
+
+class _FakeImage(_FakeText):
+    def run_batch(self, datas):
+        self.calls.append(len(datas))
+        return [ValueError("bad image") if d == b"bad" else [0.0] for d, _ in datas]
+
+
+class _FakeEngines:
+    def __init__(self) -> None:
+        self.text, self.image = _FakeText(), _FakeImage()
+
+
+async def test_monolith_answers_every_request_with_one_engine_call_per_modality_and_batch() -> None:
+    cfg = BenchConfig(workload="mixed", rate=50, duration_s=0.5, seed=3)
+    pytest.importorskip("skimage")
+    _, requests = schedule(cfg, 50)
+    engines = _FakeEngines()
+    mono = Monolith(engines, FifoLimits(max_batch_size=len(requests), max_wait_s=0.05))
+    server = asyncio.create_task(mono.run())
+    for r in requests:
+        mono.submit(r)
+    mono.close()
+    await asyncio.wait_for(server, 5)
+    assert engines.text.calls == [len(requests)]  # one batch, all texts in one call
+    assert all(o.finished_at_ms is not None and o.batch_size == len(requests) for o in mono.outcomes)
+    order = {Modality.TEXT: "encode.text", Modality.IMAGE: "encode.image", Modality.VIDEO: "encode.video",
+             Modality.AUDIO: "encode.audio"}
+    for o in mono.outcomes:
+        stages = [s["stage"] for s in o.spans]
+        present = {p.modality for p in o.request.parts}
+        assert stages == [stage for m, stage in order.items() if m in present]
+        assert sum(s["queued_ms"] + s["service_ms"] for s in o.spans) <= o.e2e_ms + 0.01
+
+
+# -- schedules and workloads ----------------------------------------------------------------------
+
+def test_the_same_seed_gives_the_same_schedule_to_both_modes() -> None:
+    a = schedule(BenchConfig(mode="pipeline", seed=7, duration_s=3), 20)
+    b = schedule(BenchConfig(mode="monolithic", seed=7, duration_s=3), 20)
+    assert a[0] == b[0]
+    assert [r.parts for r in a[1]] == [r.parts for r in b[1]]
+    assert schedule(BenchConfig(seed=8, duration_s=3), 20)[0] != a[0]
+
+
+def test_arrivals_are_poisson_at_the_rate() -> None:
+    offsets = arrival_offsets(100, 50, random.Random(1))
+    assert abs(len(offsets) / 50 - 100) < 5
+    assert offsets == sorted(offsets) and 0 <= offsets[0] and offsets[-1] < 50
+
+
+def test_mixed_workload_shares_and_deterministic_images() -> None:
+    pytest.importorskip("skimage")
+    from mmstream.bench import MIXED_KINDS
+
+    _, requests = schedule(BenchConfig(workload="mixed", seed=1, duration_s=8), 100)
+    kinds = [request_kind(r) for r in requests]
+    n = len(kinds)
+    for kind, share in MIXED_KINDS:
+        assert abs(kinds.count(kind) / n - share) < 0.05, kind
+    _, again = schedule(BenchConfig(workload="mixed", seed=1, duration_s=8), 100)
+    assert [r.parts for r in again] == [r.parts for r in requests]
+    images = [p.data for r in requests for p in r.parts if p.modality == Modality.IMAGE]
+    assert all(d[:2] == b"\xff\xd8" for d in images)
+    assert len(set(images)) == len(images)  # each its own bytes: a content-keyed cache cannot answer
+
+
+def test_config_and_rates_are_checked() -> None:
+    assert parse_rates("5, 10,20") == (5.0, 10.0, 20.0)
+    assert BenchConfig(rates=(1.0, 2.0)).sweep == (1.0, 2.0) and BenchConfig(rate=3).sweep == (3.0,)
+    for bad in ("", "5,-1", "x"):
+        with pytest.raises(ValueError):
+            parse_rates(bad)
+    with pytest.raises(ValueError):
+        BenchConfig(mode="batchy")
+    with pytest.raises(ValueError):
+        BenchConfig(workload="video")
+
+
+def test_process_accounting_reads_proc() -> None:
+    sum(i * i for i in range(200_000))
+    assert proc_cpu_s(os.getpid()) > 0
+    assert proc_peak_rss_mb(os.getpid()) > 1
+    assert proc_cpu_s(2 ** 22 + 12345) is None
+
+
+# -- one run's JSON --------------------------------------------------------------------------------
+
+def synthetic_run(mode: str = "pipeline", rate: float = 10.0, n: int = 50, seed: int = 0) -> dict:
+    """A run JSON built by the real report code from made-up records."""
+    rng = random.Random(seed)
+    records = []
+    for i in range(n):
+        kind = ("text", "text+image", "text+2images")[i % 3]
+        parts = ("text",) + ("image",) * ("text", "text+image", "text+2images").index(kind)
+        q, s = rng.uniform(0, 5), rng.uniform(4, 9)
+        sent = 1000.0 + i * 100
+        stages = [{"stage": "route", "queued_ms": 1.0, "service_ms": 0.1},
+                  {"stage": "encode.text", "queued_ms": q, "service_ms": s}]
+        records.append(Record(kind, parts, sent, sent + 1.1 + q + s + 2.0, "ok", stages))
+    records.append(Record("text", ("text",), 9000.0, 9010.0, "deadline_exceeded"))
+    records.append(Record("text", ("text",), 9100.0))
+    cpu = {"scope": "test", "total_s": 1.0, "per_request_ms": 20.0, "per_process_s": {"x": 1.0}}
+    run = build_run(mode, BenchConfig(mode=mode, rate=rate), rate, records, 5.0, cpu, {"x": 100.0, "y": None})
+    run["floor_ms"] = {"encode.text": 4.0, "encode.image": 8.0}
+    run["overhead_ms"] = overhead(run["latency_ms"], run["floor_ms"])
+    return run
+
+
+def test_a_run_validates_and_counts_outcomes() -> None:
+    run = synthetic_run()
+    assert validate(run) == [run]
+    assert run["requests"] == {"sent": 52, "ok": 50, "errors": {"deadline_exceeded": 1}, "lost": 1}
+    assert set(run["latency_ms"]) == {"text", "text+image", "text+2images"}
+    assert run["throughput"]["parts_per_s"]["image"] > 0
+    o = run["overhead_ms"]["text+2images"]
+    assert o["floor_ms"] == 4.0 + 2 * 8.0
+    assert o["total"]["p50"] == pytest.approx(run["latency_ms"]["text+2images"]["e2e"]["p50"] - 20.0, abs=1e-3)
+    st = run["latency_ms"]["text"]["stages"]["encode.text"]
+    assert run["overhead_ms"]["text"]["hops"]["encode.text"]["p50"] == pytest.approx(
+        st["queued"]["p50"] + st["service"]["p50"] - 4.0, abs=1e-3)
+
+
+def test_a_sweep_validates_and_a_broken_run_does_not() -> None:
+    runs = [synthetic_run(rate=r) for r in (5, 10)]
+    assert validate({"mode": "pipeline", "workload": "text", "runs": runs}) == runs
+    broken = synthetic_run()
+    del broken["requests"]["lost"]
+    broken["latency_ms"]["text"]["e2e"]["p50"] = "fast"
+    with pytest.raises(BenchSchemaError) as info:
+        validate(broken)
+    assert any("lost" in p for p in info.value.problems)
+    assert any("p50" in p for p in info.value.problems)
+    assert schema_problems(True, {"type": "number"}) and not schema_problems(3, {"type": "number"})
+    assert schema_problems({"mode": "x"}, RUN_SCHEMA)

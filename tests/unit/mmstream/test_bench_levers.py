@@ -1,0 +1,52 @@
+import pytest
+
+from mmstream.bench import BenchConfig, parse_lanes, schedule
+from mmstream.levers import lever_env, replicas
+
+
+def test_lanes_and_repeats_follow_the_asked_shares_and_the_seed():
+    cfg = BenchConfig(rate=200, duration_s=10, lanes=parse_lanes("rt=0.2,bulk=0.8"), repeat=0.3)
+    _, reqs = schedule(cfg, 200)
+    rt = sum(r.lane == "rt" for r in reqs) / len(reqs)
+    assert 0.15 < rt < 0.25
+    texts = [r.parts[0].text for r in reqs]
+    repeated = sum(t in texts[:i] for i, t in enumerate(texts)) / len(reqs)
+    assert 0.25 < repeated < 0.4
+    _, again = schedule(cfg, 200)
+    assert [(r.lane, r.parts) for r in again] == [(r.lane, r.parts) for r in reqs]
+
+
+def test_the_shape_of_traffic_does_not_change_its_content_or_timing():
+    base = BenchConfig(rate=50, duration_s=5)
+    shaped = BenchConfig(rate=50, duration_s=5, lanes=parse_lanes("rt=0.5,bulk=0.5"))
+    (t1, a), (t2, b) = schedule(base, 50), schedule(shaped, 50)
+    assert t1 == t2 and [r.parts for r in a] == [r.parts for r in b]
+
+
+def test_bad_shapes_are_refused():
+    with pytest.raises(ValueError):
+        BenchConfig(lanes=(("rt", 0.5), ("bulk", 0.6)))
+    with pytest.raises(ValueError):
+        BenchConfig(repeat=1.0)
+    with pytest.raises(ValueError):
+        parse_lanes("rt:1")
+
+
+def test_levers_map_to_settings_and_stages():
+    env = lever_env(("cache", "routing"), "p1")
+    assert env["MMSTREAM_CACHE_ENABLED"] == "false" and env["MMSTREAM_ROUTER_MODALITY_TOPICS"] == "false"
+    assert env["MMSTREAM_KAFKA_TOPIC_PREFIX"] == "p1"
+    assert "encode.any" in replicas(("routing",), "mixed") and "encode.text" not in replicas(("routing",), "mixed")
+    assert {"encode.text", "encode.image"} <= set(replicas((), "mixed"))
+    with pytest.raises(ValueError):
+        lever_env(("gravity",), "p")
+
+
+def test_chat_workload_is_generate_requests_with_a_scheduler_switch():
+    cfg = BenchConfig(workload="chat", rate=20, duration_s=5, scheduler="static")
+    _, reqs = schedule(cfg, 20)
+    assert reqs and all(r.task == "generate" and r.params.max_tokens == 32 for r in reqs)
+    assert replicas((), "chat")["generate"] == 1
+    assert BenchConfig(workload="chat", mode="monolithic").mode == "monolithic"
+    with pytest.raises(ValueError):
+        BenchConfig(workload="chat", scheduler="eager")

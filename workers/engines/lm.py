@@ -1,0 +1,352 @@
+"""Text generation over the exported decoder graph (see ``workers.models.smollm``).
+
+``LMEngine`` runs a BATCH of sequences of different lengths in one ONNX call: new tokens and
+each sequence's KV history are left-padded to the longest in the batch, the attention mask
+hides the padding, and position ids carry each token's true position, so a row computes what
+it would compute alone (up to float summation order: fp32 greedy tokens are identical,
+checked at build time and in tests). The dynamic int8 variant is not batch-invariant: its
+activation scales are chosen per call over the whole batch, so a row's tokens can change
+with its batch-mates (the build records ``batch_vs_alone_agreement``). Each ``LMSequence`` keeps its own KV
+state between calls; a ``PrefixCache`` lets a new sequence start from the KV of a prompt
+prefix seen before.
+
+One generation step, as a stage loop drives it (the scheduler is
+``streams.policies.scheduler``, which knows nothing of this module)::
+
+    # on arrival: tokenize build_prompt(...), look up the prefix cache, queue
+    seq = sequences[seq_id] = engine.new_sequence(seq_id, prompt_ids, params)
+    scheduler.add(SequenceRequest(seq_id, len(prompt_ids), params.max_tokens, lane,
+                                  arrived_at=now, deadline=deadline,
+                                  num_cached_tokens=seq.num_cached))
+    # each step, while scheduler.has_work:
+    out = scheduler.schedule(now)                     # what runs (drops expired sequences)
+    step = execute_step(engine, out, sequences, stops) # one prefill call + one decode call
+    for fin in scheduler.update(step):                # finished and dropped, with reasons
+        engine.release(sequences.pop(fin.seq_id))
+    # stream seq.generated / seq.text of the sequences in step.tokens to their clients
+
+Not thread-safe: one engine, one caller.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import onnxruntime as ort
+
+from workers.prefix_cache import PrefixCache
+
+GENERATION_FILE = "generation.json"
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillChunk:
+    """Compute prompt tokens [start, start + num_tokens) of ``seq_id`` this step."""
+
+    seq_id: str
+    start: int
+    num_tokens: int
+    is_last: bool  # the chunk ends the prompt: its logits give the first output token
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """One model step as this engine executes it (``execute_step``); a scheduler fills it in."""
+
+    decode: tuple[str, ...]  # sequences that generate one token each
+    prefill: tuple[PrefillChunk, ...]  # prompt chunks to compute
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    """What a step produced: a token for every decoded sequence and every prefill chunk
+    with ``is_last``; ``stopped`` names sequences whose text hit a stop string."""
+
+    tokens: Mapping[str, int]
+    stopped: frozenset[str] = frozenset()
+
+
+class LMError(RuntimeError):
+    """A generation request cannot run: prompt too long, bad sampling parameters."""
+
+    code = "invalid_request"
+    retriable = False
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to pick tokens. ``temperature`` 0 is greedy (argmax, deterministic); otherwise
+    logits / temperature, restricted to the smallest set with probability >= ``top_p``,
+    sampled from a generator seeded with ``seed`` (same seed, same prompt, same tokens)."""
+
+    max_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    stop: tuple[str, ...] = ()  # generation ends when the text contains one; it is cut off
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1 or self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise LMError(f"invalid sampling parameters {self}")
+
+
+@dataclass(eq=False)
+class LMSequence:
+    """One sequence's state: its tokens, how many of them have KV, and that KV.
+
+    ``kv`` is [layers, 2, kv_heads, capacity, head_dim]; positions ``< num_cached`` are valid.
+    """
+
+    seq_id: str
+    tokens: list[int]  # prompt, then generated tokens
+    prompt_len: int
+    params: SamplingParams
+    kv: np.ndarray
+    num_cached: int = 0
+    text: str = ""  # generated text so far (stop strings cut off)
+    rng: np.random.Generator = field(default_factory=np.random.default_rng)
+    block_keys: list[bytes] = field(default_factory=list)  # prefix-cache keys of the prompt
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[self.prompt_len:]
+
+
+class LMEngine:
+    """The decoder graph in one ONNX Runtime session, plus sampling and the prefix cache.
+
+    ``generation`` is generation.json's content (layers, kv_heads, head_dim, eos ids,
+    max_context). ``prefix_cache`` None disables prefix reuse.
+    """
+
+    def __init__(
+        self,
+        model_path: Path,
+        generation: Mapping[str, Any],
+        intra_op_threads: int = 0,
+        providers: Sequence[str] = ("CPUExecutionProvider",),
+        prefix_cache: PrefixCache | None = None,
+    ) -> None:
+        self.layers = int(generation["layers"])
+        self.kv_heads = int(generation["kv_heads"])
+        self.head_dim = int(generation["head_dim"])
+        self.eos_token_ids = frozenset(int(t) for t in generation["eos_token_ids"])
+        self.max_context = int(generation["max_context"])
+        self.pad_token_id = min(self.eos_token_ids)  # any valid id: padded rows are masked
+        self.prefix_cache = prefix_cache
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = intra_op_threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # Spinning threads steal cores from the broker and other stages on a shared box.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        available = set(ort.get_available_providers())
+        self._session = ort.InferenceSession(
+            str(model_path), options, providers=[p for p in providers if p in available]
+        )
+        self._lock = threading.Lock()
+
+    @property
+    def provider(self) -> str:
+        """The execution provider that runs the graph, for metrics and the ready log."""
+        return self._session.get_providers()[0]
+
+    @classmethod
+    def from_config(cls, config: Any, precision: str, **kwargs: Any) -> "LMEngine":
+        """The engine for ``precision`` of a built repository model (``ModelConfig``)."""
+        generation = json.loads((config.directory / GENERATION_FILE).read_text(encoding="utf-8"))
+        return cls(config.model_path(precision), generation, **kwargs)
+
+    # -- sequences ------------------------------------------------------------------------
+
+    def new_sequence(self, seq_id: str, prompt: Sequence[int], params: SamplingParams) -> LMSequence:
+        """A sequence ready to prefill. With a prefix cache, the KV of the longest cached
+        run of full prompt blocks is copied in (``num_cached`` says how many tokens; at
+        least the last prompt token is always left to compute, for its logits). Raises
+        ``LMError`` when prompt plus ``max_tokens`` exceed the context."""
+        if not prompt:
+            raise LMError("empty prompt")
+        if len(prompt) + params.max_tokens > self.max_context:
+            raise LMError(
+                f"prompt of {len(prompt)} tokens + max_tokens {params.max_tokens} exceeds "
+                f"the context of {self.max_context}"
+            )
+        capacity = max(64, 1 << (len(prompt) + 16).bit_length())
+        kv = np.zeros((self.layers, 2, self.kv_heads, capacity, self.head_dim), np.float32)
+        seq = LMSequence(seq_id, list(prompt), len(prompt), params, kv,
+                         rng=np.random.default_rng(params.seed))
+        if self.prefix_cache is not None:
+            seq.block_keys = self.prefix_cache.block_hashes(prompt)
+            # Blocks ending at the last prompt token are not reused: it must be computed.
+            usable = (len(prompt) - 1) // self.prefix_cache.block_tokens
+            blocks = self.prefix_cache.lookup(seq.block_keys[:usable])
+            size = self.prefix_cache.block_tokens
+            for i, block in enumerate(blocks):
+                kv[:, :, :, i * size:(i + 1) * size] = block
+            seq.num_cached = len(blocks) * size
+        return seq
+
+    def release(self, seq: LMSequence) -> None:
+        """Free the sequence's KV (the prefix cache keeps its own copies)."""
+        seq.kv = np.zeros((0,), np.float32)
+
+    # -- forward passes -------------------------------------------------------------------
+
+    def prefill(self, chunks: Sequence[tuple[LMSequence, int]]) -> np.ndarray:
+        """Compute the next ``n`` uncached prompt tokens of each (sequence, n) in one call;
+        returns float32 [len(chunks), vocab]: the logits after each chunk's last token
+        (meaningful as next-token logits when the chunk ends the prompt). A sequence whose
+        prompt is now complete adds its full prompt blocks to the prefix cache."""
+        logits = self._forward(chunks)
+        if self.prefix_cache is not None:
+            for seq, _ in chunks:
+                if seq.num_cached >= seq.prompt_len:
+                    self._cache_prompt(seq)
+        return logits
+
+    def decode(self, seqs: Sequence[LMSequence]) -> np.ndarray:
+        """One token each: the last token (just appended) of every sequence; returns the
+        next-token logits, float32 [len(seqs), vocab]."""
+        for seq in seqs:
+            if len(seq.tokens) - seq.num_cached != 1:
+                raise LMError(f"{seq.seq_id}: decode needs exactly one new token, "
+                              f"has {len(seq.tokens) - seq.num_cached}")
+        return self._forward([(seq, 1) for seq in seqs])
+
+    def _forward(self, chunks: Sequence[tuple[LMSequence, int]]) -> np.ndarray:
+        if not chunks:
+            return np.zeros((0, 0), np.float32)
+        b = len(chunks)
+        new = max(n for _, n in chunks)
+        past = max(seq.num_cached for seq, _ in chunks)
+        ids = np.full((b, new), self.pad_token_id, np.int64)
+        pos = np.zeros((b, new), np.int64)
+        mask = np.zeros((b, past + new), np.int64)
+        past_kv = np.zeros((self.layers, 2, b, self.kv_heads, past, self.head_dim), np.float32)
+        for row, (seq, n) in enumerate(chunks):
+            start = seq.num_cached
+            if n < 1 or start + n > len(seq.tokens):
+                raise LMError(f"{seq.seq_id}: cannot compute {n} tokens from {start} of {len(seq.tokens)}")
+            # Left padding: the last real token of every row sits in the last column.
+            ids[row, new - n:] = seq.tokens[start:start + n]
+            pos[row, new - n:] = np.arange(start, start + n)
+            mask[row, past - start:past] = 1
+            mask[row, past + new - n:] = 1
+            past_kv[:, :, row, :, past - start:] = seq.kv[:, :, :, :start]
+        with self._lock:
+            logits, new_kv = self._session.run(
+                ["logits", "new_kv"],
+                {"input_ids": ids, "attention_mask": mask, "position_ids": pos, "past_kv": past_kv},
+            )
+        for row, (seq, n) in enumerate(chunks):
+            start = seq.num_cached
+            self._reserve(seq, start + n)
+            seq.kv[:, :, :, start:start + n] = new_kv[:, :, row, :, new - n:]
+            seq.num_cached = start + n
+        return logits
+
+    def _reserve(self, seq: LMSequence, length: int) -> None:
+        capacity = seq.kv.shape[3]
+        if length <= capacity:
+            return
+        grown = np.zeros(seq.kv.shape[:3] + (max(length, 2 * capacity), self.head_dim), np.float32)
+        grown[:, :, :, :seq.num_cached] = seq.kv[:, :, :, :seq.num_cached]
+        seq.kv = grown
+
+    def _cache_prompt(self, seq: LMSequence) -> None:
+        assert self.prefix_cache is not None
+        size = self.prefix_cache.block_tokens
+        for i, key in enumerate(seq.block_keys):
+            if key not in self.prefix_cache:
+                self.prefix_cache.insert(key, seq.kv[:, :, :, i * size:(i + 1) * size].copy())
+
+    # -- sampling -------------------------------------------------------------------------
+
+    def sample(self, seq: LMSequence, logits: np.ndarray) -> int:
+        """The next token of ``seq`` from its logits row, per its ``SamplingParams``."""
+        return sample_token(logits, seq.params, seq.rng)
+
+    def append(self, seq: LMSequence, token: int) -> None:
+        seq.tokens.append(int(token))
+
+    def generate_greedy(self, prompt: Sequence[int], max_tokens: int) -> list[int]:
+        """Greedy tokens of one prompt, alone, stopping at an end-of-turn id (included) or
+        ``max_tokens``. For builds and tests; serving goes through the scheduler."""
+        seq = self.new_sequence("greedy", prompt, SamplingParams(max_tokens=max_tokens))
+        logits = self.prefill([(seq, seq.prompt_len - seq.num_cached)])[0]
+        while True:
+            token = int(np.argmax(logits))
+            self.append(seq, token)
+            if token in self.eos_token_ids or len(seq.generated) >= max_tokens:
+                return seq.generated
+            logits = self.decode([seq])[0]
+
+
+def sample_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+    """Greedy when ``params.temperature`` is 0, else nucleus sampling with ``rng``."""
+    if params.temperature == 0:
+        return int(np.argmax(logits))
+    scaled = logits.astype(np.float64) / params.temperature
+    probs = np.exp(scaled - scaled.max())
+    probs /= probs.sum()
+    if params.top_p < 1:
+        order = np.argsort(-probs, kind="stable")
+        keep = np.cumsum(probs[order]) - probs[order] < params.top_p  # always keeps the top one
+        trimmed = np.zeros_like(probs)
+        trimmed[order[keep]] = probs[order[keep]]
+        probs = trimmed / trimmed.sum()
+    return int(rng.choice(len(probs), p=probs))
+
+
+class StopChecker:
+    """Incremental detokenization and stop-string detection for one tokenizer.
+
+    ``check(seq)`` decodes the generated tokens into ``seq.text`` and says whether a stop
+    string appeared (the text is then cut before it). End-of-turn tokens are not text.
+    """
+
+    def __init__(self, tokenizer: Any, eos_token_ids: frozenset[int]) -> None:
+        self.tokenizer = tokenizer  # a tokenizers.Tokenizer
+        self.eos_token_ids = eos_token_ids
+
+    def check(self, seq: LMSequence) -> bool:
+        tokens = [t for t in seq.generated if t not in self.eos_token_ids]
+        seq.text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        for stop in seq.params.stop:
+            at = seq.text.find(stop)
+            if at >= 0:
+                seq.text = seq.text[:at]
+                return True
+        return False
+
+
+def execute_step(engine: LMEngine, out: StepPlan, sequences: Mapping[str, LMSequence],
+                 stops: StopChecker | None = None) -> StepOutput:
+    """Carry out one ``StepPlan``: one prefill call for its chunks, one decode call
+    for its decodes, then sample. Returns the ``StepOutput`` for ``scheduler.update``:
+    a token for every decoded sequence and every prefill chunk that ends its prompt."""
+
+    tokens: dict[str, int] = {}
+    if out.prefill:
+        chunk_seqs = [(sequences[c.seq_id], c.num_tokens) for c in out.prefill]
+        logits = engine.prefill(chunk_seqs)
+        for chunk, (seq, _), row in zip(out.prefill, chunk_seqs, logits):
+            if chunk.is_last:
+                tokens[chunk.seq_id] = engine.sample(seq, row)
+    if out.decode:
+        seqs = [sequences[s] for s in out.decode]
+        for seq, row in zip(seqs, engine.decode(seqs)):
+            tokens[seq.seq_id] = engine.sample(seq, row)
+    stopped = set()
+    for seq_id, token in tokens.items():
+        seq = sequences[seq_id]
+        engine.append(seq, token)
+        if stops is not None and stops.check(seq):
+            stopped.add(seq_id)
+    return StepOutput(tokens=tokens, stopped=frozenset(stopped))
