@@ -12,13 +12,14 @@ from typing import Any
 from mmstream import localstack
 from mmstream.console import event_line
 from mmstream.localstack import LocalStackError
-from mmstream.supervisor import DEFAULT_REPLICAS, Supervisor, parse_replicas
+from mmstream.supervisor import Supervisor, default_replicas, parse_replicas
 from schemas.codec import JSON
 from schemas.request import Lane, Modality, Part, Request, Task
 from schemas.settings import Settings, describe
 from streams.client import Client, new_id, wait_until_serving
-from streams.stages import STAGES
+from streams.stages import stage_names
 from streams.topics import ensure_topics, topic_specs
+from workers import modalities
 from workers.repository import ModelNotFoundError, ModelRepository
 
 
@@ -27,6 +28,10 @@ class UserError(Exception):
 
 
 def run(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
+    try:  # before anything lists stages, topics or modalities
+        modalities.load_plugins(settings.modalities.plugins)
+    except modalities.ModalityError as exc:
+        raise UserError(str(exc)) from None
     handler = {
         "up": cmd_up, "down": cmd_down, "status": cmd_status, "config": cmd_config, "worker": cmd_worker,
         "send": cmd_send, "demo": cmd_demo, "bench": cmd_bench, "top": cmd_top, "models": cmd_models,
@@ -52,7 +57,7 @@ def cmd_up(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int
     if args.infra_only:
         return 0
     try:
-        replicas = {**DEFAULT_REPLICAS, **parse_replicas(args.replicas)}
+        replicas = {**default_replicas(), **parse_replicas(args.replicas)}
     except ValueError as exc:
         raise UserError(str(exc)) from None
     _ensure_models(settings)
@@ -67,9 +72,10 @@ def cmd_up(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int
 
 
 def _ensure_models(settings: Settings) -> None:
+    """Every registered modality's model and the language model are in the repository."""
+    names = [s.model_name(settings) for s in modalities.specs()] + [settings.models.lm_model]
     try:
-        m = settings.models
-        for name in (m.text_model, m.image_model, m.audio_model, m.lm_model):
+        for name in dict.fromkeys(n for n in names if n):
             ModelRepository(settings.models.repository).resolve(name)
     except ModelNotFoundError as exc:
         raise UserError(f"{exc} (run: mmstream models build)") from None
@@ -116,8 +122,8 @@ def cmd_config(args: argparse.Namespace, settings: Settings, repo_root: Path) ->
 
 
 def cmd_worker(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
-    if args.stage not in STAGES:
-        raise UserError(f"unknown stage {args.stage!r}; stages: {', '.join(STAGES)}")
+    if args.stage not in stage_names():
+        raise UserError(f"unknown stage {args.stage!r}; stages: {', '.join(stage_names())}")
     from streams.stages.runner import run_stage  # loads Faust and the engines: only for this command
 
     run_stage(settings, args.stage, args.replica, args.loglevel)

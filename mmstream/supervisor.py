@@ -1,5 +1,9 @@
 """Local worker processes for `mmstream up`: N replicas per stage, detached, with pid files
-and logs under ``<state_dir>/workers/<topic_prefix>/``."""
+and logs under ``<state_dir>/workers/<topic_prefix>/``.
+
+The stages it knows are ``streams.stages.stage_names()`` once the settings' modality
+plugins are loaded; each modality's spec says how many replicas of its stage start by
+default (``default_replicas``)."""
 
 from __future__ import annotations
 
@@ -13,10 +17,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from schemas.settings import Settings
-from streams.stages import STAGES
+from streams.stages import stage_names
+from workers import modalities
 
-DEFAULT_REPLICAS = {"router": 1, "assembler": 1, "encode.text": 1, "encode.image": 1, "encode.audio": 1,
-                    "encode.video": 1, "generate": 1, "lagmon": 1}
+
+def default_replicas() -> dict[str, int]:
+    """Workers per stage that `mmstream up` starts: one of each fixed stage and each
+    registered modality's own count (none of the baseline's shared pool)."""
+    out = {"router": 1, "assembler": 1}
+    out.update((s.stage, s.replicas) for s in modalities.specs())
+    out.update(generate=1, lagmon=1)
+    return out
 
 
 @dataclass(frozen=True)
@@ -89,11 +100,14 @@ class Supervisor:
         return procs
 
     def start(self, replicas: dict[str, int]) -> list[WorkerProc]:
-        """Make each stage run exactly ``replicas[stage]`` workers (idempotent)."""
-
-        unknown = set(replicas) - set(STAGES)
+        """Make each stage run exactly ``replicas[stage]`` workers (idempotent). Loads the
+        settings' modality plugins first, so their stages are known; raises ``ValueError``
+        (``ModalityError`` for a plugin) naming what is unknown."""
+        modalities.load_plugins(self.settings.modalities.plugins)
+        stages = stage_names()
+        unknown = set(replicas) - set(stages)
         if unknown:
-            raise ValueError(f"unknown stage(s) {', '.join(sorted(unknown))}; stages: {', '.join(STAGES)}")
+            raise ValueError(f"unknown stage(s) {', '.join(sorted(unknown))}; stages: {', '.join(stages)}")
         self.dir.mkdir(parents=True, exist_ok=True)
         running = {(w.stage, w.replica): w for w in self.workers() if w.alive}
         for stage, count in replicas.items():

@@ -3,7 +3,7 @@
 Wire map (version 1)::
 
     {v: 1, id: str, tenant: str, task: "embed"|"generate",
-     parts: [{modality: "text"|"image"|"audio"|"video",
+     parts: [{modality: "text"|"image"|"audio"|"video"|<a registered plugin's name>,
               text: str | data: bytes | ref: str, mime: str}],
      params: {max_tokens, temperature, stop: [str], stream: bool},
      deadline_ms: int,     # budget in milliseconds from acceptance (not a wall-clock time)
@@ -12,6 +12,11 @@ Wire map (version 1)::
 
 In JSON, ``data`` is base64 text. Every variable-length field has a limit; breaking one
 raises ``WireError`` naming the field.
+
+A modality is a short lowercase name (``MODALITY_NAME_RE``); which names exist is the
+deployment's modality registry (``workers/modalities``), which the router hands to
+``validate_request``. ``Modality`` names the built-in ones for clients' convenience; a part
+of a plugin modality carries its name as a plain string (only text parts carry ``text``).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import binascii
 import re
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Collection
 
 from schemas.errors import ErrorCode, WireError
 
@@ -37,10 +42,16 @@ class Task(StrEnum):
 
 
 class Modality(StrEnum):
+    """The built-in modalities (a deployment may register more: see ``MODALITY_NAME_RE``)."""
+
     TEXT = "text"
     IMAGE = "image"
     AUDIO = "audio"
     VIDEO = "video"
+
+
+MODALITY_NAME_RE = r"[a-z][a-z0-9]{0,31}"
+"""What a modality name looks like: it becomes part of topic, stage and Kubernetes names."""
 
 
 class Lane(StrEnum):
@@ -70,7 +81,8 @@ class Limits:
 
 @dataclass(frozen=True, slots=True)
 class Part:
-    modality: Modality
+    modality: Modality | str
+    """A ``Modality`` for the built-in ones, the plain name for a plugin's."""
     text: str | None = None
     data: bytes | None = None
     ref: str | None = None
@@ -124,6 +136,8 @@ class Request:
 _ID_RE = re.compile(r"^[A-Za-z0-9._:\-]+$")
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._\-]+$")
 _MIME_RE = re.compile(r"^[a-z0-9.+\-]+/[a-z0-9.+\-]+$")
+_MODALITY_RE = re.compile(MODALITY_NAME_RE)
+_BUILT_IN = frozenset(m.value for m in Modality)
 
 
 def peek_reply(obj: Any) -> tuple[str, str | None] | None:
@@ -142,11 +156,15 @@ def peek_reply(obj: Any) -> tuple[str, str | None] | None:
     return rid, reply_to
 
 
-def validate_request(obj: dict[str, Any], limits: Limits, from_json: bool = False) -> Request:
+def validate_request(obj: dict[str, Any], limits: Limits, from_json: bool = False,
+                     modalities: Collection[str] | None = None) -> Request:
     """Turn a decoded map into a ``Request`` or raise ``WireError`` naming the field.
 
-    ``from_json`` makes ``data`` fields base64 text instead of bytes.
+    ``from_json`` makes ``data`` fields base64 text instead of bytes. ``modalities``: the
+    names a part may use, in the order error messages list them (default: ``Modality``'s);
+    any other fails the whole request with ``unsupported_media`` on ``parts.N.modality``.
     """
+    known = tuple(m.value for m in Modality) if modalities is None else tuple(modalities)
     v = obj.get("v", VERSION)
     if v != VERSION:
         raise WireError(ErrorCode.INVALID_REQUEST, f"schema version {v!r} is not supported (this server speaks v{VERSION})", "v")
@@ -170,24 +188,23 @@ def validate_request(obj: dict[str, Any], limits: Limits, from_json: bool = Fals
         raise WireError(ErrorCode.INVALID_REQUEST, "parts must be a non-empty list", "parts")
     if len(raw_parts) > limits.max_parts:
         raise WireError(ErrorCode.PAYLOAD_TOO_LARGE, f"at most {limits.max_parts} parts per request, got {len(raw_parts)}", "parts")
-    parts = tuple(_part(p, f"parts.{i}", limits, from_json) for i, p in enumerate(raw_parts))
+    parts = tuple(_part(p, f"parts.{i}", limits, from_json, known) for i, p in enumerate(raw_parts))
     params = _params(obj.get("params"), limits)
     return Request(id=rid, parts=parts, task=task, tenant=tenant, params=params,
                    deadline_ms=deadline_ms, reply_to=reply_to, lane=lane)
 
 
-def _part(p: Any, where: str, limits: Limits, from_json: bool) -> Part:
+def _part(p: Any, where: str, limits: Limits, from_json: bool, known: tuple[str, ...]) -> Part:
     if not isinstance(p, dict):
         raise WireError(ErrorCode.INVALID_REQUEST, "each part must be a map", where)
     modality_raw = p.get("modality")
-    try:
-        modality = Modality(modality_raw)
-    except ValueError:
+    if not (isinstance(modality_raw, str) and _MODALITY_RE.fullmatch(modality_raw) and modality_raw in known):
         raise WireError(
             ErrorCode.UNSUPPORTED_MEDIA,
-            f"modality {modality_raw!r} is not one of {', '.join(m.value for m in Modality)}",
+            f"modality {modality_raw!r} is not one of {', '.join(known)}",
             f"{where}.modality",
-        ) from None
+        )
+    modality: Modality | str = Modality(modality_raw) if modality_raw in _BUILT_IN else modality_raw
     mime = _string(p, "mime", 100, where=where)
     if mime is not None and not _MIME_RE.match(mime.lower()):
         raise WireError(ErrorCode.INVALID_REQUEST, f"mime {mime!r} is not a media type", f"{where}.mime")

@@ -89,7 +89,8 @@ class EncoderSettings:
 @dataclass(frozen=True)
 class RouterSettings:
     served_modalities: str = setting(
-        "text,image,audio,video", "Comma-separated modalities with an encoder pool; parts of others fail with unsupported_media."
+        "", "Comma-separated modalities with an encoder pool (empty: every registered one); parts of others fail "
+        "with unsupported_media."
     )
     served_tasks: str = setting("embed,generate", "Comma-separated tasks this deployment answers.")
     topic_cache_s: float = setting(10.0, "How long the router trusts its list of existing reply topics.")
@@ -117,6 +118,10 @@ class CacheSettings:
     timeout_ms: float = setting(50.0, "Redis socket timeout: past it a lookup counts as a miss and a failure.")
     breaker_failures: int = setting(3, "Consecutive Redis failures that open the breaker (cache bypassed).")
     breaker_cooldown_s: float = setting(10.0, "How long the breaker stays open before one trial call.")
+    ttl_overrides: str = setting(
+        "", "Cache TTLs by modality, e.g. audio=7200,doc=60 (seconds); a modality not named keeps its own default "
+        "(text and image: the two settings above)."
+    )
 
 
 @dataclass(frozen=True)
@@ -209,6 +214,14 @@ class ModelSettings:
 
 
 @dataclass(frozen=True)
+class ModalitiesSettings:
+    plugins: str = setting(
+        "", "Comma-separated Python modules that each register an extra modality when imported "
+        "(see docs/adding-a-modality.md); every worker and the CLI load them at start."
+    )
+
+
+@dataclass(frozen=True)
 class Settings:
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
     redis: RedisSettings = field(default_factory=RedisSettings)
@@ -223,6 +236,7 @@ class Settings:
     cache: CacheSettings = field(default_factory=CacheSettings)
     local: LocalSettings = field(default_factory=LocalSettings)
     models: ModelSettings = field(default_factory=ModelSettings)
+    modalities: ModalitiesSettings = field(default_factory=ModalitiesSettings)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":

@@ -22,6 +22,7 @@ from schemas.jobs import DeadlineTick, EncodedPart, GenerateJob, Manifest
 from schemas.trace import Span, breakdown, spans_from_wire
 from streams.lifecycle import RequestStatus, advance
 from streams.pooling import pool_chunks
+from workers import modalities
 
 TERMINAL_SEQ = 1  # seq 0 is the router's `accepted`
 
@@ -203,20 +204,15 @@ def _complete(state: Assembly, now_ms: float, deadline_hit: bool) -> Step:
 
 
 def _grounding(r: dict[str, Any]) -> dict[str, Any]:
-    """What the language model is told about one part (see streams/policies/prompt.py)."""
-    extras = r.get("extras") or {}
+    """What the language model is told about one part: its modality's ``grounding`` of the
+    part's extras (workers/modalities), or only that it failed. The generator turns it into
+    a prompt part (workers/prompt.py)."""
     out: dict[str, Any] = {"modality": r["modality"]}
+    spec = modalities.get(r["modality"])
     if r.get("error") is not None:
         out["failed"] = True
-    elif r["modality"] == "text":
-        out["text"] = extras.get("text", "")
-    elif r["modality"] == "image":
-        out["labels"] = extras.get("top5", [])
-    elif r["modality"] == "audio":
-        out["transcript"] = extras.get("transcript", "")
-    elif r["modality"] == "video":
-        out["frames"] = extras.get("frame_top", [])
-        out["transcript"] = extras.get("transcript")
+    elif spec is not None:
+        out.update(spec.grounding(r.get("extras") or {}))
     return out
 
 

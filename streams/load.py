@@ -8,10 +8,14 @@ from typing import Iterable
 
 from streams.lagmon import LagRow
 from streams.policies.admission import CostModel
+from workers import modalities
 
-# Units of work one queued record stands for, per encode stage (a text job is ~20 tokens,
-# an image job one image, a video job fans out to its frames).
-UNITS_PER_RECORD = {"text": 20.0, "image": 1.0, "video": 16.0, "audio": 1.0}
+
+def units_per_record(modality: str) -> float:
+    """Units of work one queued record of ``modality``'s encode topic stands for (its spec's
+    ``units_per_record``: a text job ~20 tokens, a video job its frames); 1 when unknown."""
+    spec = modalities.get(modality)
+    return spec.units_per_record if spec is not None else 1.0
 
 
 @dataclass
@@ -30,7 +34,7 @@ class LoadView:
             if not row.topic.startswith(head):
                 continue
             modality = row.topic[len(head):].rsplit(".", 1)[0]
-            work = row.lag * self.cost.cost_ms(modality, UNITS_PER_RECORD.get(modality, 1.0))
+            work = row.lag * self.cost.cost_ms(modality, units_per_record(modality))
             stage = f"encode.{modality}"
             queued[stage] = queued.get(stage, 0.0) + work
             by_partition.setdefault(row.topic, {})[row.partition] = work

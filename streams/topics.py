@@ -4,7 +4,8 @@ Names follow DESIGN.md with a configurable prefix (``mm`` by default; tests use 
 one per run so they never see each other's records):
 
     <p>.ingress.<lane>            client requests
-    <p>.encode.<modality>.<lane>  one part of one request, for that modality's pool
+    <p>.encode.<modality>.<lane>  one part of one request, for that modality's pool (one per
+                                  registered modality, workers/modalities, plus ``any``)
     <p>.encoded.<lane>            manifests, encoded parts and deadline ticks, keyed by id
     <p>.generate.<lane>           assembled generate jobs
     <p>.results                   default reply topic
@@ -16,13 +17,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from schemas.request import Lane, Modality
+from schemas.request import Lane
 from schemas.settings import KafkaSettings
+from workers import modalities
 
 log = logging.getLogger(__name__)
 
 LANES = (Lane.RT, Lane.BULK)
-MODALITIES = tuple(Modality)
 ANY = "any"
 """The shared encode topic of the no-routing baseline (one generic pool for every modality)."""
 
@@ -42,7 +43,7 @@ class TopicNames:
     def ingress(self, lane: Lane | str) -> str:
         return f"{self.prefix}.ingress.{lane}"
 
-    def encode(self, modality: Modality | str, lane: Lane | str) -> str:
+    def encode(self, modality: str, lane: Lane | str) -> str:
         return f"{self.prefix}.encode.{modality}.{lane}"
 
     def encoded(self, lane: Lane | str) -> str:
@@ -66,15 +67,16 @@ class TopicNames:
 
 
 def topic_specs(kafka: KafkaSettings) -> list[TopicSpec]:
-    """Every topic the pipeline uses. All stage topics share one partition count so the
-    assembler's table (partitioned like its input) stays co-partitioned."""
+    """Every topic the pipeline uses (encode topics for the modalities registered now). All
+    stage topics share one partition count so the assembler's table (partitioned like its
+    input) stays co-partitioned."""
     names = TopicNames(kafka.topic_prefix)
     n = kafka.partitions
     big = {"max.message.bytes": str(kafka.max_message_bytes)}
     specs: list[TopicSpec] = []
     for lane in LANES:
         specs.append(TopicSpec(names.ingress(lane), n, f"client requests, {lane} lane", big))
-        for modality in (*MODALITIES, ANY):
+        for modality in (*modalities.names(), ANY):
             specs.append(TopicSpec(names.encode(modality, lane), n, f"{modality} encode jobs, {lane} lane", big))
         specs.append(TopicSpec(names.encoded(lane), n, f"fan-in to the assembler, {lane} lane", big))
         specs.append(TopicSpec(names.generate(lane), n, f"generate jobs, {lane} lane", big))

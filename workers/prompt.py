@@ -13,6 +13,9 @@ Format of the user message (one block per part, blank line between blocks)::
     [video 1] transcript: "the waves are high today"
     What is in the picture?
 
+A part of another modality (a plugin's) is an ``AttachmentPart``: ``[<modality> N] <what>:
+"<text>"``, quoted and cut like a transcript.
+
 Text parts are written as they are. Labels are the ``max_labels`` best at or above
 ``min_score``, best first, scores with two decimals; a part with none says ``(no confident
 labels)``, a failed part says ``(unavailable)``, so the model can say it does not know
@@ -76,7 +79,17 @@ class VideoPart:
     failed: bool = False
 
 
-Part = Union[TextPart, ImagePart, AudioPart, VideoPart]
+@dataclass(frozen=True, slots=True)
+class AttachmentPart:
+    """A part of any other modality, as words some upstream model made of it."""
+
+    modality: str  # the tag: "[doc 1]"
+    what: str  # what the words are: "text", "summary", "caption"
+    text: str = ""
+    failed: bool = False
+
+
+Part = Union[TextPart, ImagePart, AudioPart, VideoPart, AttachmentPart]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +111,7 @@ def build_messages(parts: Sequence[Part], settings: PromptSettings = PromptSetti
     Raises ``ValueError`` when there are no parts or one is of an unknown type."""
     if not parts:
         raise ValueError("a prompt needs at least one part")
-    counts = {"image": 0, "audio": 0, "video": 0}
+    counts: dict[str, int] = {"image": 0, "audio": 0, "video": 0}
     blocks = []
     for part in parts:
         if isinstance(part, TextPart):
@@ -114,6 +127,11 @@ def build_messages(parts: Sequence[Part], settings: PromptSettings = PromptSetti
         elif isinstance(part, VideoPart):
             counts["video"] += 1
             blocks.append(_video(part, f"[video {counts['video']}]", settings))
+        elif isinstance(part, AttachmentPart):
+            counts[part.modality] = counts.get(part.modality, 0) + 1
+            tag = f"[{_clean(part.modality)} {counts[part.modality]}]"
+            blocks.append(f"{tag} (unavailable)" if part.failed
+                          else f"{tag} {_clean(part.what)}: {_quote(part.text, settings)}")
         else:
             raise ValueError(f"unknown part type {type(part).__name__}")
     messages = [{"role": "system", "content": _clean(settings.system)}]

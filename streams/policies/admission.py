@@ -2,9 +2,10 @@
 a decision out; the router measures, asks, and carries the decision out.
 
 Cost model: each part's compute in milliseconds of engine time, estimated from what the
-router can see without decoding — tokens (≈ characters / 4) for text, one unit per image,
-``max_frames`` image units for a video, a fixed unit for audio — with per-modality
-coefficients that start from settings and follow observed service times (EWMA).
+router can see without decoding — each modality's spec (``workers/modalities``) says how
+many units a part is (tokens ≈ characters / 4 for text, one per image, ``max_frames`` image
+units for a video, one per audio clip) and what a unit costs before anything is measured;
+the coefficients then follow observed service times (EWMA).
 
 Queued work of a stage = its consumer lag (records) x the mean cost of one of its records.
 A request is admitted when, for every stage it needs, the stage's queued work is under
@@ -19,6 +20,15 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from schemas.errors import ErrorCode
+from workers import modalities
+
+DEFAULT_MS_PER_UNIT = 10.0
+"""Cost of one unit of a modality nobody registered (the baseline's ``any`` pool)."""
+
+
+def default_ms_per_unit() -> dict[str, float]:
+    """Each registered modality's cost of one unit before any worker has measured it."""
+    return {s.name: s.ms_per_unit for s in modalities.specs()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,25 +47,18 @@ class Reject:
 class CostModel:
     """Milliseconds of engine time per unit of each modality, kept current by ``observe``."""
 
-    ms_per_unit: dict[str, float] = field(default_factory=lambda: {
-        "text": 0.15,    # per token, padded batch on 2 CPU threads
-        "image": 8.0,    # per image at 224x224
-        "video": 8.0,    # per sampled frame (frames go to the image pool)
-        "audio": 300.0,  # per clip (30 s Whisper window)
-    })
+    ms_per_unit: dict[str, float] = field(default_factory=default_ms_per_unit)
     alpha: float = 0.1
     """EWMA weight of a new observation."""
 
     def units(self, modality: str, size: int, max_frames: int = 16) -> float:
-        """Work units of one part: tokens for text (from its characters), frames for video, else 1."""
-        if modality == "text":
-            return max(1.0, size / 4.0)
-        if modality == "video":
-            return float(max_frames)
-        return 1.0
+        """Work units of one part as its modality's spec counts them (1 for an unknown one):
+        ``size`` is the text's characters or the inline bytes."""
+        spec = modalities.get(modality)
+        return spec.units(size, max_frames) if spec is not None else 1.0
 
     def cost_ms(self, modality: str, units: float) -> float:
-        return self.ms_per_unit.get(modality, 10.0) * units
+        return self.ms_per_unit.get(modality, DEFAULT_MS_PER_UNIT) * units
 
     def observe(self, modality: str, units: float, service_ms: float) -> None:
         if units <= 0 or service_ms < 0:

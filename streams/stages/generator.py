@@ -36,6 +36,7 @@ from streams.policies.scheduler import (
 )
 from streams.produce import Out, out_map, send_all
 from streams.topics import LANES
+from workers import modalities
 from workers import prompt as P
 from workers.engines.lm import LMEngine, LMError, SamplingParams, StopChecker, execute_step
 from workers.prefix_cache import PrefixCache
@@ -46,22 +47,14 @@ STAGE = "generate"
 
 
 def prompt_parts(parts: list[dict[str, Any]]) -> list[Any]:
-    """The prompt builder's parts from what the assembler forwarded (schemas.jobs.GenerateJob)."""
-    def labels(pairs: Any) -> list[P.Label]:
-        return [P.Label(str(name), float(score)) for name, score in (pairs or [])]
-
+    """The prompt builder's parts from what the assembler forwarded (schemas.jobs.GenerateJob),
+    each made by its modality's ``prompt_part``; parts of a modality without one (or not
+    registered here) are left out."""
     out: list[Any] = []
     for p in parts:
-        m, failed = p.get("modality"), bool(p.get("failed"))
-        if m == "text":
-            out.append(P.TextPart(p.get("text", "")))
-        elif m == "image":
-            out.append(P.ImagePart(labels(p.get("labels")), failed=failed))
-        elif m == "audio":
-            out.append(P.AudioPart(p.get("transcript", "") or "", failed=failed))
-        elif m == "video":
-            frames = [P.FrameLabels(float(at), labels(top)) for at, top in (p.get("frames") or [])]
-            out.append(P.VideoPart(frames, p.get("transcript"), failed=failed))
+        spec = modalities.get(str(p.get("modality")))
+        if spec is not None and spec.prompt_part is not None:
+            out.append(spec.prompt_part(p))
     return out
 
 

@@ -34,6 +34,7 @@ from streams.produce import Out, out_map, send_all
 from streams.result_cache import ResultCache
 from streams.split import split_request
 from streams.topics import LANES, TopicNames
+from workers import modalities
 from workers.cache_keys import content_digest, result_key
 from workers.text import normalize
 
@@ -70,7 +71,9 @@ class Router:
         self.settings = settings
         self.topics = TopicNames(settings.kafka.topic_prefix)
         self.limits = limits_from(settings)
-        self.served_modalities = frozenset(m.strip() for m in settings.router.served_modalities.split(",") if m.strip())
+        self.known_modalities = tuple(modalities.names())
+        """What a part may say it is: the registry (plugins loaded) when the router starts."""
+        self.served_modalities = modalities.served(settings)
         self.served_tasks = frozenset(t.strip() for t in settings.router.served_tasks.split(",") if t.strip())
         self.topic_exists = topic_exists
         self.load = load if load is not None else LoadView()
@@ -93,7 +96,7 @@ class Router:
             return Routed([self._dlq(raw, headers, source, f"undecodable: {exc}")], "dlq")
         from_json = (content_type or "").startswith(JSON) or (content_type is None and bytes(raw).lstrip()[:1] == b"{")
         try:
-            req = validate_request(obj, self.limits, from_json=from_json)
+            req = validate_request(obj, self.limits, from_json=from_json, modalities=self.known_modalities)
             if str(req.task) not in self.served_tasks:
                 raise WireError(ErrorCode.INVALID_REQUEST,
                                 f"task {req.task!s} is not served by this deployment (served: {', '.join(sorted(self.served_tasks))})",
@@ -170,23 +173,24 @@ class Router:
                       queued_ms=span["queued_ms"], service_ms=span["service_ms"], admission="admit")
 
     def _part_cost(self, part: Any) -> float:
+        """Estimated engine ms of one part, from what the router sees without decoding."""
         m = str(part.modality)
         cost = self.load.cost
-        return cost.cost_ms(m, cost.units(m, len(part.text or ""), self.settings.video.max_frames))
+        size = len(part.text) if part.text is not None else len(part.data or b"")
+        return cost.cost_ms(m, cost.units(m, size, self.settings.video.max_frames))
 
     def _admit(self, req: Any) -> Admit | Reject | None:
         """The admission decision for a valid request (None when admission is off)."""
         if self.admission is None:
             return None
-        cost = self.load.cost
         stages: dict[str, float] = {}
         for part in req.parts:
-            m = str(part.modality)
-            if m not in self.served_modalities:
+            spec = modalities.get(str(part.modality))
+            if spec is None or spec.name not in self.served_modalities:
                 continue
-            size = len(part.text or "") if m == "text" else 0
-            stage = "encode.image" if m == "video" else f"encode.{m}"  # video frames land on the image pool
-            stages[stage] = stages.get(stage, 0.0) + cost.cost_ms(m, cost.units(m, size, self.settings.video.max_frames))
+            # The pool that does the work carries the cost (a video's frames: the image pool).
+            stage = spec.admission_stage
+            stages[stage] = stages.get(stage, 0.0) + self._part_cost(part)
         deadline = req.deadline_ms or self.settings.limits.default_deadline_ms
         return admit(lane=str(req.lane), stages=stages, queued_ms=self.load.queued_ms, deadline_ms=deadline,
                      limits=self.admission)

@@ -3,6 +3,11 @@
 A stage's engine loads and warms up before its Faust worker starts, so the worker joins
 its consumer group only when it can serve at full speed. Every worker serves Prometheus
 metrics on its own port and writes the bound port next to its pid file.
+
+Modality plugins (``MMSTREAM_MODALITIES_PLUGINS``) are loaded first, so the topics, the
+stage names and every table read from the modality registry include them. An encode stage
+runs its modality's runner (``ModalitySpec.runner``) in an ``EncoderLoop``; a modality that
+fans out runs its fan-out loop from ``FANOUT_STAGES``.
 """
 
 from __future__ import annotations
@@ -17,32 +22,31 @@ from schemas.settings import Settings
 from streams.app import create_app
 from streams.lagmon import run_lag_monitor
 from streams.metrics import Metrics, serve
+from streams.stages import BASELINE_POOL, stage_names
 from streams.stages.assembler import install_assembler
-from streams.stages.router import install_router
-from streams.stages import STAGES
 from streams.stages.encoder import EncoderLoop
 from streams.stages.generator import install_generator
+from streams.stages.router import install_router
 from streams.stages.video import install_video_fanout
 from streams.topics import ensure_topics, topic_specs
+from workers import modalities
 from workers.claims import with_claims
-from workers.encoders import audio_runner, claim_resolver, generic_runner, image_runner, text_runner
+from workers.encoders import Runner, claim_resolver
+from workers.modalities.generic import generic_runner
 
 log = logging.getLogger(__name__)
 
 
 Installer = Callable[[faust.App, Settings, Metrics], None]
+Build = Callable[[Settings, Metrics], Runner]
+
+FANOUT_STAGES: dict[str, Installer] = {"video": install_video_fanout}
+"""Fan-out loops by modality: the stage of a modality whose spec fans out instead of encoding."""
 
 
-def _encoder_installer(modality: str) -> Installer:
+def _encoder_installer(modality: str, build: Build) -> Installer:
     def install(app: faust.App, settings: Settings, metrics: Metrics) -> None:
-        if modality == "text":
-            runner = text_runner(settings, metrics)
-        elif modality == "image":
-            runner, _ = image_runner(settings, metrics)
-        elif modality == "audio":
-            runner = audio_runner(settings, metrics)
-        else:
-            runner = generic_runner(settings, metrics)
+        runner = build(settings, metrics)
         loop = EncoderLoop(app, settings, metrics, modality, with_claims(runner.run_batch, claim_resolver(settings)),
                            cost=runner.cost)
         if runner.calibrate is not None:  # the cost model's first numbers, before real traffic
@@ -54,17 +58,19 @@ def _encoder_installer(modality: str) -> Installer:
 
 
 def _installer(stage: str) -> Installer:
-    if stage == "router":
-        return install_router
-    if stage == "assembler":
-        return install_assembler
-    if stage in ("encode.text", "encode.image", "encode.audio", "encode.any"):
-        return _encoder_installer(stage.split(".", 1)[1])
-    if stage == "generate":
-        return install_generator
-    if stage == "encode.video":
-        return install_video_fanout
-    raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
+    fixed = {"router": install_router, "assembler": install_assembler, "generate": install_generator,
+             BASELINE_POOL: _encoder_installer("any", generic_runner)}
+    if stage in fixed:
+        return fixed[stage]
+    spec = modalities.get(stage.removeprefix("encode.")) if stage.startswith("encode.") else None
+    if spec is None:
+        raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(stage_names())}")
+    if spec.runner is not None:
+        build = spec.runner
+        return _encoder_installer(spec.name, lambda settings, metrics: build(settings, metrics, spec.stage))
+    if spec.name not in FANOUT_STAGES:
+        raise ValueError(f"modality {spec.name!r} fans out to {spec.fanout} but no fan-out stage is written for it")
+    return FANOUT_STAGES[spec.name]
 
 
 def build_stage(settings: Settings, stage: str, metrics: Metrics, replica: int = 0) -> faust.App:
@@ -80,7 +86,9 @@ def port_file(settings: Settings, stage: str, replica: int) -> Any:
 
 
 def run_stage(settings: Settings, stage: str, replica: int = 0, loglevel: str = "info") -> None:
-    """Create the topics, build the stage, serve its metrics and run it until SIGTERM/SIGINT."""
+    """Load the modality plugins, create the topics, build the stage, serve its metrics and
+    run it until SIGTERM/SIGINT."""
+    modalities.load_plugins(settings.modalities.plugins)
     asyncio.run(ensure_topics(settings.kafka.bootstrap, topic_specs(settings.kafka), settings.kafka.replication_factor))
     if stage == "lagmon":
 

@@ -21,6 +21,7 @@ from streams.metrics import Metrics
 from streams.produce import Out, out_map, send_all
 from streams.split import spread_partitions
 from streams.topics import LANES
+from workers import modalities
 from workers.encoders import claim_resolver
 from workers.video import FRAMES_MIME, chunk_frames, decode_video, extract_audio_wav
 
@@ -50,7 +51,7 @@ def plan_fanout(job: EncodeJob, settings: Settings, decode: Any = decode_video, 
     extras: dict[str, Any] = {"duration_s": round(video.duration_s, 3), "frames_sampled": len(video.frames),
                               "has_audio": video.has_audio, "fps": v.fps}
     audio: bytes | None = None
-    if video.has_audio and "audio" in _served(settings):
+    if video.has_audio and "audio" in modalities.served(settings):
         try:
             audio = extract_audio_wav(data, v.max_seconds)
         except WireError as err:
@@ -76,10 +77,6 @@ def plan_fanout(job: EncodeJob, settings: Settings, decode: Any = decode_video, 
                           mime="audio/wav", trace=[span], chunk=k)
         outs.append(out_map(names.encode("audio", job.lane), f"{job.id}:{job.part}:{k}", track.to_wire()))
     return outs
-
-
-def _served(settings: Settings) -> set[str]:
-    return {m.strip() for m in settings.router.served_modalities.split(",")}
 
 
 def install_video_fanout(app: faust.App, settings: Settings, metrics: Metrics) -> None:

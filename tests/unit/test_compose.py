@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 
 from schemas.settings import LocalSettings
-from streams.stages.runner import STAGES
+from streams.stages import stage_names
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())
@@ -48,7 +48,7 @@ def test_redis_policy_matches_native_config():
 
 
 def test_every_stage_has_a_service_running_it():
-    for stage in STAGES:
+    for stage in stage_names():  # the registry's modalities (workers/modalities) and the fixed stages
         service = SERVICES[stage.replace(".", "-")]
         assert service["command"] == ["worker", stage]
         assert service["environment"]["MMSTREAM_KAFKA_BOOTSTRAP"] == "kafka:9092"

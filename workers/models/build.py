@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 from schemas.settings import Settings
+from workers import modalities
 from workers.models import efficientnet, minilm, smollm, whisper
 from workers.repository import (
     CONFIG_FILE,
@@ -63,6 +64,13 @@ RECIPES: Mapping[str, Recipe] = {
     smollm.NAME: Recipe(smollm.NAME, smollm.VERSION, smollm.PACKAGE, smollm.build),
     whisper.NAME: Recipe(whisper.NAME, whisper.VERSION, whisper.PACKAGE, whisper.build),
 }
+"""Every model this package knows how to build. A modality names its own in its spec."""
+
+
+def default_models() -> list[str]:
+    """What a build without names builds: each registered modality's recipe (plugins loaded
+    by the caller), then the language model's."""
+    return list(dict.fromkeys([*(s.recipe for s in modalities.specs() if s.recipe), smollm.NAME]))
 
 
 class BuildError(ModelRepositoryError):
@@ -110,14 +118,14 @@ def _version(distribution: str) -> str:
 def build_models(
     repo_root: Path, names: list[str] | None = None, force: bool = False, log: Log = print
 ) -> list[BuildReport]:
-    """Build ``names`` (every known model when None) into ``repo_root``.
+    """Build ``names`` (``default_models()`` when None) into ``repo_root``.
 
     Skips a model whose repository version already has the current build key, unless
     ``force``. Returns one report per model, in order. Raises ``BuildError`` for an unknown
     name or a missing build dependency, and the recipe's own errors (the repository is then
     left as it was).
     """
-    names = list(RECIPES) if names is None else names
+    names = default_models() if names is None else names
     unknown = [n for n in names if n not in RECIPES]
     if unknown:
         raise BuildError(f"unknown models {unknown}; known: {sorted(RECIPES)}")
@@ -210,14 +218,16 @@ def _exclusive(lock_path: Path) -> Iterator[None]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    settings = Settings.from_env()
+    modalities.load_plugins(settings.modalities.plugins)
     parser = argparse.ArgumentParser(prog="python -m workers.models.build", description=__doc__.split("\n")[0])
-    parser.add_argument("names", nargs="*", help=f"models to build (default: all of {sorted(RECIPES)})")
+    parser.add_argument("names", nargs="*", help=f"models to build (default: {', '.join(default_models())}; "
+                                                 f"known: {', '.join(RECIPES)})")
     parser.add_argument("--root", type=Path, help="repository root (default: MMSTREAM_MODELS_REPOSITORY)")
     parser.add_argument("--force", action="store_true", help="rebuild even when up to date")
     args = parser.parse_args(argv)
     if args.root is None:
-
-        args.root = Settings.from_env().models.repository
+        args.root = settings.models.repository
     for report in build_models(args.root, args.names or None, force=args.force):
         for precision, fidelity in report.fidelity.items():
             print(f"  {precision}: {fidelity}")

@@ -96,3 +96,21 @@ def test_validation_never_fails_with_anything_but_wire_error(obj):
         validate_request(obj if isinstance(obj, dict) else {"parts": obj}, LIMITS)
     except WireError:
         pass
+
+
+def test_a_modality_outside_the_enum_is_accepted_only_when_the_caller_knows_it():
+    doc = valid(parts=[{"modality": "doc", "data": b"hi"}])
+    assert code_and_field(doc) == (ErrorCode.UNSUPPORTED_MEDIA, "parts.0.modality")  # default: the enum's
+    req = validate_request(doc, LIMITS, modalities=("text", "doc"))
+    assert req.parts[0].modality == "doc" and req.parts[0].data == b"hi"
+    assert req.parts[0].to_wire() == {"modality": "doc", "data": b"hi"}
+    text = validate_request(valid(), LIMITS, modalities=("text", "doc")).parts[0]
+    assert text.modality is Modality.TEXT  # built-ins stay enum members
+    for bad in ("Doc", "doc.x", "d" * 33, 7, None):
+        with pytest.raises(WireError) as exc:
+            validate_request(valid(parts=[{"modality": bad, "data": b"x"}]), LIMITS, modalities=("doc", "Doc", "doc.x"))
+        assert (exc.value.code, exc.value.field) == (ErrorCode.UNSUPPORTED_MEDIA, "parts.0.modality")
+    with pytest.raises(WireError, match="not one of text, doc"):
+        validate_request(valid(parts=[{"modality": "smell", "data": b"x"}]), LIMITS, modalities=("text", "doc"))
+    with pytest.raises(WireError, match="carries `data` or `ref`"):  # only text parts carry text
+        validate_request(valid(parts=[{"modality": "doc", "text": "x"}]), LIMITS, modalities=("doc",))

@@ -40,6 +40,7 @@ class FakeRecipe:
 def recipe(monkeypatch: pytest.MonkeyPatch) -> FakeRecipe:
     fake = FakeRecipe()
     monkeypatch.setattr(build_mod, "RECIPES", {"fake": Recipe("fake", "1", "numpy", fake)})
+    monkeypatch.setattr(build_mod, "default_models", lambda: ["fake"])
     monkeypatch.setattr(build_mod, "_TOOLCHAIN", ("numpy",))
     return fake
 

@@ -1,0 +1,145 @@
+"""What one modality is, as data: ``ModalitySpec``.
+
+Everything that differs between modalities lives in its spec, and the rest of the
+pipeline reads the spec instead of listing modalities again: the encode topics and stage
+(``encode.<name>``), the stage's runner, the reuse cache's key content, preprocessing
+version and TTL, the router's cost estimate (unit, default ms per unit, units of one part,
+units one queued record stands for), the pool admission charges, what the language model
+is told about a part, the model it serves and the recipe that builds it, and how many
+replicas ``mmstream up`` starts.
+
+Callables in a spec are plain functions of plain data (extras maps, sizes, jobs); only
+``runner`` loads anything, and only when a worker of the stage starts.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from schemas.jobs import EncodeJob
+from schemas.request import MODALITY_NAME_RE
+from schemas.settings import Settings
+from workers.encoders import Runner, with_cache
+from workers.outputs import Observer
+
+RunnerBuilder = Callable[[Settings, Observer, str], Runner]
+"""(settings, observer, stage) -> the stage's Runner. ``stage`` is the label its engine is
+reported under: ``encode.<name>``, or ``encode.any`` in the no-routing baseline's pool."""
+
+RESERVED_NAMES = frozenset({"any", "mixed"})
+"""``any`` is the shared topic of the no-routing baseline, ``mixed`` the metrics label of a
+request with parts of several modalities."""
+
+
+def one_unit(size: int, max_frames: int) -> float:
+    """Every part costs one unit (an image, a clip), whatever its size."""
+    return 1.0
+
+
+def no_grounding(extras: Mapping[str, Any]) -> dict[str, Any]:
+    return {}
+
+
+@dataclass(frozen=True)
+class ModalitySpec:
+    name: str
+    """The wire name (``parts[].modality``); topics ``<p>.encode.<name>.<lane>`` and the stage
+    ``encode.<name>`` are named after it. Lowercase letters and digits, at most 32."""
+    runner: RunnerBuilder | None = None
+    """Builds the encode stage's batch function; None for a modality that fans out instead."""
+    fanout: tuple[str, ...] = ()
+    """Pools a part of this modality fans out to (video: frame chunks to ``image``, the
+    soundtrack to ``audio``); its stage is then a fan-out loop in ``streams/stages/``, not an
+    encoder. The first pool is the one admission charges for the part."""
+    model_setting: str | None = None
+    """Field of ``ModelSettings`` that names the model this modality serves."""
+    model: str | None = None
+    """The model served when no setting names it (a plugin's own model)."""
+    recipe: str | None = None
+    """Name of the build recipe (``workers.models.build.RECIPES``) of its model, built by
+    ``mmstream models build``; None when it serves another modality's model."""
+    cache_content: Callable[[EncodeJob, Settings], bytes | None] | None = None
+    """The bytes a cache key hashes: what the model sees after normalization, so equal
+    content hits however it was encoded. None: not cached."""
+    preprocessing: str = ""
+    """Preprocessing version in the cache key: bump it when ``cache_content`` or the
+    preprocessing changes what the model is given."""
+    cost_unit: str = "part"
+    """What one unit of work is (token, image, clip, frame): for people reading costs."""
+    ms_per_unit: float = 10.0
+    """Engine milliseconds per unit before any worker has published a measured number."""
+    units: Callable[[int, int], float] = one_unit
+    """(size, max_frames) -> work units of one part, as the router sees it without decoding:
+    ``size`` is the text's characters or the inline bytes (0 for a ref)."""
+    units_per_record: float = 1.0
+    """Units one queued record of this modality's encode topic stands for (load estimate)."""
+    cache_ttl_s: int = 3600
+    """How long a cached output stays reusable, unless a setting says otherwise."""
+    ttl_setting: str | None = None
+    """Field of ``CacheSettings`` holding this modality's TTL (text and image have one)."""
+    grounding: Callable[[Mapping[str, Any]], dict[str, Any]] = no_grounding
+    """What the language model is told about an encoded part, from the part's extras: the
+    fields forwarded beside ``modality`` in a generate job (``schemas.jobs.GenerateJob``)."""
+    prompt_part: Callable[[Mapping[str, Any]], Any] | None = None
+    """The ``workers.prompt`` part for one forwarded grounding map (which may say
+    ``failed``); None: the language model is not told about such parts."""
+    replicas: int = 1
+    """Workers of its stage that ``mmstream up`` starts by default."""
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(MODALITY_NAME_RE, self.name) or self.name in RESERVED_NAMES:
+            raise ValueError(f"modality name {self.name!r} must be 1-32 lowercase letters or digits, "
+                             f"starting with a letter, and not one of {sorted(RESERVED_NAMES)}")
+        if (self.runner is None) == (not self.fanout):
+            raise ValueError(f"modality {self.name!r} needs exactly one of a runner or fan-out pools")
+        if self.replicas < 0 or self.ms_per_unit < 0 or self.units_per_record <= 0 or self.cache_ttl_s <= 0:
+            raise ValueError(f"modality {self.name!r}: replicas, costs and TTL must be positive")
+
+    @property
+    def stage(self) -> str:
+        return f"encode.{self.name}"
+
+    @property
+    def admission_stage(self) -> str:
+        """The stage whose queued work admission weighs a part of this modality against."""
+        return f"encode.{self.fanout[0]}" if self.fanout else self.stage
+
+    def model_name(self, settings: Settings) -> str | None:
+        """The model this modality serves under ``settings`` (None: it has none of its own)."""
+        if self.model_setting is not None:
+            return str(getattr(settings.models, self.model_setting))
+        return self.model
+
+    def cache_ttl(self, settings: Settings) -> int:
+        """Seconds a cached output lives: ``MMSTREAM_CACHE_TTL_OVERRIDES`` when it names this
+        modality, else the modality's own setting, else the spec's default."""
+        overrides = parse_overrides(settings.cache.ttl_overrides)
+        if self.name in overrides:
+            return overrides[self.name]
+        if self.ttl_setting is not None:
+            return int(getattr(settings.cache, self.ttl_setting))
+        return self.cache_ttl_s
+
+    def cached(self, settings: Settings, observer: Observer, run_batch: Any, config: Any) -> Any:
+        """``run_batch`` behind the reuse cache, keyed by this spec's content and versions."""
+        content = self.cache_content
+        if content is None:
+            return run_batch
+        return with_cache(settings, observer, self.name, run_batch, lambda job: content(job, settings), config,
+                          self.preprocessing, self.cache_ttl(settings))
+
+
+def parse_overrides(raw: str) -> dict[str, int]:
+    """``"audio=7200,doc=60"`` -> ``{"audio": 7200, "doc": 60}``; raises ``ValueError``
+    naming the entry that is not ``name=seconds`` with positive seconds."""
+    out: dict[str, int] = {}
+    for entry in (e.strip() for e in raw.split(",")):
+        if not entry:
+            continue
+        name, sep, seconds = entry.partition("=")
+        if not sep or not seconds.strip().isdigit() or int(seconds) <= 0:
+            raise ValueError(f"cache TTL override {entry!r} is not modality=seconds")
+        out[name.strip()] = int(seconds)
+    return out
