@@ -24,12 +24,13 @@ from mmstream.bench.config import BenchConfig, config_dict
 from mmstream.bench.results import Record, build_run, overhead
 from mmstream.bench.workloads import floor_text, request_kind, sample_images, schedule
 from mmstream.levers import own_pipeline
-from mmstream.monolith import Engines, FifoLimits, Monolith
+from mmstream.monolith import Engines, Monolith
 from mmstream.stats import summary
 from mmstream.supervisor import Supervisor
 from schemas.request import Lane, Request
 from schemas.settings import Settings
 from streams.client import Client, Submission, new_id
+from streams.policies.batching import BatchLimits
 
 log = logging.getLogger(__name__)
 
@@ -196,8 +197,8 @@ def _pipeline_record(req: Request, sub: Submission) -> Record:
 async def _run_monolith(settings: Settings, cfg: BenchConfig, rate: float, engines: Any,
                         progress: bool) -> dict[str, Any]:
     offsets, requests = schedule(cfg, rate)
-    limits = FifoLimits(cfg.max_batch_size or settings.encoder.max_batch_size,
-                        (cfg.max_wait_ms if cfg.max_wait_ms is not None else settings.encoder.max_wait_ms) / 1000.0)
+    limits = BatchLimits(cfg.max_batch_size or settings.encoder.max_batch_size,
+                         (cfg.max_wait_ms if cfg.max_wait_ms is not None else settings.encoder.max_wait_ms) / 1000.0)
     mono = Monolith(engines, limits)
     cpu0 = time.process_time()
     server = asyncio.create_task(mono.run())
