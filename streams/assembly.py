@@ -203,7 +203,7 @@ def _complete(state: Assembly, now_ms: float, deadline_hit: bool) -> Step:
 
 
 def _grounding(r: dict[str, Any]) -> dict[str, Any]:
-    """What the language model is told about one part (see streams/policies/prompt.py)."""
+    """What the language model is told about one part (see workers/prompt.py)."""
     extras = r.get("extras") or {}
     out: dict[str, Any] = {"modality": r["modality"]}
     if r.get("error") is not None:
