@@ -113,3 +113,16 @@ def test_packages_are_found_without_importing_them() -> None:
         package_root("not_a_package_mmstream", "not-a-package")
     with pytest.raises(FileNotFoundError, match="numpy has no no-such-file"):
         package_file("numpy", "no-such-file", "numpy")
+
+
+def test_quiet_quantizer_restores_the_root_level() -> None:
+    import logging
+
+    from workers.models.export import quiet_quantizer
+
+    root = logging.getLogger()
+    before = root.level
+    with pytest.raises(RuntimeError), quiet_quantizer():
+        assert root.level == logging.ERROR
+        raise RuntimeError("the quantizer failed")
+    assert root.level == before
