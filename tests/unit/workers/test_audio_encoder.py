@@ -55,7 +55,7 @@ def fake_vad(monkeypatch: pytest.MonkeyPatch) -> None:
         voiced = np.flatnonzero(np.diff(np.concatenate([[0], (samples != 0).astype(np.int8), [0]])))
         return [(int(s), int(e)) for s, e in zip(voiced[::2], voiced[1::2])]
 
-    monkeypatch.setattr(audio, "speech_segments", segments)
+    monkeypatch.setattr(audio.encoder, "speech_segments", segments)  # where the encoder looks it up
 
 
 def wav(samples: np.ndarray) -> bytes:

@@ -1,0 +1,93 @@
+"""The `mmstream bench` command: a run from its flags, and `bench compare` of saved runs.
+
+stdout carries the JSON only (progress and "wrote ..." lines go to stderr), so the output
+can be piped into a file or ``jq``. Exit codes: 0 done, 1 a request was lost, 2 a bad flag
+or an input that is not a valid bench JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from mmstream import report
+from mmstream.bench.config import BenchConfig, parse_lanes, parse_rates
+from mmstream.bench.run import run_bench
+from schemas.settings import Settings
+
+
+def config_from_args(args: Any) -> BenchConfig:
+    """A ``BenchConfig`` from the parsed ``mmstream bench`` arguments (see ``cli_main``).
+    Raises ``ValueError`` on a bad value."""
+    return BenchConfig(workload=args.workload, rate=args.rate, duration_s=args.duration, drain_s=args.drain,
+                       seed=args.seed, lane=args.lane, mode=args.mode,
+                       rates=parse_rates(args.rates) if args.rates else (),
+                       max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
+                       lanes=parse_lanes(args.lanes) if getattr(args, "lanes", None) else (),
+                       repeat=getattr(args, "repeat", 0.0) or 0.0,
+                       levers_off=tuple(lv for lv in ("routing", "cache", "admission", "lanes")
+                                        if getattr(args, f"no_{lv}", False)),
+                       own_pipeline=getattr(args, "own_pipeline", False),
+                       scheduler=getattr(args, "scheduler", None))
+
+
+def cli_main(args: Any, settings: Settings) -> int:
+    """``mmstream bench [run] ...`` and ``mmstream bench compare A.json [B.json] --report DIR``.
+
+    run: runs the benchmark, prints the JSON (and writes it to ``--out``), and with
+    ``--report DIR`` writes the report there; exits 1 when a request was lost.
+    compare: validates the given JSONs and writes the report of all of them to ``--report``
+    (default ``bench-report``); exits 2 when one does not validate.
+    """
+    if getattr(args, "action", "run") == "compare":
+        return compare(args)
+    try:
+        cfg = config_from_args(args)
+    except ValueError as exc:
+        print(f"mmstream: {exc}", file=sys.stderr)
+        return 2
+    doc = asyncio.run(run_bench(settings, cfg))
+    report.validate(doc)
+    text = json.dumps(doc, indent=2)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+        print(f"wrote {args.out}", file=sys.stderr)
+    print(text)  # stdout carries the JSON only
+    if args.report:
+        print(f"wrote {report.write_report([doc], Path(args.report))}", file=sys.stderr)
+    runs = doc.get("runs", [doc])
+    return 0 if all(r["requests"]["lost"] == 0 for r in runs) else 1
+
+
+def compare(args: Any) -> int:
+    """``mmstream bench compare``: the report of ``args.inputs`` (bench JSON files) written to
+    ``args.report``; 0 when written, 2 (one sentence on stderr) when an input is unreadable
+    or does not validate."""
+    try:
+        if not args.inputs:
+            raise ValueError("bench compare needs one or more bench JSON files")
+        docs = [_read_json(Path(p)) for p in args.inputs]
+        path = report.write_report(docs, Path(args.report or "bench-report"),
+                                   labels=_compare_labels(docs, [Path(p) for p in args.inputs]))
+    except (ValueError, OSError) as exc:  # BenchSchemaError is a ValueError
+        print(f"mmstream: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
+    return 0
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not JSON ({exc})") from None
+
+
+def _compare_labels(docs: list[dict[str, Any]], paths: list[Path]) -> list[str]:
+    """Each input's label in the report: its mode, with the file's stem when modes repeat."""
+    modes = [d.get("mode", "?") for d in docs]
+    return [m if modes.count(m) == 1 else f"{m} ({p.stem})" for m, p in zip(modes, paths)]

@@ -1,0 +1,111 @@
+"""One `mmstream bench` invocation as data: ``BenchConfig`` and the parsers of its flags.
+
+A config fixes everything a run depends on (workload, rates, seed, mode, levers), so two
+runs with the same config offer the same traffic; ``config_dict`` is its JSON form, stored
+in every run's report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+MODES = ("pipeline", "monolithic")
+WORKLOADS = ("text", "mixed", "chat")
+SCHEDULERS = ("continuous", "static")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One benchmark invocation: a workload at one or several offered rates, in one mode."""
+
+    workload: str = "text"
+    """``text`` (one text part), ``mixed`` (``workloads.MIXED_KINDS``) or ``chat`` (generate
+    requests, ``workloads.CHAT_PROMPTS``)."""
+    rate: float = 20.0
+    """Offered requests per second (used when ``rates`` is empty)."""
+    duration_s: float = 20.0
+    """Seconds of arrivals per rate."""
+    drain_s: float = 30.0
+    """Seconds to wait for stragglers after the last arrival; unanswered ones count as lost."""
+    seed: int = 1
+    """Seeds arrivals and requests: the same seed gives both modes the same schedule."""
+    lane: str = "rt"
+    mode: str = "pipeline"
+    """``pipeline`` (the running workers, over Kafka) or ``monolithic`` (``mmstream.monolith``)."""
+    rates: tuple[float, ...] = ()
+    """A sweep: one run per rate, in order. Empty: just ``rate``."""
+    max_batch_size: int | None = None
+    """Monolith's fixed batch size; None: ``settings.encoder.max_batch_size`` (as the encoders)."""
+    max_wait_ms: float | None = None
+    """Monolith's batch wait; None: ``settings.encoder.max_wait_ms`` (as the encoders)."""
+    floor_repeats: int = 20
+    """Batch-1 engine calls per engine for ``floor_ms`` (the median is reported)."""
+    lanes: tuple[tuple[str, float], ...] = ()
+    """Share of requests per lane, e.g. (("rt", 0.2), ("bulk", 0.8)). Empty: all on ``lane``."""
+    repeat: float = 0.0
+    """Share of requests whose content repeats an earlier request's (reuse-cache traffic)."""
+    levers_off: tuple[str, ...] = ()
+    """Levers switched off for this run (mmstream.levers.LEVERS); the run then gets a
+    pipeline of its own with those settings."""
+    scheduler: str | None = None
+    """Chat workload: the generator's batching (continuous or static); the run then gets a
+    pipeline of its own with that setting. None: whatever the running pipeline uses."""
+    chat_max_tokens: int = 32
+    own_pipeline: bool = False
+    """Run against a fresh pipeline started for this run, even with every lever on."""
+    tenant: str | None = None
+    """Tenant of the pipeline's requests. None: a fresh one per run, so the reuse cache
+    (keyed by tenant) cannot answer from an earlier run and the modes compare compute
+    with compute; the ``cache`` counts of the run say what it answered within the run."""
+
+    def __post_init__(self) -> None:
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"unknown workload {self.workload!r}; workloads: {', '.join(WORKLOADS)}")
+        if self.mode not in MODES:
+            raise ValueError(f"unknown mode {self.mode!r}; modes: {', '.join(MODES)}")
+        if any(r <= 0 for r in self.sweep) or self.duration_s <= 0:
+            raise ValueError("rates and duration must be positive")
+        if self.scheduler is not None and self.scheduler not in SCHEDULERS:
+            raise ValueError(f"unknown scheduler {self.scheduler!r}; schedulers: {', '.join(SCHEDULERS)}")
+        if not 0.0 <= self.repeat < 1.0:
+            raise ValueError("repeat must be in [0, 1)")
+        if self.lanes and (any(lane not in ("rt", "bulk") or share < 0 for lane, share in self.lanes)
+                           or abs(sum(share for _, share in self.lanes) - 1.0) > 1e-6):
+            raise ValueError("lanes must be rt/bulk shares adding up to 1, e.g. rt=0.2,bulk=0.8")
+
+    @property
+    def sweep(self) -> tuple[float, ...]:
+        return tuple(self.rates) or (self.rate,)
+
+
+
+def parse_rates(text: str) -> tuple[float, ...]:
+    """``"5,10,20"`` -> ``(5.0, 10.0, 20.0)``; raises ``ValueError`` on anything else."""
+    try:
+        rates = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        rates = ()
+    if not rates or any(r <= 0 for r in rates):
+        raise ValueError(f"--rates takes positive numbers separated by commas, got {text!r}")
+    return rates
+
+
+
+def parse_lanes(text: str) -> tuple[tuple[str, float], ...]:
+    """``"rt=0.2,bulk=0.8"`` -> ``(("rt", 0.2), ("bulk", 0.8))``; raises ``ValueError``."""
+    out = []
+    for item in text.split(","):
+        lane, sep, share = item.partition("=")
+        if not sep:
+            raise ValueError(f"--lanes takes LANE=SHARE,..., got {text!r}")
+        out.append((lane.strip(), float(share)))
+    return tuple(out)
+
+
+
+def config_dict(cfg: BenchConfig) -> dict[str, Any]:
+    """``cfg`` as the JSON a report stores (``rates`` always lists the sweep)."""
+    d = asdict(cfg)
+    d["rates"] = list(cfg.sweep)
+    return d

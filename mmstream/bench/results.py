@@ -1,0 +1,122 @@
+"""The report of one bench run: each request's ``Record``, and the run's JSON built from them.
+
+Pure: no clocks, no I/O. Both modes fill the same ``Record`` so one ``build_run`` reports
+them alike; the JSON's shape is ``mmstream.report.RUN_SCHEMA`` (validated before it is
+printed or compared).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from mmstream.bench.config import BenchConfig, config_dict
+from mmstream.stats import summary
+
+
+@dataclass
+class Record:
+    """One request's outcome, the same shape for both modes."""
+
+    kind: str
+    parts: tuple[str, ...]
+    sent_at_ms: float
+    done_at_ms: float | None = None
+    outcome: str | None = None
+    """``ok``, an error code, or None when nothing came back (lost)."""
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    lane: str = "rt"
+    """The lane the traffic assigned (with the lanes lever off it was sent on rt)."""
+    ttft_ms: float | None = None
+    """Generation: accepted -> first token event produced (the generator's measure)."""
+    cache: str | None = None
+    """``hit`` when every cached part was a reuse-cache hit, ``miss`` when any was computed."""
+    tpot_ms: float | None = None
+
+
+
+def build_run(mode: str, cfg: BenchConfig, rate: float, records: Sequence[Record], sent_s: float,
+              cpu: dict[str, Any], rss_mb: dict[str, float | None]) -> dict[str, Any]:
+    """The JSON of one run from its records (pure: no clocks, no I/O)."""
+    done = [r for r in records if r.outcome is not None]
+    ok = [r for r in done if r.outcome == "ok"]
+    errors = Counter(r.outcome for r in done if r.outcome != "ok")
+    by_kind: dict[str, list[Record]] = defaultdict(list)
+    for r in ok:
+        by_kind[r.kind].append(r)
+    if ok:
+        window_s = max(1e-9, (max(r.done_at_ms for r in ok) - min(r.sent_at_ms for r in ok)) / 1000.0)
+    else:
+        window_s = 0.0
+    latency: dict[str, Any] = {}
+    samples: dict[str, list[float]] = {}
+    for kind, recs in sorted(by_kind.items()):
+        e2e = [r.done_at_ms - r.sent_at_ms for r in recs]
+        stages: dict[str, dict[str, list[float]]] = defaultdict(lambda: {"queued": [], "service": []})
+        for r in recs:
+            for st in r.stages:
+                stages[st["stage"]]["queued"].append(st["queued_ms"])
+                stages[st["stage"]]["service"].append(st["service_ms"])
+        latency[kind] = {"e2e": summary(e2e),
+                         "stages": {name: {"queued": summary(v["queued"]), "service": summary(v["service"])}
+                                    for name, v in stages.items()}}
+        samples[kind] = [round(x, 3) for x in sorted(e2e)]
+    parts = Counter(m for r in ok for m in r.parts)
+    by_lane: dict[str, Any] = {}
+    for lane in sorted({r.lane for r in records}):
+        mine = [r for r in records if r.lane == lane]
+        mine_ok = [r for r in mine if r.outcome == "ok"]
+        by_lane[lane] = {
+            "e2e": summary([r.done_at_ms - r.sent_at_ms for r in mine_ok]),
+            "requests": {"sent": len(mine), "ok": len(mine_ok),
+                         "errors": dict(Counter(r.outcome for r in mine if r.outcome not in (None, "ok"))),
+                         "lost": sum(r.outcome is None for r in mine)},
+        }
+    return {
+        "mode": mode,
+        "workload": cfg.workload,
+        "config": {**config_dict(cfg), "rate": rate},
+        "offered_rate": round(len(records) / sent_s, 3) if sent_s > 0 else 0.0,
+        "achieved_rate": round(len(ok) / window_s, 3) if window_s else 0.0,
+        "requests": {"sent": len(records), "ok": len(ok), "errors": dict(errors),
+                     "lost": len(records) - len(done)},
+        "latency_ms": latency,
+        "by_lane": by_lane,
+        "throughput": {
+            "requests_per_s": {k: round(len(v) / window_s, 3) for k, v in sorted(by_kind.items())} if window_s else {},
+            "parts_per_s": {m: round(n / window_s, 3) for m, n in sorted(parts.items())} if window_s else {},
+        },
+        "cpu": cpu,
+        "peak_rss_mb": rss_mb,
+        "samples_ms": {"e2e": samples},
+        "by_cache": {outcome: summary([r.done_at_ms - r.sent_at_ms for r in ok if r.cache == outcome])
+                     for outcome in ("hit", "miss")},
+        "generation": {"ttft_ms": summary([r.ttft_ms for r in ok if r.ttft_ms is not None]),
+                       "tpot_ms": summary([r.tpot_ms for r in ok if r.tpot_ms is not None])},
+    }
+
+
+def overhead(latency: dict[str, Any], floor: dict[str, float]) -> dict[str, Any]:
+    """Latency beyond pure compute, per request kind (milliseconds, at p50 and p95).
+
+    ``total``: e2e minus the compute floor of the kind's parts run one after another at
+    batch 1 (a text kind's floor is the text engine's; ``text+2images`` adds two image
+    floors). ``hops``: per engine stage, queue + service minus that engine's floor: what
+    one hop costs beyond the engine itself.
+    """
+    out: dict[str, Any] = {}
+    for kind, lat in latency.items():
+        n_images = {"text": 0, "text+image": 1, "text+2images": 2}.get(kind)
+        if n_images is None or not lat["e2e"].get("count"):
+            continue
+        base = floor.get("encode.text", 0.0) + n_images * floor.get("encode.image", 0.0)
+        hops = {}
+        for stage, st in lat["stages"].items():
+            if stage in floor and st["service"].get("count"):
+                hops[stage] = {q: round(st["queued"][q] + st["service"][q] - floor[stage], 3) for q in ("p50", "p95")}
+        out[kind] = {"floor_ms": round(base, 3),
+                     "total": {q: round(lat["e2e"][q] - base, 3) for q in ("p50", "p95")},
+                     "hops": hops}
+    return out
+

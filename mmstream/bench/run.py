@@ -1,0 +1,253 @@
+"""Running a bench: the schedule sent open loop to the pipeline (over Kafka) or to the
+monolithic baseline (in this process), and what each run cost in CPU and memory.
+
+Open loop: requests are sent on a schedule fixed by the seed, whether or not earlier ones
+have been answered, so a slow server shows up as queueing instead of a lower offered
+rate. e2e is measured by the client (send -> terminal event received) in pipeline mode,
+and from arrival in the queue to the batch's end in monolithic mode.
+
+Process accounting reads /proc: CPU seconds and peak RSS of each local pipeline worker
+(found through the supervisor), or of this process for the monolith.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import resource
+import time
+from typing import Any, Callable, Sequence
+
+from mmstream.bench.config import BenchConfig, config_dict
+from mmstream.bench.results import Record, build_run, overhead
+from mmstream.bench.workloads import floor_text, request_kind, sample_images, schedule
+from mmstream.levers import own_pipeline
+from mmstream.monolith import Engines, Monolith
+from mmstream.stats import summary
+from mmstream.supervisor import Supervisor
+from schemas.request import Lane, Request
+from schemas.settings import Settings
+from streams.client import Client, Submission, new_id
+from streams.policies.batching import BatchLimits
+
+log = logging.getLogger(__name__)
+
+# -- process accounting --------------------------------------------------------------
+
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of ``pid`` from /proc/<pid>/stat; None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) * _TICK_S  # utime, stime (fields 14, 15)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def proc_peak_rss_mb(pid: int) -> float | None:
+    """Peak resident set (VmHWM) of ``pid`` since it started, in MiB; None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024.0, 1)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _workers(settings: Settings) -> list[tuple[str, int]]:
+    return [(f"{w.stage}[{w.replica}]", w.pid) for w in Supervisor(settings).workers() if w.alive]
+
+
+# -- running ---------------------------------------------------------------------------
+
+
+async def run_bench(settings: Settings, cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
+    """Run ``cfg``: one run per rate of ``cfg.sweep``, each fed by ``schedule(cfg, rate)``.
+
+    Loads the text engine (and the image engine for ``mixed``) in this process first to
+    measure ``floor_ms``; monolithic mode then serves with them. Raises ``ValueError`` on a
+    bad config, ``ClientError`` when the pipeline is not up (pipeline mode), and whatever
+    loading a model raises.
+    """
+    mono = cfg.mode == "monolithic"
+    engines = await asyncio.to_thread(Engines, settings, cfg.workload == "mixed",
+                                      mono and cfg.workload == "mixed", mono and cfg.workload == "chat")
+    floor = engines.floor_ms(floor_text(), sample_images()[0] if cfg.workload == "mixed" else None,
+                             cfg.floor_repeats)
+    runs = []
+    for rate in cfg.sweep:
+        if cfg.mode == "pipeline" and (cfg.levers_off or cfg.own_pipeline or cfg.scheduler):
+            extra = {"MMSTREAM_GENERATOR_SCHEDULER": cfg.scheduler} if cfg.scheduler else {}
+            async with own_pipeline(settings, cfg.levers_off, cfg.workload, extra_env=extra) as run_settings:
+                run = await _run_pipeline(run_settings, cfg, rate, progress)
+            run["levers_off"] = list(cfg.levers_off)
+            if cfg.scheduler:
+                run["scheduler"] = cfg.scheduler
+        elif cfg.mode == "pipeline":
+            run = await _run_pipeline(settings, cfg, rate, progress)
+        else:
+            run = await _run_monolith(settings, cfg, rate, engines, progress)
+        run["floor_ms"] = floor
+        run["engines"] = engines.info
+        run["overhead_ms"] = overhead(run["latency_ms"], floor)
+        runs.append(run)
+    if len(runs) == 1:
+        return runs[0]
+    return {"mode": cfg.mode, "workload": cfg.workload, "seed": cfg.seed, "config": config_dict(cfg), "runs": runs}
+
+
+async def _send_on_schedule(offsets: Sequence[float], requests: Sequence[Request],
+                            send: Callable[[Request], Any], progress: bool) -> float:
+    """Call ``send`` for each request at its offset; returns the seconds the sending took."""
+    bar = _Progress(len(offsets), enabled=progress)
+    start = time.monotonic()
+    try:
+        for offset, req in zip(offsets, requests):
+            delay = start + offset - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            result = send(req)
+            if asyncio.iscoroutine(result):
+                await result
+            bar.advance()
+    finally:
+        bar.close()
+    return time.monotonic() - start
+
+
+async def _run_pipeline(settings: Settings, cfg: BenchConfig, rate: float, progress: bool) -> dict[str, Any]:
+    offsets, requests = schedule(cfg, rate)
+    tenant = cfg.tenant or f"bench-{new_id()[:12]}"
+    requests = [dataclasses.replace(r, tenant=tenant) for r in requests]
+    workers = _workers(settings)
+    if not workers:
+        log.warning("no local workers for topic prefix %r: CPU and RSS will be empty (pipeline elsewhere?)",
+                    settings.kafka.topic_prefix)
+    pairs: list[tuple[Request, Submission]] = []
+    async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix) as client:
+        waits: list[asyncio.Task] = []
+        cpu0 = {name: proc_cpu_s(pid) for name, pid in workers}
+        own0 = time.process_time()
+
+        async def send(req: Request) -> None:
+            sent = dataclasses.replace(req, lane=Lane.RT) if "lanes" in cfg.levers_off else req
+            sub = await client.submit(sent)
+            pairs.append((req, sub))
+            waits.append(asyncio.create_task(_wait(sub, cfg.duration_s + cfg.drain_s)))
+
+        sent_s = await _send_on_schedule(offsets, requests, send, progress)
+        if waits:
+            await asyncio.wait(waits, timeout=cfg.drain_s)
+        for t in waits:
+            t.cancel()
+        cpu1 = {name: proc_cpu_s(pid) for name, pid in workers}
+        own_cpu_s = time.process_time() - own0
+    records = [_pipeline_record(req, sub) for req, sub in pairs]
+    worker_cpu = {n: round(cpu1[n] - cpu0[n], 3) for n in cpu0 if cpu0[n] is not None and cpu1.get(n) is not None}
+    ok = sum(r.outcome == "ok" for r in records)
+    cpu = {
+        "scope": "sum of the pipeline workers' processes (broker and client excluded)",
+        "total_s": round(sum(worker_cpu.values()), 3),
+        "per_process_s": worker_cpu,
+        "client_s": round(own_cpu_s, 3),
+    }
+    cpu["per_request_ms"] = round(cpu["total_s"] * 1000.0 / ok, 3) if ok else None
+    rss = {name: proc_peak_rss_mb(pid) for name, pid in workers}
+    run = build_run("pipeline", cfg, rate, records, sent_s, cpu, rss)
+    cache = [sub.terminal.cache or {} for _, sub in pairs if sub.terminal is not None]
+    hits, misses = sum(int(c.get("hits", 0)) for c in cache), sum(int(c.get("misses", 0)) for c in cache)
+    run["cache"] = {"tenant": tenant, "hits": hits, "misses": misses,
+                    "hit_rate": round(hits / (hits + misses), 4) if hits + misses else None}
+    return run
+
+
+async def _wait(sub: Submission, timeout_s: float) -> None:
+    try:
+        await sub.result(timeout_s)
+    except asyncio.TimeoutError:
+        pass
+
+
+def _pipeline_record(req: Request, sub: Submission) -> Record:
+    rec = Record(request_kind(req), tuple(str(p.modality) for p in req.parts), sub.sent_at_ms, lane=str(req.lane))
+    t = sub.terminal
+    if t is None:
+        return rec
+    rec.done_at_ms = sub.terminal_at_ms
+    if t.kind == "result":
+        rec.outcome = "ok"
+    else:
+        rec.outcome = (t.error or {}).get("code", "internal")
+    rec.stages = [dict(s) for s in (t.timings or {}).get("stages", [])]
+    rec.ttft_ms = (t.timings or {}).get("ttft_ms")
+    c = t.cache or {}
+    if c.get("hits") or c.get("misses"):
+        rec.cache = "miss" if c.get("misses") else "hit"
+    rec.tpot_ms = (t.timings or {}).get("tpot_ms")
+    return rec
+
+
+async def _run_monolith(settings: Settings, cfg: BenchConfig, rate: float, engines: Any,
+                        progress: bool) -> dict[str, Any]:
+    offsets, requests = schedule(cfg, rate)
+    limits = BatchLimits(cfg.max_batch_size or settings.encoder.max_batch_size,
+                         (cfg.max_wait_ms if cfg.max_wait_ms is not None else settings.encoder.max_wait_ms) / 1000.0)
+    mono = Monolith(engines, limits)
+    cpu0 = time.process_time()
+    server = asyncio.create_task(mono.run())
+    sent_s = await _send_on_schedule(offsets, requests, mono.submit, progress)
+    mono.close()
+    try:
+        await asyncio.wait_for(asyncio.shield(server), cfg.drain_s)
+    except asyncio.TimeoutError:
+        pass  # what is still queued counts as lost; the thread finishes its batch and stops
+    cpu_s = time.process_time() - cpu0
+    records = []
+    for o in mono.outcomes:
+        rec = Record(request_kind(o.request), tuple(str(p.modality) for p in o.request.parts), o.arrived_at_ms,
+                     lane=str(o.request.lane), ttft_ms=o.ttft_ms, tpot_ms=o.tpot_ms)
+        if o.finished_at_ms is not None:
+            rec.done_at_ms = o.finished_at_ms
+            rec.outcome = "ok" if len(o.errors) < len(o.request.parts) else "internal"
+            rec.stages = list(o.spans)
+        records.append(rec)
+    ok = sum(r.outcome == "ok" for r in records)
+    cpu = {"scope": "the bench process (monolith and its arrival loop)", "total_s": round(cpu_s, 3),
+           "per_process_s": {"monolith": round(cpu_s, 3)},
+           "per_request_ms": round(cpu_s * 1000.0 / ok, 3) if ok else None}
+    rss = {"monolith": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)}
+    run = build_run("monolithic", cfg, rate, records, sent_s, cpu, rss)
+    run["batch_size"] = summary(mono.batch_sizes)
+    run["batching"] = {"max_batch_size": limits.max_batch_size, "max_wait_ms": limits.max_wait_s * 1000.0}
+    if not server.done():
+        server.cancel()
+    return run
+
+
+class _Progress:
+    """A progress bar of the sending on stderr (stdout carries the JSON), or nothing."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self._p = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import Progress
+
+            self._p = Progress(console=Console(stderr=True), transient=True)
+            self._p.start()
+            self._task = self._p.add_task("sending", total=total)
+
+    def advance(self) -> None:
+        if self._p:
+            self._p.advance(self._task)
+
+    def close(self) -> None:
+        if self._p:
+            self._p.stop()
