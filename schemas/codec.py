@@ -31,7 +31,7 @@ def unpack(raw: bytes, content_type: str | None = None) -> dict[str, Any]:
 
     The content type (a header) wins when given; otherwise JSON is sniffed from a leading
     ``{``, and anything else is read as MessagePack. Raises ``DecodeError`` with a reason
-    when the bytes do not decode to a map.
+    when the bytes do not decode to a map (nesting too deep included: never RecursionError).
     """
     if not isinstance(raw, (bytes, bytearray, memoryview)):
         raise DecodeError(f"expected bytes, got {type(raw).__name__}")
@@ -49,6 +49,8 @@ def unpack(raw: bytes, content_type: str | None = None) -> dict[str, Any]:
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
         kind = "JSON" if is_json else "MessagePack"
         raise DecodeError(f"not valid {kind}: {exc}") from None
+    except RecursionError:  # the JSON parser recurses per level; MessagePack stops at StackError
+        raise DecodeError("nested too deeply") from None
     if not isinstance(obj, dict):
         raise DecodeError(f"expected a map at the top level, got {type(obj).__name__}")
     return obj

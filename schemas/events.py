@@ -10,7 +10,8 @@ Wire map (version 1)::
 
 ``result`` and ``error`` are terminal: exactly one of them ends every accepted request.
 An embed result's payload is ``{task: "embed", partial: bool, parts: [{index, modality,
-embedding: tensor | None, error: {...} | None, ...}]}``.
+embedding: tensor | None, error: {...} | None, ...}]}``. Absent optional maps are left off the
+wire; ``schemas.wire`` encodes and decodes the map from the fields.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from enum import StrEnum
 from typing import Any
 
 from schemas.errors import WireError
+from schemas.wire import WireMessage, omit_none
 
 VERSION = 1
 
@@ -35,38 +37,21 @@ TERMINAL_KINDS = frozenset({EventKind.RESULT, EventKind.ERROR})
 
 
 @dataclass(frozen=True, slots=True)
-class Event:
+class Event(WireMessage):
     id: str
     kind: EventKind
     seq: int
     ts_ms: float
-    payload: dict[str, Any] | None = None
-    error: dict[str, Any] | None = None
-    timings: dict[str, Any] | None = None
-    cache: dict[str, Any] | None = None
+    payload: dict[str, Any] | None = omit_none()
+    error: dict[str, Any] | None = omit_none()
+    timings: dict[str, Any] | None = omit_none()
+    cache: dict[str, Any] | None = omit_none()
+
+    VERSION = VERSION
 
     @property
     def terminal(self) -> bool:
         return self.kind in TERMINAL_KINDS
-
-    def to_wire(self) -> dict[str, Any]:
-        m: dict[str, Any] = {"v": VERSION, "id": self.id, "kind": str(self.kind), "seq": self.seq, "ts_ms": self.ts_ms}
-        for name in ("payload", "error", "timings", "cache"):
-            value = getattr(self, name)
-            if value is not None:
-                m[name] = value
-        return m
-
-    @classmethod
-    def from_wire(cls, m: dict[str, Any]) -> "Event":
-        """Raises ``ValueError`` when the map is not a version-1 event."""
-        if m.get("v") != VERSION:
-            raise ValueError(f"unsupported event version {m.get('v')!r}")
-        try:
-            return cls(id=str(m["id"]), kind=EventKind(m["kind"]), seq=int(m["seq"]), ts_ms=float(m["ts_ms"]),
-                       payload=m.get("payload"), error=m.get("error"), timings=m.get("timings"), cache=m.get("cache"))
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"malformed event: {exc}") from None
 
     def as_error(self) -> WireError | None:
         return WireError.from_wire(self.error) if self.error else None

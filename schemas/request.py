@@ -29,6 +29,7 @@ from enum import StrEnum
 from typing import Any, Collection
 
 from schemas.errors import ErrorCode, WireError
+from schemas.wire import ToWire, omit_none
 
 VERSION = 1
 REF_SCHEMES = ("redis:", "file://")
@@ -80,57 +81,39 @@ class Limits:
 
 
 @dataclass(frozen=True, slots=True)
-class Part:
-    modality: Modality | str
-    """A ``Modality`` for the built-in ones, the plain name for a plugin's."""
-    text: str | None = None
-    data: bytes | None = None
-    ref: str | None = None
-    mime: str | None = None
-
-    def to_wire(self) -> dict[str, Any]:
-        m: dict[str, Any] = {"modality": str(self.modality)}
-        for name in ("text", "data", "ref", "mime"):
-            value = getattr(self, name)
-            if value is not None:
-                m[name] = value
-        return m
+class Part(ToWire):
+    modality: str
+    """A ``Modality`` (a ``StrEnum``, so a str) for the built-in ones, the plain name for a plugin's."""
+    text: str | None = omit_none()
+    data: bytes | None = omit_none()
+    ref: str | None = omit_none()
+    mime: str | None = omit_none()
 
 
 @dataclass(frozen=True, slots=True)
-class Params:
+class Params(ToWire):
     max_tokens: int = 64
     temperature: float = 0.0
     stop: tuple[str, ...] = ()
     stream: bool = True
 
-    def to_wire(self) -> dict[str, Any]:
-        return {"max_tokens": self.max_tokens, "temperature": self.temperature,
-                "stop": list(self.stop), "stream": self.stream}
-
 
 @dataclass(frozen=True, slots=True)
-class Request:
+class Request(ToWire):
+    """A request as the SDK builds it. Encoded by ``schemas.wire``; decoded only through
+    ``validate_request``, which bounds every size and names the field it rejects."""
+
     id: str
     parts: tuple[Part, ...]
     task: Task = Task.EMBED
     tenant: str = "default"
     params: Params = field(default_factory=Params)
-    deadline_ms: int | None = None
-    reply_to: str | None = None
+    deadline_ms: int | None = omit_none()
+    reply_to: str | None = omit_none()
     lane: Lane = Lane.RT
 
-    def to_wire(self) -> dict[str, Any]:
-        m: dict[str, Any] = {
-            "v": VERSION, "id": self.id, "tenant": self.tenant, "task": str(self.task),
-            "parts": [p.to_wire() for p in self.parts], "params": self.params.to_wire(),
-            "lane": str(self.lane),
-        }
-        if self.deadline_ms is not None:
-            m["deadline_ms"] = self.deadline_ms
-        if self.reply_to is not None:
-            m["reply_to"] = self.reply_to
-        return m
+    VERSION = VERSION
+    WIRE_ORDER = ("id", "tenant", "task", "parts", "params", "lane", "deadline_ms", "reply_to")
 
 
 _ID_RE = re.compile(r"^[A-Za-z0-9._:\-]+$")
