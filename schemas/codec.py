@@ -15,6 +15,8 @@ ERROR_HEADER = "x-mm-error"
 """Header of a dead-lettered record: why it could not be handled (stable code first)."""
 SOURCE_HEADER = "x-mm-source"
 """Header of a dead-lettered record: topic[partition]@offset it came from."""
+TRUNCATED_HEADER = "x-mm-truncated"
+"""Header of a dead-lettered record cut to fit the producer's record size: what was cut."""
 
 
 class DecodeError(ValueError):

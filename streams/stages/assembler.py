@@ -10,7 +10,7 @@ from typing import Any
 
 import faust
 
-from schemas.codec import ERROR_HEADER, DecodeError, unpack
+from schemas.codec import DecodeError, unpack
 from schemas.errors import ErrorCode, WireError
 from schemas.events import Event, EventKind
 from schemas.jobs import DeadlineTick, Manifest, fan_in_from_wire
@@ -22,7 +22,7 @@ from streams.assembly import Assembly, AssemblyPolicy, due_at, step
 from streams.lanes import install_lane_priority
 from streams.lifecycle import RequestStatus
 from streams.metrics import Metrics, request_modality
-from streams.produce import Out, out_map, send_all
+from streams.produce import Out, dead_letter, out_map, record_source, send_all
 from streams.result_cache import ResultCache
 from streams.topics import LANES
 
@@ -34,6 +34,7 @@ RETRY_DELAYS_S = (0.2, 1.0, 3.0)
 
 def install_assembler(app: faust.App, settings: Settings, metrics: Metrics) -> None:
     names = topic_names(settings)
+    max_record = settings.kafka.max_message_bytes
     a = settings.assembler
     results = ResultCache(settings.redis.url, settings.cache.ttl_result_s) \
         if settings.cache.enabled and settings.cache.whole_result else None
@@ -65,8 +66,9 @@ def install_assembler(app: faust.App, settings: Settings, metrics: Metrics) -> N
         except (DecodeError, ValueError) as exc:
             log.warning("assembler: to DLQ: %s", exc)
             metrics.to_dlq("assemble")
-            await send_all(app.producer, [Out(names.dlq, event.key, bytes(event.value or b""),
-                                              [(ERROR_HEADER, f"undecodable fan-in message: {exc}".encode()[:1000])])])
+            await send_all(app.producer, [dead_letter(names.dlq, event.key, event.value,
+                                                      f"undecodable fan-in message: {exc}", event.headers,
+                                                      record_source(event), max_bytes=max_record)])
             return
         key = msg.id.encode()
         raw = table.get(key)
@@ -126,11 +128,11 @@ def install_assembler(app: faust.App, settings: Settings, metrics: Metrics) -> N
         return done
 
     async def give_up(event: Any, exc: Exception) -> None:
-        metrics.to_dlq("assemble")
         """A message that keeps failing: park it in the DLQ and, if it is a manifest,
         answer its client with `internal` so the request does not hang unanswered."""
-        outs = [Out(names.dlq, event.key, bytes(event.value or b""),
-                    [(ERROR_HEADER, f"{ErrorCode.INTERNAL}: assembler failed: {exc!r}".encode()[:1000])])]
+        metrics.to_dlq("assemble")
+        outs = [dead_letter(names.dlq, event.key, event.value, f"{ErrorCode.INTERNAL}: assembler failed: {exc!r}",
+                            event.headers, record_source(event), max_bytes=max_record)]
         try:
             msg = fan_in_from_wire(unpack(event.value))
             if isinstance(msg, Manifest):
@@ -144,7 +146,7 @@ def install_assembler(app: faust.App, settings: Settings, metrics: Metrics) -> N
     @app.agent(source, name="assemble")
     async def assemble(stream: Any) -> None:
         async for event in stream.events():
-            where = f"{event.message.topic}[{event.message.partition}]@{event.message.offset}"
+            where = record_source(event)
             for delay in (*RETRY_DELAYS_S, None):
                 try:
                     await handle(event)

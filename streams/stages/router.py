@@ -17,7 +17,7 @@ import faust
 import redis.asyncio
 from aiokafka.admin import AIOKafkaAdminClient
 
-from schemas.codec import CONTENT_TYPE_HEADER, ERROR_HEADER, JSON, SOURCE_HEADER, DecodeError, header, unpack
+from schemas.codec import CONTENT_TYPE_HEADER, JSON, DecodeError, header, unpack
 from schemas.errors import ErrorCode, WireError
 from schemas.events import Event, EventKind
 from schemas.request import Limits, peek_reply, validate_request
@@ -30,7 +30,7 @@ from streams.load import LoadView
 from streams.metrics import Metrics
 from streams.policies.admission import AdmissionLimits, Admit, Backpressure, Reject, admit
 from streams.policies.partitioning import Partitioner
-from streams.produce import Out, out_map, send_all
+from streams.produce import Out, dead_letter, out_map, record_source, send_all
 from streams.result_cache import ResultCache
 from streams.split import split_request
 from streams.topics import LANES, TopicNames
@@ -197,9 +197,8 @@ class Router:
 
     def _dlq(self, raw: bytes, headers: Any, source: str, reason: str) -> Out:
         log.warning("router: to DLQ from %s: %s", source, reason)
-        original = list(headers.items()) if isinstance(headers, dict) else list(headers or [])
-        extra = [(ERROR_HEADER, reason.encode()[:1000]), (SOURCE_HEADER, source.encode())]
-        return Out(self.topics.dlq, None, bytes(raw or b""), [(k, bytes(v) if v is not None else b"") for k, v in original] + extra)
+        return dead_letter(self.topics.dlq, None, raw, reason, headers, source,
+                           max_bytes=self.settings.kafka.max_message_bytes)
 
 
 class TopicCache:
@@ -281,19 +280,18 @@ def install_router(app: faust.App, settings: Settings, metrics: Metrics) -> None
     @app.agent(source, name="route")
     async def route(stream: Any) -> None:
         async for event in stream.events():
-            origin = f"{event.message.topic}[{event.message.partition}]@{event.message.offset}"
+            origin = record_source(event)
             try:
                 routed = await router.handle(event.value, event.headers, _record_ts_ms(event), origin)
                 outs = routed.outs
             except Exception as exc:  # a bug must cost one message, not the stage
                 log.exception("router: failed on %s", origin)
                 routed = None
-                outs = [Out(names.dlq, None, bytes(event.value or b""),
-                            [(ERROR_HEADER, f"{ErrorCode.INTERNAL}: {exc!r}"[:1000].encode())])]
+                outs = [dead_letter(names.dlq, None, event.value, f"{ErrorCode.INTERNAL}: {exc!r}", event.headers,
+                                    origin, max_bytes=settings.kafka.max_message_bytes)]
             await send_all(app.producer, outs)
             if routed is None or routed.outcome == "dlq":
-                metrics.to_dlq("route")
-                metrics.request_done("route", "dlq")
+                metrics.to_dlq("route")  # counts the record as done with outcome dlq, too
             else:
                 metrics.request_done("route", routed.outcome, routed.code)
                 if routed.admission:
