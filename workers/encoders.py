@@ -17,14 +17,13 @@ import numpy as np
 from schemas.errors import ErrorCode, WireError
 from schemas.jobs import EncodeJob
 from schemas.settings import Settings
-from workers import audio, image, text
+from workers import audio, engines, image, text
 from workers.audio import AudioEncoder, normalized_speech
 from workers.breaker import CircuitBreaker
 from workers.cache import CachingBatch, EncoderCache
 from workers.cache_keys import cache_key, content_digest
 from workers.claims import ClaimResolver
-from workers.engines.ctranslate2 import WhisperEngine
-from workers.engines.onnx import OnnxEngine
+from workers.engines import EngineOptions
 from workers.image import ImageEncoder, _warmup_image, load_labels, normalized_pixels
 from workers.outputs import Encoded, Observer
 from workers.repository import ModelRepository
@@ -69,12 +68,19 @@ def claim_resolver(settings: Settings) -> Any:
 
 def load_engine(settings: Settings, metrics: Observer, model: str, stage: str, engine_cls: Any = None,
                 precision: str | None = None) -> tuple[Any, Any]:
-    """(model config, loaded engine) for ``model``; reports the engine on the metrics."""
+    """(model config, loaded engine) for ``model``, served by the backend its config names
+    (``workers.engines``); reports the engine on the metrics. ``engine_cls`` (a class keeping
+    the engine contract) overrides the config's backend."""
 
     config = ModelRepository(settings.models.repository).resolve(model)
-    engine = (engine_cls or OnnxEngine)(config, precision or settings.encoder.precision,
-                                        settings.encoder.intra_op_threads, allow_spinning=settings.encoder.allow_spinning)
-    info = engine.load()
+    options = EngineOptions.from_settings(settings.encoder)
+    precision = precision or settings.encoder.precision
+    if engine_cls is not None:
+        engine = engine_cls.from_options(config, precision, options)
+        engine.load()
+    else:
+        engine = engines.load_engine(config, precision, options)
+    info = engine.info
     metrics.set_engine(stage, dataclasses.asdict(info))
     log.info("%s: %s", stage, info)
     return config, engine
@@ -154,8 +160,8 @@ def image_runner(settings: Settings, metrics: Observer, stage: str = "encode.ima
 
 def audio_runner(settings: Settings, metrics: Observer, stage: str = "encode.audio") -> Runner:
     """Whisper through CTranslate2: transcript plus the speech-pooled encoder embedding."""
-    config, engine = load_engine(settings, metrics, settings.models.audio_model, stage, WhisperEngine,
-                                 settings.models.audio_precision)
+    config, engine = load_engine(settings, metrics, settings.models.audio_model, stage,
+                                 precision=settings.models.audio_precision)
     encoder = AudioEncoder(engine, max_seconds=settings.limits.max_audio_seconds)
     encoder.warmup()
 

@@ -99,6 +99,7 @@ class ModelConfig:
     built_at: str  # ISO 8601, UTC
     source: Mapping[str, Any] = field(default_factory=dict)  # where the weights came from, license
     directory: Path = Path(".")
+    backend: str = "onnxruntime"  # which engine serves it: a name in ``workers.engines.BACKENDS``
 
     def variant(self, precision: str) -> VariantSpec:
         """The variant for ``precision``; raises ``ModelNotFoundError`` naming those built."""
@@ -134,6 +135,7 @@ class ModelConfig:
             "build_key": self.build_key,
             "built_at": self.built_at,
             "source": dict(self.source),
+            "backend": self.backend,
         }
 
     @classmethod
@@ -171,11 +173,23 @@ class ModelConfig:
                 built_at=str(data["built_at"]),
                 source=MappingProxyType(dict(data.get("source", {}))),
                 directory=directory,
+                backend=str(data.get("backend") or _legacy_backend(data)),
             )
         except KeyError as e:
             raise ModelConfigError(f"{where}: missing field {e.args[0]!r}") from None
         except (TypeError, ValueError, AttributeError) as e:
             raise ModelConfigError(f"{where}: {e}") from None
+
+
+def _legacy_backend(data: Mapping[str, Any]) -> str:
+    """The backend of a config.json written before it named one (builds are cached by their
+    build key, which the new field did not change): the LM's graph has its own engine, and
+    Whisper ships as CTranslate2's model.bin; everything else is plain ONNX."""
+    if data.get("task") == "text-generation":
+        return "lm-onnxruntime"
+    if any(str(v.get("file", "")).endswith(".bin") for v in data.get("variants", {}).values()):
+        return "ctranslate2"
+    return "onnxruntime"
 
 
 def _tensor(data: Mapping[str, Any]) -> TensorSpec:

@@ -1,4 +1,4 @@
-"""Engines: a loaded model variant that runs one batch of feeds at a time.
+"""The ONNX Runtime backend ("onnxruntime" in ``workers.engines.BACKENDS``): one batch of feeds at a time.
 
 ``OnnxEngine`` is the default backend. It tries execution providers in order (TensorRT,
 CUDA, CPU by default), keeps those this onnxruntime build has, and reports the one that
@@ -10,40 +10,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import onnxruntime as ort
 
+from workers.engines import DEFAULT_PROVIDERS, EngineError, EngineInfo, EngineOptions
 from workers.repository import ModelConfig
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PROVIDERS = (
-    "TensorrtExecutionProvider",
-    "CUDAExecutionProvider",
-    "CPUExecutionProvider",
-)
-
-
-class EngineError(RuntimeError):
-    """The engine cannot load or run: no usable provider, not loaded, bad feeds."""
-
-    code = "internal"
-    retriable = False
-
-
-@dataclass(frozen=True)
-class EngineInfo:
-    """What a worker serves, for its ready log line and the engine-info metric."""
-
-    model: str
-    version: str
-    precision: str  # variant served: "fp32", "int8", ...
-    provider: str  # execution provider in use, e.g. "CPUExecutionProvider"
-    backend: str  # "onnxruntime"
+__all__ = ["DEFAULT_PROVIDERS", "EngineError", "EngineInfo", "OnnxEngine"]
 
 
 class OnnxEngine:
@@ -80,6 +58,12 @@ class OnnxEngine:
         self._session: ort.InferenceSession | None = None
         self._output_names: list[str] = []
         self._lock = threading.Lock()
+
+    @classmethod
+    def from_options(cls, config: ModelConfig, precision: str, options: EngineOptions, **extra: Any) -> "OnnxEngine":
+        """The registry's constructor (``workers.engines``); ``extra`` may set ``trt_cache_dir``."""
+        return cls(config, precision, options.intra_op_threads, options.providers,
+                   allow_spinning=options.allow_spinning, **extra)
 
     @property
     def input_names(self) -> tuple[str, ...]:

@@ -155,6 +155,7 @@ def _config(out_dir: Path, build_key: str, sha256: str, variants: dict[str, Vari
             }
         ),
         directory=out_dir,
+        backend="ctranslate2",
     )
 
 
