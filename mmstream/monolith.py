@@ -114,7 +114,7 @@ class Engines:
         options = EngineOptions.from_settings(e)
         repo = ModelRepository(settings.models.repository)
         tcfg = repo.resolve(settings.models.text_model)
-        tengine = load_engine(tcfg, e.precision, options)
+        tengine = load_engine(tcfg, e.precision, options, stage="encode.text")
         self.info = {"encode.text": _info(tengine.info)}
         self.text = TextEncoder(tengine, TextPreprocessor(tcfg.tokenizer_path, tcfg.max_length),
                                 embedding_dim=tcfg.embedding_dim)
@@ -122,7 +122,7 @@ class Engines:
         self.image = None
         if need_image:
             icfg = repo.resolve(settings.models.image_model)
-            iengine = load_engine(icfg, e.precision, options)
+            iengine = load_engine(icfg, e.precision, options, stage="encode.image")
             self.info["encode.image"] = _info(iengine.info)
             self.image = ImageEncoder(iengine, load_labels(icfg.directory / "labels.json"),
                                       max_pixels=settings.limits.max_image_pixels, embedding_dim=icfg.embedding_dim)
@@ -132,7 +132,7 @@ class Engines:
         if need_media:
 
             acfg = repo.resolve(settings.models.audio_model)
-            aengine = load_engine(acfg, settings.models.audio_precision, options)
+            aengine = load_engine(acfg, settings.models.audio_precision, options, stage="encode.audio")
             self.info["encode.audio"] = _info(aengine.info)
             self.audio = AudioEncoder(aengine, max_seconds=settings.limits.max_audio_seconds)
             self.audio.warmup()
@@ -143,7 +143,7 @@ class Engines:
 
             g = settings.generator
             lcfg = repo.resolve(settings.models.lm_model)
-            self.lm = load_engine(lcfg, g.precision, options)
+            self.lm = load_engine(lcfg, g.precision, options, stage="generate")
             self.tokenizer = tokenizers.Tokenizer.from_file(str(lcfg.tokenizer_path))
             self.stops = StopChecker(self.tokenizer, self.lm.eos_token_ids)
             self.info["generate"] = _info(self.lm.info)

@@ -69,8 +69,10 @@ def claim_resolver(settings: Settings) -> Any:
 def load_engine(settings: Settings, metrics: Observer, model: str, stage: str, engine_cls: Any = None,
                 precision: str | None = None) -> tuple[Any, Any]:
     """(model config, loaded engine) for ``model``, served by the backend its config names
-    (``workers.engines``); reports the engine on the metrics. ``engine_cls`` (a class keeping
-    the engine contract) overrides the config's backend."""
+    (``workers.engines``); reports the engine, and each variant the fidelity gate or a
+    failed load refused on the way, on the metrics. ``engine.precision`` is the variant
+    that serves (the requested one, or fp32 after a fallback). ``engine_cls`` (a class
+    keeping the engine contract) overrides the config's backend, without fallback."""
 
     config = ModelRepository(settings.models.repository).resolve(model)
     options = EngineOptions.from_settings(settings.encoder)
@@ -79,7 +81,7 @@ def load_engine(settings: Settings, metrics: Observer, model: str, stage: str, e
         engine = engine_cls.from_options(config, precision, options)
         engine.load()
     else:
-        engine = engines.load_engine(config, precision, options)
+        engine = engines.load_engine(config, precision, options, stage=stage, observer=metrics)
     info = engine.info
     metrics.set_engine(stage, dataclasses.asdict(info))
     log.info("%s: %s", stage, info)
@@ -93,13 +95,13 @@ def text_runner(settings: Settings, metrics: Observer, stage: str = "encode.text
     encoder.warmup()
     run = with_cache(settings, metrics, "text", lambda jobs: encoder.run_batch([j.text for j in jobs]),
                      lambda job: normalize(job.text or "").encode(), config, text.PREPROCESSING_VERSION,
-                     settings.cache.ttl_text_s)
+                     settings.cache.ttl_text_s, engine.precision)
 
     def calibrate() -> tuple[float, float]:
         texts = list(_WARMUP_TEXTS)
         return float(sum(pre.count_tokens(t) for t in texts)), _timed(lambda: encoder.embed(texts))
 
-    identity = f"{config.name}/{config.version}/{settings.encoder.precision}/{text.PREPROCESSING_VERSION}"
+    identity = f"{config.name}/{config.version}/{engine.precision}/{text.PREPROCESSING_VERSION}"
     return Runner(run, lambda job: float(pre.count_tokens(job.text or "")), calibrate, identity)
 
 
@@ -148,13 +150,13 @@ def image_runner(settings: Settings, metrics: Observer, stage: str = "encode.ima
         return normalized_pixels(job.data, job.mime, settings.limits.max_image_pixels)
 
     run = with_cache(settings, metrics, "image", run_batch, content, config,
-                     f"{image.PREPROCESSING_VERSION}+pixels+{FRAMES_MIME}", settings.cache.ttl_image_s)
+                     f"{image.PREPROCESSING_VERSION}+pixels+{FRAMES_MIME}", settings.cache.ttl_image_s, engine.precision)
 
     def calibrate() -> tuple[float, float]:
         images = [_warmup_image(seed) for seed in range(4)]
         return 4.0, _timed(lambda: encoder.encode(images))
 
-    identity = f"{config.name}/{config.version}/{settings.encoder.precision}/{image.PREPROCESSING_VERSION}"
+    identity = f"{config.name}/{config.version}/{engine.precision}/{image.PREPROCESSING_VERSION}"
     return Runner(run, cost, calibrate, identity), encoder
 
 
@@ -184,8 +186,8 @@ def audio_runner(settings: Settings, metrics: Observer, stage: str = "encode.aud
     # work that saves Whisper's hundreds when the same words come again.
     run = with_cache(settings, metrics, "audio", run_batch,
                      lambda job: normalized_speech(job.data, job.mime, max_s) if job.data else None,
-                     config, f"{audio.PREPROCESSING_VERSION}+speech", settings.cache.ttl_image_s)
-    identity = f"{config.name}/{config.version}/{settings.models.audio_precision}/{audio.PREPROCESSING_VERSION}"
+                     config, f"{audio.PREPROCESSING_VERSION}+speech", settings.cache.ttl_image_s, engine.precision)
+    identity = f"{config.name}/{config.version}/{engine.precision}/{audio.PREPROCESSING_VERSION}"
     return Runner(run, lambda job: 1.0, identity=identity)
 
 
@@ -232,8 +234,11 @@ def generic_runner(settings: Settings, metrics: Observer) -> Runner:
 
 
 def with_cache(settings: Settings, metrics: Observer, modality: str, run_batch: Any,
-               content: Callable[[EncodeJob], bytes | None], config: Any, preprocessing: str, ttl_s: int) -> Any:
-    """``run_batch`` behind the Redis reuse cache, or as it is when the cache is off."""
+               content: Callable[[EncodeJob], bytes | None], config: Any, preprocessing: str, ttl_s: int,
+               precision: str | None = None) -> Any:
+    """``run_batch`` behind the Redis reuse cache, or as it is when the cache is off.
+    ``precision`` is the variant that serves (after a fallback it is not the one asked for);
+    None: the encoder setting."""
     if not settings.cache.enabled:
         return run_batch
 
@@ -246,7 +251,7 @@ def with_cache(settings: Settings, metrics: Observer, modality: str, run_batch: 
         if not data:
             return None
         return cache_key(modality=modality, digest=content_digest(data), model=config.name, version=config.version,
-                         precision=settings.encoder.precision, preprocessing=preprocessing,
+                         precision=precision or settings.encoder.precision, preprocessing=preprocessing,
                          tenant=None if c.cross_tenant else job.tenant)
 
     return CachingBatch(run_batch, key_of, cache, metrics, modality)

@@ -65,16 +65,22 @@ class VariantSpec:
     """One precision variant of a model: its file and how far it drifts from its reference.
 
     ``fidelity`` is measured at build time, e.g. ``{"reference": "fp32", "mean_cosine":
-    0.998, "min_cosine": 0.99}``; a fidelity gate reads it, the engine does not.
+    0.998, "min_cosine": 0.99}``. ``gate`` holds the thresholds it must meet to be served,
+    e.g. ``{"mean_cosine": {"min": 0.99}}`` (``workers.engines.gate`` reads both; builds from
+    before the gate have none). The engine reads neither.
     """
 
     precision: str  # "fp32", "int8", ...
     file: str  # relative to the version directory
     bytes: int
     fidelity: Mapping[str, Any] = field(default_factory=dict)
+    gate: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"file": self.file, "bytes": self.bytes, "fidelity": dict(self.fidelity)}
+        out = {"file": self.file, "bytes": self.bytes, "fidelity": dict(self.fidelity)}
+        if self.gate:
+            out["gate"] = {metric: dict(bounds) for metric, bounds in self.gate.items()}
+        return out
 
 
 @dataclass(frozen=True)
@@ -153,6 +159,8 @@ class ModelConfig:
                     file=str(v["file"]),
                     bytes=int(v["bytes"]),
                     fidelity=MappingProxyType(dict(v.get("fidelity", {}))),
+                    gate=MappingProxyType({str(m): MappingProxyType({str(k): float(x) for k, x in b.items()})
+                                           for m, b in v.get("gate", {}).items()}),
                 )
                 for p, v in data["variants"].items()
             }

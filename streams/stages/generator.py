@@ -244,7 +244,8 @@ def install_generator(app: faust.App, settings: Settings, metrics: Metrics) -> N
 
     g = settings.generator
     config = ModelRepository(settings.models.repository).resolve(settings.models.lm_model)
-    engine = load_engine(config, g.precision, EngineOptions.from_settings(settings.encoder))
+    engine = load_engine(config, g.precision, EngineOptions.from_settings(settings.encoder),
+                         stage=STAGE, observer=metrics)
     info = engine.info
     if g.prefix_cache_mb > 0:  # keyed by the variant that actually serves
         engine.prefix_cache = PrefixCache(g.prefix_cache_mb * 1024 * 1024, 16,

@@ -17,6 +17,9 @@ The contract every backend keeps (``Engine``):
 - ``run(batch)`` runs one batch and returns one output per input row; what a batch is
   belongs to the backend (ONNX feeds, Whisper features, LM chunks: see each ``run``).
 
+``load_engine`` builds and loads through the registry and the fidelity gate
+(``workers.engines.gate``): a refused variant falls back to the next, counted.
+
 The registry maps a backend name, as the model's config.json names it
 (``ModelConfig.backend``), to ``"module:Class"``. ``engine_class`` imports the module on first
 use, so a worker imports only the runtime it serves. A native TensorRT backend is one new
@@ -26,10 +29,14 @@ module in this package (a class keeping the contract above) plus one line in ``B
 from __future__ import annotations
 
 import importlib
+import logging
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
+from workers.engines.gate import Refusal, check_provider, check_variant, fallback_chain
 from workers.repository import ModelConfig
+
+log = logging.getLogger(__name__)
 
 # Provider names of ONNX Runtime, in the order they are tried; short aliases for settings.
 PROVIDER_ALIASES = {
@@ -147,12 +154,48 @@ def engine_class(backend: str) -> type:
 
 
 def load_engine(config: ModelConfig, precision: str, options: EngineOptions = EngineOptions(),
-                backend: str | None = None, **extra: Any) -> Any:
-    """Build and load the engine for ``precision`` of ``config`` with the backend its config
-    names (``backend`` overrides it). Returns the loaded engine (``engine.info`` says what
-    runs). Raises ``EngineError`` (unknown backend, cannot load) and ``ModelNotFoundError``
-    (precision not built)."""
+                backend: str | None = None, *, stage: str = "", observer: Any = None, **extra: Any) -> Any:
+    """The loaded engine serving ``precision`` of ``config``, or the next variant of its
+    fallback chain (``workers.engines.gate``) when the gate or the load refuses it.
+
+    The backend is the one the config names (``backend`` overrides it). Each refusal is
+    logged with its reason and reported to ``observer.engine_fallback(stage, from, to,
+    reason)`` (a ``workers.outputs.Observer``; None reports nothing), and so is a provider
+    the runtime skipped. ``engine.info`` says what runs. Raises ``EngineError`` for an
+    unknown backend, and when no variant of the chain can be served (naming every reason).
+    """
     cls = engine_class(backend or config.backend)
-    engine = cls.from_options(config, precision, options, **extra)
-    engine.load()
-    return engine
+    chain = fallback_chain(precision)
+    where = stage or f"{config.name}/{config.version}"
+    refusals: list[Refusal] = []
+    for i, candidate in enumerate(chain):
+        refusal = check_variant(config, candidate)
+        if refusal is None:
+            engine = cls.from_options(config, candidate, options, **extra)
+            try:
+                info = engine.load()
+            except Exception as exc:  # runtimes raise their own types (onnxruntime's Fail is no RuntimeError)
+                refusal = Refusal(candidate, "load_failed", f"{config.name} {candidate} did not load: {exc}")
+            else:
+                refusal = check_provider(candidate, info.provider)
+        if refusal is None:
+            _report_skipped_provider(engine, where, stage, observer)
+            return engine
+        to = chain[i + 1] if i + 1 < len(chain) else "none"
+        log.warning("%s: refusing %s (%s): %s; %s", where, candidate, refusal.reason, refusal.detail,
+                    f"falling back to {to}" if to != "none" else "no variant left")
+        if observer is not None:
+            observer.engine_fallback(stage, candidate, to, refusal.reason)
+        refusals.append(refusal)
+    raise EngineError(f"no variant of {config.name}/{config.version} can be served: "
+                      + "; ".join(r.detail for r in refusals))
+
+
+def _report_skipped_provider(engine: Any, where: str, stage: str, observer: Any) -> None:
+    """ONNX Runtime moves past a provider that fails to start (TensorRT without its
+    libraries, CUDA without a device) on its own; say so where it happened."""
+    asked, got = getattr(engine, "requested_provider", ""), engine.info.provider
+    if asked and asked != got:
+        log.warning("%s: asked for %s, runs on %s", where, asked, got)
+        if observer is not None:
+            observer.engine_fallback(stage, asked, got, "provider_failed")

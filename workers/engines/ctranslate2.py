@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from workers.audio import MEL_FRAMES, WINDOW_SAMPLES
-from workers.engines import EngineError, EngineInfo, EngineOptions
+from workers.engines import EngineError, EngineInfo, EngineOptions, gpu
 from workers.repository import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -91,6 +91,8 @@ class WhisperEngine:
         if not path.is_file():
             raise EngineError(f"{path} is missing: rebuild with `mmstream models build --force`")
         device = self.device
+        if device != "cpu":
+            gpu.preload_for_ctranslate2()
         if device == "auto":
             device = "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
         compute_type = {"fp32": "float32", "int8": "int8" if device == "cpu" else "int8_float16"}.get(self.precision)

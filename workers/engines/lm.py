@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
@@ -41,84 +40,14 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import onnxruntime as ort
 
-from workers.engines import EngineError, EngineInfo, EngineOptions
+from workers.engines import EngineError, EngineInfo, EngineOptions, gpu
+from workers.engines.lm_types import LMError, LMSequence, PrefillChunk, SamplingParams, StepOutput, StepPlan
 from workers.prefix_cache import PrefixCache
 from workers.repository import ModelConfig, VariantSpec
 
 GENERATION_FILE = "generation.json"
-
-
-@dataclass(frozen=True, slots=True)
-class PrefillChunk:
-    """Compute prompt tokens [start, start + num_tokens) of ``seq_id`` this step."""
-
-    seq_id: str
-    start: int
-    num_tokens: int
-    is_last: bool  # the chunk ends the prompt: its logits give the first output token
-
-
-@dataclass(frozen=True, slots=True)
-class StepPlan:
-    """One model step as this engine executes it (``execute_step``); a scheduler fills it in."""
-
-    decode: tuple[str, ...]  # sequences that generate one token each
-    prefill: tuple[PrefillChunk, ...]  # prompt chunks to compute
-
-
-@dataclass(frozen=True, slots=True)
-class StepOutput:
-    """What a step produced: a token for every decoded sequence and every prefill chunk
-    with ``is_last``; ``stopped`` names sequences whose text hit a stop string."""
-
-    tokens: Mapping[str, int]
-    stopped: frozenset[str] = frozenset()
-
-
-class LMError(RuntimeError):
-    """A generation request cannot run: prompt too long, bad sampling parameters."""
-
-    code = "invalid_request"
-    retriable = False
-
-
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
-    """How to pick tokens. ``temperature`` 0 is greedy (argmax, deterministic); otherwise
-    logits / temperature, restricted to the smallest set with probability >= ``top_p``,
-    sampled from a generator seeded with ``seed`` (same seed, same prompt, same tokens)."""
-
-    max_tokens: int = 64
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
-    stop: tuple[str, ...] = ()  # generation ends when the text contains one; it is cut off
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 1 or self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise LMError(f"invalid sampling parameters {self}")
-
-
-@dataclass(eq=False)
-class LMSequence:
-    """One sequence's state: its tokens, how many of them have KV, and that KV.
-
-    ``kv`` is [layers, 2, kv_heads, capacity, head_dim]; positions ``< num_cached`` are valid.
-    """
-
-    seq_id: str
-    tokens: list[int]  # prompt, then generated tokens
-    prompt_len: int
-    params: SamplingParams
-    kv: np.ndarray
-    num_cached: int = 0
-    text: str = ""  # generated text so far (stop strings cut off)
-    rng: np.random.Generator = field(default_factory=np.random.default_rng)
-    block_keys: list[bytes] = field(default_factory=list)  # prefix-cache keys of the prompt
-
-    @property
-    def generated(self) -> list[int]:
-        return self.tokens[self.prompt_len:]
+__all__ = ["GENERATION_FILE", "LMEngine", "LMError", "LMSequence", "PrefillChunk", "SamplingParams", "StepOutput",
+           "StepPlan", "StopChecker", "execute_step", "sample_token"]
 
 
 class LMEngine:
@@ -126,8 +55,9 @@ class LMEngine:
 
     The "lm-onnxruntime" backend of ``workers.engines``. ``config`` is the repository model
     (its version directory holds generation.json: layers, kv_heads, head_dim, eos ids,
-    max_context; ``generation`` passes that content directly). ``prefix_cache`` None disables prefix reuse. ``run(chunks)`` is
-    ``prefill``: one forward call over (sequence, new tokens) chunks, one logits row each.
+    max_context; ``generation`` passes that content directly). ``prefix_cache`` None
+    disables prefix reuse. ``run(chunks)`` is ``prefill``: one forward call over (sequence,
+    new tokens) chunks, one logits row each.
 
     TensorRT is never asked for: every step has new KV shapes, and TensorRT would build an
     engine per shape. The KV cache lives in host memory (numpy), so on CUDA it crosses the
@@ -161,6 +91,7 @@ class LMEngine:
         self.intra_op_threads = intra_op_threads
         self.allow_spinning = allow_spinning
         self.providers = tuple(p for p in providers if p != "TensorrtExecutionProvider")
+        self.requested_provider = ""  # the first provider asked for that this build has (set by load)
         self._session: ort.InferenceSession | None = None
         self._lock = threading.Lock()
 
@@ -209,6 +140,9 @@ class LMEngine:
         if not self.allow_spinning:
             # Spinning threads steal cores from the broker and other stages on a shared box.
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if chosen[0] != "CPUExecutionProvider":
+            gpu.preload_for_onnxruntime()
+        self.requested_provider = chosen[0]
         with self._lock:
             self._session = ort.InferenceSession(str(path), options, providers=chosen)
         return self.info
