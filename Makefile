@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 MMSTREAM := $(VENV)/bin/mmstream
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml infra/requirements-models.txt infra/system-deps.sh | sha1sum | cut -c1-12)
 
-.PHONY: setup models demo test unit down clean
+.PHONY: setup models demo test unit down clean gpu-setup cpu-setup gpu-check
 
 setup: $(STAMP)
 
@@ -35,6 +35,17 @@ test: models
 
 unit: setup
 	$(PY) -m pytest -q tests/unit
+
+# GPU: swap onnxruntime for onnxruntime-gpu plus its CUDA wheels (never both: see
+# infra/gpu/setup.sh), back again, and the one-shot device check (infra/gpu/check.sh).
+gpu-setup: setup
+	bash infra/gpu/setup.sh $(PY)
+
+cpu-setup: setup
+	bash infra/gpu/cpu-setup.sh $(PY)
+
+gpu-check:
+	bash infra/gpu/check.sh
 
 down:
 	@test -x $(MMSTREAM) && $(MMSTREAM) down || true

@@ -77,6 +77,8 @@ def _parser() -> argparse.ArgumentParser:
     mb = msub.add_parser("build", help="export the packaged weights to ONNX (cached)")
     mb.add_argument("--force", action="store_true")
     mb.add_argument("--only", action="append", help="build only this model (repeatable)")
+    mb.add_argument("--target", choices=("cpu", "gpu"), default="cpu",
+                    help="gpu also builds an fp16 variant of each ONNX model, with its fidelity")
     msub.add_parser("list", help="the models in the repository")
     return p
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mmstream import localstack
+from mmstream import engineinfo, localstack
 from mmstream.console import event_line
 from mmstream.localstack import LocalStackError
 from mmstream.supervisor import Supervisor, default_replicas, parse_replicas
@@ -109,8 +109,9 @@ def cmd_status(args: argparse.Namespace, settings: Settings, repo_root: Path) ->
     for w in workers:
         port = w.metrics_port
         metrics = f"metrics=http://127.0.0.1:{port}/metrics" if port else "metrics=(not bound yet)"
+        engine = engineinfo.scrape(port) if port and w.alive else None
         print(f"worker  {w.stage + '[' + str(w.replica) + ']':<22} {'running' if w.alive else 'DEAD':<8} "
-              f"pid={w.pid}  {metrics}  log={w.log_file}")
+              f"pid={w.pid}  {metrics}  log={w.log_file}" + (f"\n        engine: {engine}" if engine else ""))
     healthy = kafka.healthy and redis.healthy and all(w.alive for w in workers)
     return 0 if healthy else 1
 
@@ -222,7 +223,8 @@ def cmd_models(args: argparse.Namespace, settings: Settings, repo_root: Path) ->
     from workers.models.build import build_models  # the exporters' import graph: only for this command
 
     try:
-        build_models(settings.models.repository, names=args.only, force=args.force)  # logs one line per model
+        build_models(settings.models.repository, names=args.only, force=args.force,
+                     target=getattr(args, "target", "cpu"))  # logs one line per model
     except ImportError as exc:  # the exporters import torch & co. only when a model must be built
         raise UserError(f"the model build needs the build extra ({exc}): pip install -e '.[build]'") from None
     return 0

@@ -33,9 +33,8 @@ from streams.policies.scheduler import SchedulerLimits, SequenceRequest, StaticB
 from streams.stages.generator import prompt_parts
 from workers import prompt as P
 from workers.audio import AudioEncoder
-from workers.engines.ctranslate2 import WhisperEngine
-from workers.engines.lm import LMEngine, SamplingParams, StopChecker, execute_step
-from workers.engines.onnx import OnnxEngine
+from workers.engines import EngineOptions, load_engine
+from workers.engines.lm import SamplingParams, StopChecker, execute_step
 from workers.image import ImageEncoder, load_labels
 from workers.repository import ModelRepository
 from workers.text import TextEncoder, TextPreprocessor
@@ -76,18 +75,19 @@ class Engines:
         the audio encoder and video decoding; with ``need_lm`` the generator's LM."""
 
         e = settings.encoder
+        options = EngineOptions.from_settings(e)
         repo = ModelRepository(settings.models.repository)
         tcfg = repo.resolve(settings.models.text_model)
-        tengine = OnnxEngine(tcfg, e.precision, e.intra_op_threads, allow_spinning=e.allow_spinning)
-        self.info = {"encode.text": _info(tengine.load())}
+        tengine = load_engine(tcfg, e.precision, options, stage="encode.text")
+        self.info = {"encode.text": _info(tengine.info)}
         self.text = TextEncoder(tengine, TextPreprocessor(tcfg.tokenizer_path, tcfg.max_length),
                                 embedding_dim=tcfg.embedding_dim)
         self.text.warmup()
         self.image = None
         if need_image:
             icfg = repo.resolve(settings.models.image_model)
-            iengine = OnnxEngine(icfg, e.precision, e.intra_op_threads, allow_spinning=e.allow_spinning)
-            self.info["encode.image"] = _info(iengine.load())
+            iengine = load_engine(icfg, e.precision, options, stage="encode.image")
+            self.info["encode.image"] = _info(iengine.info)
             self.image = ImageEncoder(iengine, load_labels(icfg.directory / "labels.json"),
                                       max_pixels=settings.limits.max_image_pixels, embedding_dim=icfg.embedding_dim)
             self.image.warmup()
@@ -96,8 +96,8 @@ class Engines:
         if need_media:
 
             acfg = repo.resolve(settings.models.audio_model)
-            aengine = WhisperEngine(acfg, settings.models.audio_precision, e.intra_op_threads)
-            self.info["encode.audio"] = _info(aengine.load())
+            aengine = load_engine(acfg, settings.models.audio_precision, options, stage="encode.audio")
+            self.info["encode.audio"] = _info(aengine.info)
             self.audio = AudioEncoder(aengine, max_seconds=settings.limits.max_audio_seconds)
             self.audio.warmup()
         self.lm = None
@@ -107,11 +107,10 @@ class Engines:
 
             g = settings.generator
             lcfg = repo.resolve(settings.models.lm_model)
-            self.lm = LMEngine.from_config(lcfg, g.precision, intra_op_threads=e.intra_op_threads)
+            self.lm = load_engine(lcfg, g.precision, options, stage="generate")
             self.tokenizer = tokenizers.Tokenizer.from_file(str(lcfg.tokenizer_path))
             self.stops = StopChecker(self.tokenizer, self.lm.eos_token_ids)
-            self.info["generate"] = {"model": lcfg.name, "version": lcfg.version, "precision": g.precision,
-                                     "provider": self.lm.provider}
+            self.info["generate"] = _info(self.lm.info)
 
     def floor_ms(self, text: str, image: tuple[bytes, str] | None, repeats: int = 20) -> dict[str, float]:
         """Median service time of each engine alone at batch 1 (encoder call included:

@@ -84,6 +84,10 @@ class EncoderSettings:
     )
     precision: str = setting("fp32", "Engine variant to serve: fp32 or int8.")
     max_queue: int = setting(256, "Most jobs held in a worker between Kafka and the engine.")
+    providers: str = setting(
+        "tensorrt,cuda,cpu", "ONNX Runtime execution providers, tried in order (tensorrt, cuda, cpu or full names); "
+        "those this onnxruntime build lacks are skipped. Without cuda, Whisper stays on the CPU too."
+    )
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,8 @@ helpers convert to seconds):
 - ``cache_lookup(modality, result)``, ``admission(lane, decision)``, ``to_dlq(stage)``;
 - gauges: ``set_inflight(stage, n)`` or ``with track_inflight(stage):``,
   ``set_queue_depth(stage, lane, n)``; the lag monitor calls ``set_consumer_lag(rows)``;
-- once after the engine warms up: ``set_engine(stage, engine_info_dict)``.
+- once after the engine warms up: ``set_engine(stage, engine_info_dict)``; before that, each
+  variant the fidelity gate or a failed load refused: ``engine_fallback(stage, from_, to, reason)``.
 
 ``serve(port, registry)`` exposes a registry over HTTP for Prometheus to scrape.
 """
@@ -42,6 +43,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
 from schemas.errors import ErrorCode
+from workers.engines.gate import FALLBACK_REASONS
 
 # 0.5 ms to 30 s, roughly 1-2-5 per decade: a text embedding takes a few ms, a bulk video
 # request tens of seconds. Deadlines above 30 s land in +Inf, which is still counted.
@@ -130,6 +132,11 @@ class Metrics:
             ("lane", "decision"))
         self.dlq_total = self._make(
             Counter, "mmstream_dlq", "Records a stage sent to the dead-letter topic.", ("stage",))
+        self.engine_fallbacks_total = self._make(
+            Counter, "mmstream_engine_fallbacks",
+            "Engine variants (from) a stage refused at start for the next one (to), by reason: "
+            "missing, fidelity, load_failed, provider; provider_failed when the runtime skipped a provider.",
+            ("stage", "from", "to", "reason"))
 
         self.consumer_lag = self._make(
             Gauge, "mmstream_consumer_lag",
@@ -192,6 +199,13 @@ class Metrics:
         """Count a record ``stage`` sent to the DLQ, and the item as finished with outcome ``dlq``."""
         self.dlq_total.labels(stage).inc()
         self.requests_total.labels(stage, "dlq").inc()
+
+    def engine_fallback(self, stage: str, from_: str, to: str, reason: str) -> None:
+        """Count one refused engine variant (or skipped provider) of ``stage``: ``from_`` and
+        ``to`` are precisions (provider names for ``provider_failed``; ``to`` is "none" when
+        nothing was left). Raises ``ValueError`` when ``reason`` is not in ``FALLBACK_REASONS``."""
+        _check("reason", reason, FALLBACK_REASONS)
+        self.engine_fallbacks_total.labels(stage, from_, to, reason).inc()
 
     def cache_lookup(self, modality: str, result: str) -> None:
         """Count one reuse-cache lookup; ``result`` is ``hit``, ``miss`` or ``error``."""

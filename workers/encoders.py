@@ -20,7 +20,8 @@ from workers.breaker import CircuitBreaker
 from workers.cache import CachingBatch, EncoderCache
 from workers.cache_keys import cache_key, content_digest
 from workers.claims import ClaimResolver
-from workers.engines.onnx import OnnxEngine
+from workers import engines
+from workers.engines import EngineOptions
 from workers.outputs import Observer
 from workers.repository import ModelRepository
 
@@ -63,20 +64,32 @@ def claim_resolver(settings: Settings) -> Any:
 
 def load_engine(settings: Settings, metrics: Observer, model: str, stage: str, engine_cls: Any = None,
                 precision: str | None = None) -> tuple[Any, Any]:
-    """(model config, loaded engine) for ``model``; reports the engine on the metrics."""
+    """(model config, loaded engine) for ``model``, served by the backend its config names
+    (``workers.engines``); reports the engine, and each variant the fidelity gate or a
+    failed load refused on the way, on the metrics. ``engine.precision`` is the variant
+    that serves (the requested one, or fp32 after a fallback). ``engine_cls`` (a class
+    keeping the engine contract) overrides the config's backend, without fallback."""
 
     config = ModelRepository(settings.models.repository).resolve(model)
-    engine = (engine_cls or OnnxEngine)(config, precision or settings.encoder.precision,
-                                        settings.encoder.intra_op_threads, allow_spinning=settings.encoder.allow_spinning)
-    info = engine.load()
+    options = EngineOptions.from_settings(settings.encoder)
+    precision = precision or settings.encoder.precision
+    if engine_cls is not None:
+        engine = engine_cls.from_options(config, precision, options)
+        engine.load()
+    else:
+        engine = engines.load_engine(config, precision, options, stage=stage, observer=metrics)
+    info = engine.info
     metrics.set_engine(stage, dataclasses.asdict(info))
     log.info("%s: %s", stage, info)
     return config, engine
 
 
 def with_cache(settings: Settings, metrics: Observer, modality: str, run_batch: Any,
-               content: Callable[[EncodeJob], bytes | None], config: Any, preprocessing: str, ttl_s: int) -> Any:
-    """``run_batch`` behind the Redis reuse cache, or as it is when the cache is off."""
+               content: Callable[[EncodeJob], bytes | None], config: Any, preprocessing: str, ttl_s: int,
+               precision: str | None = None) -> Any:
+    """``run_batch`` behind the Redis reuse cache, or as it is when the cache is off.
+    ``precision`` is the variant that serves (after a fallback it is not the one asked for);
+    None: the encoder setting."""
     if not settings.cache.enabled:
         return run_batch
 
@@ -89,7 +102,7 @@ def with_cache(settings: Settings, metrics: Observer, modality: str, run_batch: 
         if not data:
             return None
         return cache_key(modality=modality, digest=content_digest(data), model=config.name, version=config.version,
-                         precision=settings.encoder.precision, preprocessing=preprocessing,
+                         precision=precision or settings.encoder.precision, preprocessing=preprocessing,
                          tenant=None if c.cross_tenant else job.tenant)
 
     return CachingBatch(run_batch, key_of, cache, metrics, modality)

@@ -1,7 +1,7 @@
 """What compute hands back to the stages above it, and what it reports to them.
 
 ``Encoded`` is one part's encoder output. ``Observer`` is the little that compute reports
-while it runs (which engine serves, how each cache lookup went); the streaming layer's
+while it runs (which engine serves and which variants it refused, how each cache lookup went); the streaming layer's
 ``streams.metrics.Metrics`` is one, so compute never imports the metrics it feeds.
 """
 
@@ -31,3 +31,6 @@ class Observer(Protocol):
 
     def cache_lookup(self, modality: str, result: str) -> None:
         """One reuse-cache lookup of ``modality``: ``hit``, ``miss`` or ``error``."""
+
+    def engine_fallback(self, stage: str, from_: str, to: str, reason: str) -> None:
+        """``stage`` refused engine variant ``from_`` and went on to ``to`` (``workers.engines.gate``)."""

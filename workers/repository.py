@@ -65,16 +65,22 @@ class VariantSpec:
     """One precision variant of a model: its file and how far it drifts from its reference.
 
     ``fidelity`` is measured at build time, e.g. ``{"reference": "fp32", "mean_cosine":
-    0.998, "min_cosine": 0.99}``; a fidelity gate reads it, the engine does not.
+    0.998, "min_cosine": 0.99}``. ``gate`` holds the thresholds it must meet to be served,
+    e.g. ``{"mean_cosine": {"min": 0.99}}`` (``workers.engines.gate`` reads both; builds from
+    before the gate have none). The engine reads neither.
     """
 
     precision: str  # "fp32", "int8", ...
     file: str  # relative to the version directory
     bytes: int
     fidelity: Mapping[str, Any] = field(default_factory=dict)
+    gate: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"file": self.file, "bytes": self.bytes, "fidelity": dict(self.fidelity)}
+        out = {"file": self.file, "bytes": self.bytes, "fidelity": dict(self.fidelity)}
+        if self.gate:
+            out["gate"] = {metric: dict(bounds) for metric, bounds in self.gate.items()}
+        return out
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,7 @@ class ModelConfig:
     built_at: str  # ISO 8601, UTC
     source: Mapping[str, Any] = field(default_factory=dict)  # where the weights came from, license
     directory: Path = Path(".")
+    backend: str = "onnxruntime"  # which engine serves it: a name in ``workers.engines.BACKENDS``
 
     def variant(self, precision: str) -> VariantSpec:
         """The variant for ``precision``; raises ``ModelNotFoundError`` naming those built."""
@@ -134,6 +141,7 @@ class ModelConfig:
             "build_key": self.build_key,
             "built_at": self.built_at,
             "source": dict(self.source),
+            "backend": self.backend,
         }
 
     @classmethod
@@ -151,6 +159,8 @@ class ModelConfig:
                     file=str(v["file"]),
                     bytes=int(v["bytes"]),
                     fidelity=MappingProxyType(dict(v.get("fidelity", {}))),
+                    gate=MappingProxyType({str(m): MappingProxyType({str(k): float(x) for k, x in b.items()})
+                                           for m, b in v.get("gate", {}).items()}),
                 )
                 for p, v in data["variants"].items()
             }
@@ -171,11 +181,23 @@ class ModelConfig:
                 built_at=str(data["built_at"]),
                 source=MappingProxyType(dict(data.get("source", {}))),
                 directory=directory,
+                backend=str(data.get("backend") or _legacy_backend(data)),
             )
         except KeyError as e:
             raise ModelConfigError(f"{where}: missing field {e.args[0]!r}") from None
         except (TypeError, ValueError, AttributeError) as e:
             raise ModelConfigError(f"{where}: {e}") from None
+
+
+def _legacy_backend(data: Mapping[str, Any]) -> str:
+    """The backend of a config.json written before it named one (builds are cached by their
+    build key, which the new field did not change): the LM's graph has its own engine, and
+    Whisper ships as CTranslate2's model.bin; everything else is plain ONNX."""
+    if data.get("task") == "text-generation":
+        return "lm-onnxruntime"
+    if any(str(v.get("file", "")).endswith(".bin") for v in data.get("variants", {}).values()):
+        return "ctranslate2"
+    return "onnxruntime"
 
 
 def _tensor(data: Mapping[str, Any]) -> TensorSpec:

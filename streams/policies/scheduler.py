@@ -29,7 +29,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from workers.engines.lm import PrefillChunk, StepOutput, StepPlan
 

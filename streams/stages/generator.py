@@ -11,6 +11,7 @@ once) but never loses one.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -38,7 +39,8 @@ from streams.produce import Out, out_map, send_all
 from streams.topics import LANES
 from workers import modalities
 from workers import prompt as P
-from workers.engines.lm import LMEngine, LMError, SamplingParams, StopChecker, execute_step
+from workers.engines import EngineOptions, load_engine
+from workers.engines.lm import LMError, SamplingParams, StopChecker, execute_step
 from workers.prefix_cache import PrefixCache
 from workers.repository import ModelRepository
 
@@ -235,17 +237,18 @@ def install_generator(app: faust.App, settings: Settings, metrics: Metrics) -> N
 
     g = settings.generator
     config = ModelRepository(settings.models.repository).resolve(settings.models.lm_model)
-    cache = PrefixCache(g.prefix_cache_mb * 1024 * 1024, 16, f"{config.name}/{config.version}/{g.precision}") \
-        if g.prefix_cache_mb > 0 else None
-    engine = LMEngine.from_config(config, g.precision, intra_op_threads=settings.encoder.intra_op_threads,
-                                  prefix_cache=cache)
-    metrics.set_engine(STAGE, {"model": config.name, "version": config.version, "precision": g.precision,
-                               "provider": engine.provider, "backend": "onnxruntime"})
+    engine = load_engine(config, g.precision, EngineOptions.from_settings(settings.encoder),
+                         stage=STAGE, observer=metrics)
+    info = engine.info
+    if g.prefix_cache_mb > 0:  # keyed by the variant that actually serves
+        engine.prefix_cache = PrefixCache(g.prefix_cache_mb * 1024 * 1024, 16,
+                                          f"{info.model}/{info.version}/{info.precision}")
+    metrics.set_engine(STAGE, dataclasses.asdict(info))
     tokenizer = tokenizers.Tokenizer.from_file(str(config.tokenizer_path))
-    engine.generate_greedy(tokenizer.encode("Hello", add_special_tokens=False).ids, 2)  # warm up
+    engine.warmup()
     limits = SchedulerLimits(g.max_tokens_per_step, g.max_running, g.max_prefill_chunk)
     cls = StaticBatchScheduler if g.scheduler == "static" else ContinuousBatchScheduler
     scheduler = cls(limits, engine.eos_token_ids)
-    log.info("generate: %s/%s %s, %s batching, prefix cache %s", config.name, config.version, g.precision,
-             g.scheduler, "on" if cache else "off")
+    log.info("generate: %s/%s %s on %s, %s batching, prefix cache %s", info.model, info.version, info.precision,
+             info.provider, g.scheduler, "on" if engine.prefix_cache else "off")
     GeneratorLoop(app, settings, metrics, engine, tokenizer, scheduler, StopChecker(tokenizer, engine.eos_token_ids)).install()

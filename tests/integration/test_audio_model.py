@@ -178,6 +178,18 @@ def test_latency(encoder: AudioEncoder) -> None:
     print("per 30 s window (median ms): " + ", ".join(f"{k} {sorted(v)[1] * 1e3:.0f}" for k, v in steps.items()))
 
 
+def test_the_registry_serves_whisper_through_the_engine_contract(config: ModelConfig) -> None:
+    from workers.engines import Engine, EngineOptions, load_engine
+
+    assert config.backend == "ctranslate2"  # named by config.json, or inferred for an older build
+    engine = load_engine(config, "int8", EngineOptions(intra_op_threads=2, providers=("CPUExecutionProvider",)))
+    assert isinstance(engine, Engine)
+    assert (engine.info.backend, engine.info.provider, engine.info.precision) == ("ctranslate2", "cpu/int8", "int8")
+    assert len(engine.warmup(1)) == 1
+    encoded = np.asarray(engine.run(np.zeros((2, 80, 3000), np.float32)))
+    assert encoded.shape == (2, 1500, 512)  # one encoder output per window
+
+
 def test_fidelity_is_recorded_in_config_json(config: ModelConfig) -> None:
     fp32, int8 = config.variant("fp32").fidelity, config.variant("int8").fidelity
     print(f"config.json fidelity: fp32 {dict(fp32)}; int8 {dict(int8)}")

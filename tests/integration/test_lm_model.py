@@ -80,6 +80,20 @@ def serve(engine: LMEngine, scheduler, prompts: dict[str, list[int]], params: Sa
     return done
 
 
+def test_the_registry_serves_the_lm_through_the_engine_contract(config: ModelConfig, tokenizer) -> None:
+    from workers.engines import Engine, EngineOptions, load_engine
+
+    assert config.backend == "lm-onnxruntime"
+    engine = load_engine(config, "fp32", EngineOptions(intra_op_threads=2))
+    assert isinstance(engine, Engine)
+    assert (engine.info.model, engine.info.backend, engine.info.precision) == (NAME, "lm-onnxruntime", "fp32")
+    assert engine.info.provider != "TensorrtExecutionProvider"
+    assert len(engine.warmup(1)) == 1
+    prompt = encode(tokenizer, QUESTIONS[0])
+    seq = engine.new_sequence("s", prompt, SamplingParams(max_tokens=1))
+    assert engine.run([(seq, len(prompt))]).shape[0] == 1  # one logits row per chunk
+
+
 def test_answers_the_capital_of_france(engines: dict[str, LMEngine], tokenizer) -> None:
     ids = encode(tokenizer, QUESTIONS[0])
     for precision, engine in engines.items():

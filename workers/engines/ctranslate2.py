@@ -1,4 +1,5 @@
-"""The CTranslate2 backend: Whisper's encoder and decoder in one ``ctranslate2.models.Whisper``.
+"""The CTranslate2 backend ("ctranslate2" in ``workers.engines.BACKENDS``): Whisper's encoder and
+decoder in one ``ctranslate2.models.Whisper``.
 
 Why CTranslate2 and not ONNX Runtime for Whisper: see ``workers.audio``. ``ctranslate2`` and
 faster-whisper's helpers are imported when the engine loads, so importing this module is
@@ -9,13 +10,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
 from workers.audio import MEL_FRAMES, WINDOW_SAMPLES
-from workers.engines.onnx import EngineError, EngineInfo
+from workers.engines import EngineError, EngineInfo, EngineOptions, gpu
 from workers.repository import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -29,10 +31,11 @@ MIN_MEAN_LOGPROB = -1.0
 class WhisperEngine:
     """One precision of the Whisper model in a CTranslate2 ``Whisper`` (encoder + decoder).
 
-    Same constructor shape as ``workers.engines.onnx.OnnxEngine`` so the runner builds both alike.
     ``precision`` "fp32" or "int8" (int8 weights; int8_float16 on a GPU).
     ``intra_op_threads`` 0 lets CTranslate2 choose. ``device`` "auto" takes the first CUDA
     device when CTranslate2 sees one, else the CPU. Calls are serialized by a lock.
+    ``run(features)`` is ``encode``: a batch of log-mel windows in, one encoder output per
+    window out (``transcribe`` decodes them).
     """
 
     backend = "ctranslate2"
@@ -58,6 +61,14 @@ class WhisperEngine:
         self._provider = ""
         self._lock = threading.Lock()
 
+    @classmethod
+    def from_options(cls, config: ModelConfig, precision: str, options: EngineOptions, **extra: Any) -> "WhisperEngine":
+        """The registry's constructor (``workers.engines``). A provider list without CUDA keeps
+        Whisper on the CPU; with it, the first CUDA device CTranslate2 sees is used.
+        ``extra`` may set ``device`` outright."""
+        extra.setdefault("device", "auto" if "CUDAExecutionProvider" in options.providers else "cpu")
+        return cls(config, precision, options.intra_op_threads, **extra)
+
     @property
     def model_dir(self) -> Path:
         """The CTranslate2 model directory (model.bin, its config.json, tokenizer.json)."""
@@ -80,6 +91,8 @@ class WhisperEngine:
         if not path.is_file():
             raise EngineError(f"{path} is missing: rebuild with `mmstream models build --force`")
         device = self.device
+        if device != "cpu":
+            gpu.preload_for_ctranslate2()
         if device == "auto":
             device = "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
         compute_type = {"fp32": "float32", "int8": "int8" if device == "cpu" else "int8_float16"}.get(self.precision)
@@ -98,6 +111,21 @@ class WhisperEngine:
         info = self.info
         log.info("loaded %s/%s %s on %s", info.model, info.version, info.precision, info.provider)
         return info
+
+    def run(self, features: np.ndarray) -> Any:
+        """The engine contract's batch call: ``encode``."""
+        return self.encode(features)
+
+    def warmup(self, n: int = 1) -> list[float]:
+        """Encode ``n`` silent windows; returns each call's seconds. ``AudioEncoder.warmup``
+        warms the whole path (VAD, features, decoding) and is what a worker calls."""
+        silent = np.zeros((1, self._loaded().n_mels, MEL_FRAMES), np.float32)
+        seconds = []
+        for _ in range(n):
+            start = time.perf_counter()
+            self.encode(silent)
+            seconds.append(time.perf_counter() - start)
+        return seconds
 
     def features(self, window: np.ndarray) -> np.ndarray:
         """Log-mel features [n_mels, 3000] of up to 30 s of 16 kHz samples (zero-padded)."""

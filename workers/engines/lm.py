@@ -32,106 +32,55 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass, field
+import time
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import onnxruntime as ort
 
+from workers.engines import EngineError, EngineInfo, EngineOptions, gpu
+from workers.engines.lm_types import LMError, LMSequence, PrefillChunk, SamplingParams, StepOutput, StepPlan
 from workers.prefix_cache import PrefixCache
+from workers.repository import ModelConfig, VariantSpec
 
 GENERATION_FILE = "generation.json"
-
-
-@dataclass(frozen=True, slots=True)
-class PrefillChunk:
-    """Compute prompt tokens [start, start + num_tokens) of ``seq_id`` this step."""
-
-    seq_id: str
-    start: int
-    num_tokens: int
-    is_last: bool  # the chunk ends the prompt: its logits give the first output token
-
-
-@dataclass(frozen=True, slots=True)
-class StepPlan:
-    """One model step as this engine executes it (``execute_step``); a scheduler fills it in."""
-
-    decode: tuple[str, ...]  # sequences that generate one token each
-    prefill: tuple[PrefillChunk, ...]  # prompt chunks to compute
-
-
-@dataclass(frozen=True, slots=True)
-class StepOutput:
-    """What a step produced: a token for every decoded sequence and every prefill chunk
-    with ``is_last``; ``stopped`` names sequences whose text hit a stop string."""
-
-    tokens: Mapping[str, int]
-    stopped: frozenset[str] = frozenset()
-
-
-class LMError(RuntimeError):
-    """A generation request cannot run: prompt too long, bad sampling parameters."""
-
-    code = "invalid_request"
-    retriable = False
-
-
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
-    """How to pick tokens. ``temperature`` 0 is greedy (argmax, deterministic); otherwise
-    logits / temperature, restricted to the smallest set with probability >= ``top_p``,
-    sampled from a generator seeded with ``seed`` (same seed, same prompt, same tokens)."""
-
-    max_tokens: int = 64
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
-    stop: tuple[str, ...] = ()  # generation ends when the text contains one; it is cut off
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 1 or self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise LMError(f"invalid sampling parameters {self}")
-
-
-@dataclass(eq=False)
-class LMSequence:
-    """One sequence's state: its tokens, how many of them have KV, and that KV.
-
-    ``kv`` is [layers, 2, kv_heads, capacity, head_dim]; positions ``< num_cached`` are valid.
-    """
-
-    seq_id: str
-    tokens: list[int]  # prompt, then generated tokens
-    prompt_len: int
-    params: SamplingParams
-    kv: np.ndarray
-    num_cached: int = 0
-    text: str = ""  # generated text so far (stop strings cut off)
-    rng: np.random.Generator = field(default_factory=np.random.default_rng)
-    block_keys: list[bytes] = field(default_factory=list)  # prefix-cache keys of the prompt
-
-    @property
-    def generated(self) -> list[int]:
-        return self.tokens[self.prompt_len:]
+__all__ = ["GENERATION_FILE", "LMEngine", "LMError", "LMSequence", "PrefillChunk", "SamplingParams", "StepOutput",
+           "StepPlan", "StopChecker", "execute_step", "sample_token"]
 
 
 class LMEngine:
     """The decoder graph in one ONNX Runtime session, plus sampling and the prefix cache.
 
-    ``generation`` is generation.json's content (layers, kv_heads, head_dim, eos ids,
-    max_context). ``prefix_cache`` None disables prefix reuse.
+    The "lm-onnxruntime" backend of ``workers.engines``. ``config`` is the repository model
+    (its version directory holds generation.json: layers, kv_heads, head_dim, eos ids,
+    max_context; ``generation`` passes that content directly). ``prefix_cache`` None
+    disables prefix reuse. ``run(chunks)`` is ``prefill``: one forward call over (sequence,
+    new tokens) chunks, one logits row each.
+
+    TensorRT is never asked for: every step has new KV shapes, and TensorRT would build an
+    engine per shape. The KV cache lives in host memory (numpy), so on CUDA it crosses the
+    bus each step: keeping it on the device (IO binding) is not done yet.
     """
+
+    backend = "lm-onnxruntime"
 
     def __init__(
         self,
-        model_path: Path,
-        generation: Mapping[str, Any],
+        config: ModelConfig,
+        precision: str,
         intra_op_threads: int = 0,
         providers: Sequence[str] = ("CPUExecutionProvider",),
         prefix_cache: PrefixCache | None = None,
+        allow_spinning: bool = False,
+        generation: Mapping[str, Any] | None = None,
     ) -> None:
+        self.config = config
+        self.precision = precision
+        self.variant = config.variant(precision)  # fails early on an unbuilt precision
+        if generation is None:
+            generation = json.loads((config.directory / GENERATION_FILE).read_text(encoding="utf-8"))
         self.layers = int(generation["layers"])
         self.kv_heads = int(generation["kv_heads"])
         self.head_dim = int(generation["head_dim"])
@@ -139,29 +88,94 @@ class LMEngine:
         self.max_context = int(generation["max_context"])
         self.pad_token_id = min(self.eos_token_ids)  # any valid id: padded rows are masked
         self.prefix_cache = prefix_cache
+        self.intra_op_threads = intra_op_threads
+        self.allow_spinning = allow_spinning
+        self.providers = tuple(p for p in providers if p != "TensorrtExecutionProvider")
+        self.requested_provider = ""  # the first provider asked for that this build has (set by load)
+        self._session: ort.InferenceSession | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_options(cls, config: ModelConfig, precision: str, options: EngineOptions, **extra: Any) -> "LMEngine":
+        """The registry's constructor (``workers.engines``); ``extra`` may set ``prefix_cache``."""
+        return cls(config, precision, options.intra_op_threads, options.providers,
+                   allow_spinning=options.allow_spinning, **extra)
+
+    @classmethod
+    def from_config(cls, config: ModelConfig, precision: str, **kwargs: Any) -> "LMEngine":
+        """The engine for ``precision`` of a built repository model, loaded."""
+        engine = cls(config, precision, **kwargs)
+        engine.load()
+        return engine
+
+    @classmethod
+    def from_graph(cls, model_path: Path, generation: Mapping[str, Any], **kwargs: Any) -> "LMEngine":
+        """An engine over a bare graph file and generation.json's content, loaded: for the
+        model build, which measures its graphs before any config exists."""
+        directory = Path(model_path).parent
+        config = ModelConfig(
+            name=directory.name, version="0", task="text-generation", inputs=(), outputs=(),
+            preprocessing_version="", embedding_dim=0, max_length=int(generation["max_context"]),
+            tokenizer="", variants=MappingProxyType({"graph": VariantSpec("graph", Path(model_path).name, 0)}),
+            build_key="", built_at="", directory=directory, backend=cls.backend,
+        )
+        return cls.from_config(config, "graph", generation=generation, **kwargs)
+
+    def load(self) -> EngineInfo:
+        """Create the session; returns what runs. Raises ``EngineError`` when the graph is
+        missing or no provider asked for is in this onnxruntime build."""
+        path = self.config.model_path(self.precision)
+        if not path.is_file():
+            raise EngineError(f"{path} is missing: rebuild with `mmstream models build --force`")
+        available = set(ort.get_available_providers())
+        chosen = [p for p in self.providers if p in available]
+        if not chosen:
+            raise EngineError(f"none of the providers {list(self.providers)} is available "
+                              f"(this onnxruntime has {sorted(available)})")
         options = ort.SessionOptions()
-        options.intra_op_num_threads = intra_op_threads
+        options.intra_op_num_threads = self.intra_op_threads
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        # Spinning threads steal cores from the broker and other stages on a shared box.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        available = set(ort.get_available_providers())
-        self._session = ort.InferenceSession(
-            str(model_path), options, providers=[p for p in providers if p in available]
-        )
-        self._lock = threading.Lock()
+        if not self.allow_spinning:
+            # Spinning threads steal cores from the broker and other stages on a shared box.
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if chosen[0] != "CPUExecutionProvider":
+            gpu.preload_for_onnxruntime()
+        self.requested_provider = chosen[0]
+        with self._lock:
+            self._session = ort.InferenceSession(str(path), options, providers=chosen)
+        return self.info
+
+    @property
+    def info(self) -> EngineInfo:
+        """Raises ``EngineError`` before ``load``."""
+        return EngineInfo(self.config.name, self.config.version, self.precision,
+                          self._loaded().get_providers()[0], self.backend)
 
     @property
     def provider(self) -> str:
         """The execution provider that runs the graph, for metrics and the ready log."""
-        return self._session.get_providers()[0]
+        return self.info.provider
 
-    @classmethod
-    def from_config(cls, config: Any, precision: str, **kwargs: Any) -> "LMEngine":
-        """The engine for ``precision`` of a built repository model (``ModelConfig``)."""
-        generation = json.loads((config.directory / GENERATION_FILE).read_text(encoding="utf-8"))
-        return cls(config.model_path(precision), generation, **kwargs)
+    def warmup(self, n: int = 1) -> list[float]:
+        """Generate two tokens greedily after a four-token prompt, ``n`` times (prefill and
+        decode both run); returns each round's seconds."""
+        seconds = []
+        for _ in range(n):
+            start = time.perf_counter()
+            self.generate_greedy([self.pad_token_id] * 4, 2)
+            seconds.append(time.perf_counter() - start)
+        return seconds
+
+    def run(self, chunks: Sequence[tuple[LMSequence, int]]) -> np.ndarray:
+        """The engine contract's batch call: ``prefill``."""
+        return self.prefill(chunks)
+
+    def _loaded(self) -> ort.InferenceSession:
+        if self._session is None:
+            raise EngineError(f"{self.config.name} engine is not loaded: call load() first")
+        return self._session
 
     # -- sequences ------------------------------------------------------------------------
 
@@ -239,8 +253,9 @@ class LMEngine:
             mask[row, past - start:past] = 1
             mask[row, past + new - n:] = 1
             past_kv[:, :, row, :, past - start:] = seq.kv[:, :, :, :start]
+        session = self._loaded()
         with self._lock:
-            logits, new_kv = self._session.run(
+            logits, new_kv = session.run(
                 ["logits", "new_kv"],
                 {"input_ids": ids, "attention_mask": mask, "position_ids": pos, "past_kv": past_kv},
             )

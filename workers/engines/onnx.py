@@ -1,4 +1,4 @@
-"""Engines: a loaded model variant that runs one batch of feeds at a time.
+"""The ONNX Runtime backend ("onnxruntime" in ``workers.engines.BACKENDS``): one batch of feeds at a time.
 
 ``OnnxEngine`` is the default backend. It tries execution providers in order (TensorRT,
 CUDA, CPU by default), keeps those this onnxruntime build has, and reports the one that
@@ -10,48 +10,32 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import onnxruntime as ort
 
+from workers.engines import DEFAULT_PROVIDERS, EngineError, EngineInfo, EngineOptions, gpu
 from workers.repository import ModelConfig
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PROVIDERS = (
-    "TensorrtExecutionProvider",
-    "CUDAExecutionProvider",
-    "CPUExecutionProvider",
-)
-
-
-class EngineError(RuntimeError):
-    """The engine cannot load or run: no usable provider, not loaded, bad feeds."""
-
-    code = "internal"
-    retriable = False
-
-
-@dataclass(frozen=True)
-class EngineInfo:
-    """What a worker serves, for its ready log line and the engine-info metric."""
-
-    model: str
-    version: str
-    precision: str  # variant served: "fp32", "int8", ...
-    provider: str  # execution provider in use, e.g. "CPUExecutionProvider"
-    backend: str  # "onnxruntime"
+__all__ = ["DEFAULT_PROVIDERS", "EngineError", "EngineInfo", "OnnxEngine"]
 
 
 class OnnxEngine:
     """One precision variant of a repository model in an ONNX Runtime session.
 
     ``intra_op_threads`` 0 lets the runtime choose (one per core). ``trt_cache_dir`` is
-    where TensorRT keeps the engines it builds (default: ``trt-cache/`` in the model's
-    version directory); building one takes minutes, so it must survive restarts.
+    where TensorRT keeps the engines it builds (default: ``workers.engines.gpu.trt_cache_dir``,
+    under the model's version directory); building one takes minutes, so it must survive
+    restarts. ``max_batch`` bounds TensorRT's shape profile. TensorRT options per precision:
+    ``workers.engines.gpu``.
+
+    IO binding is not used: every encoder's next step (normalizing, top-5, the cache, the
+    wire) needs its outputs in host memory, and its inputs come from host preprocessing, so
+    binding would move the same bytes at the same moments.
 
     ``run`` is serialized by a lock: the worker calls it from one executor thread, and the
     lock keeps a stray second caller from interleaving with ``load``.
@@ -67,6 +51,7 @@ class OnnxEngine:
         providers: Sequence[str] = DEFAULT_PROVIDERS,
         trt_cache_dir: Path | None = None,
         allow_spinning: bool = False,
+        max_batch: int = 16,
     ) -> None:
         if intra_op_threads < 0:
             raise ValueError(f"intra_op_threads must be >= 0, got {intra_op_threads}")
@@ -76,10 +61,18 @@ class OnnxEngine:
         self.intra_op_threads = intra_op_threads
         self.allow_spinning = allow_spinning
         self.providers = tuple(providers)
-        self.trt_cache_dir = trt_cache_dir or config.directory / "trt-cache"
+        self.trt_cache_dir = trt_cache_dir
+        self.max_batch = max_batch
+        self.requested_provider = ""  # the first provider asked for that this build has (set by load)
         self._session: ort.InferenceSession | None = None
         self._output_names: list[str] = []
         self._lock = threading.Lock()
+
+    @classmethod
+    def from_options(cls, config: ModelConfig, precision: str, options: EngineOptions, **extra: Any) -> "OnnxEngine":
+        """The registry's constructor (``workers.engines``); ``extra`` may set ``trt_cache_dir``."""
+        return cls(config, precision, options.intra_op_threads, options.providers,
+                   allow_spinning=options.allow_spinning, max_batch=options.max_batch, **extra)
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -121,6 +114,9 @@ class OnnxEngine:
         path = self.config.model_path(self.precision)
         if not path.is_file():
             raise EngineError(f"{path} is missing: rebuild with `mmstream models build --force`")
+        if chosen[0] != "CPUExecutionProvider":
+            gpu.preload_for_onnxruntime()
+        self.requested_provider = chosen[0]
         with self._lock:
             # onnxruntime drops a provider that fails to initialize (no GPU, missing CUDA
             # libraries) with a warning and goes on with the next; `info` reports the result.
@@ -134,14 +130,13 @@ class OnnxEngine:
 
     def _provider_options(self, provider: str) -> dict[str, Any]:
         if provider == "TensorrtExecutionProvider":
-            self.trt_cache_dir.mkdir(parents=True, exist_ok=True)
-            return {
-                "trt_engine_cache_enable": True,
-                "trt_engine_cache_path": str(self.trt_cache_dir),
-                # Timing caches make a rebuild for a new shape profile much faster.
-                "trt_timing_cache_enable": True,
-                "trt_timing_cache_path": str(self.trt_cache_dir),
-            }
+            cache = self.trt_cache_dir or gpu.trt_cache_dir(self.config, self.precision)
+            try:
+                cache.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:  # a read-only repository: serve, but rebuild engines each start
+                log.warning("no TensorRT engine cache at %s (%s): engines are rebuilt at every start", cache, exc)
+                cache = None
+            return gpu.trt_provider_options(self.config, self.precision, self.max_batch, cache)
         if provider == "CUDAExecutionProvider":
             return {"device_id": 0}
         return {}

@@ -7,7 +7,11 @@ build is skipped without importing torch. Builds write into a scratch directory 
 target and rename it into place at the end, so a reader never sees half a model; a file
 lock keeps two processes on one machine from building the same model at once.
 
-Run by hand with ``python -m workers.models.build [--root DIR] [--force] [NAME ...]``.
+Targets: ``cpu`` (the default) builds what the CPU serves (fp32 and int8); ``gpu`` also adds
+an fp16 variant of each ONNX model (``workers.models.fp16``). Every variant's fidelity gate
+(``workers.models.gates``) is written into config.json with it.
+
+Run by hand with ``python -m workers.models.build [--root DIR] [--force] [--target gpu] [NAME ...]``.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from typing import Callable, Iterator, Mapping
 
 from schemas.settings import Settings
 from workers import modalities
-from workers.models import efficientnet, minilm, smollm, whisper
+from workers.models import efficientnet, fp16, minilm, smollm, whisper
+from workers.models.gates import with_gates
 from workers.repository import (
     CONFIG_FILE,
     ModelConfig,
@@ -115,21 +120,26 @@ def _version(distribution: str) -> str:
         ) from None
 
 
-def build_models(
-    repo_root: Path, names: list[str] | None = None, force: bool = False, log: Log = print
-) -> list[BuildReport]:
-    """Build ``names`` (``default_models()`` when None) into ``repo_root``.
+TARGETS = ("cpu", "gpu")
 
-    Skips a model whose repository version already has the current build key, unless
-    ``force``. Returns one report per model, in order. Raises ``BuildError`` for an unknown
-    name or a missing build dependency, and the recipe's own errors (the repository is then
-    left as it was).
+
+def build_models(
+    repo_root: Path, names: list[str] | None = None, force: bool = False, log: Log = print, target: str = "cpu"
+) -> list[BuildReport]:
+    """Build ``names`` (every known model when None) into ``repo_root`` for ``target``.
+
+    Skips a model whose repository version already has the current build key (and, for
+    ``gpu``, an fp16 variant of the current recipe), unless ``force``. Returns one report
+    per model, in order. Raises ``BuildError`` for an unknown name or target or a missing
+    build dependency, and the recipe's own errors (the repository is then left as it was).
     """
     names = default_models() if names is None else names
     unknown = [n for n in names if n not in RECIPES]
     if unknown:
         raise BuildError(f"unknown models {unknown}; known: {sorted(RECIPES)}")
-    return [_build_one(Path(repo_root), RECIPES[n], force, log) for n in names]
+    if target not in TARGETS:
+        raise BuildError(f"unknown build target {target!r}; targets: {', '.join(TARGETS)}")
+    return [_build_one(Path(repo_root), RECIPES[n], force, log, target) for n in names]
 
 
 def ensure_built(repo_root: Path, name: str, log: Log = print) -> ModelConfig:
@@ -138,7 +148,7 @@ def ensure_built(repo_root: Path, name: str, log: Log = print) -> ModelConfig:
     return ModelRepository(repo_root).resolve(name, report.version)
 
 
-def _build_one(root: Path, recipe: Recipe, force: bool, log: Log) -> BuildReport:
+def _build_one(root: Path, recipe: Recipe, force: bool, log: Log, target: str = "cpu") -> BuildReport:
     start = time.monotonic()
     key = build_key(recipe)
     model_dir = root / recipe.name
@@ -152,6 +162,11 @@ def _build_one(root: Path, recipe: Recipe, force: bool, log: Log) -> BuildReport
             _remove_scratch(model_dir)
             current = _build_into_place(model_dir, recipe, key, log)
             status = "built"
+        if target == "gpu":
+            before = current.variants.get("fp16")
+            current = fp16.ensure_fp16(current, log, force)
+            if current.variants.get("fp16") != before:
+                status = f"{status}, fp16 built"
     report = BuildReport(
         name=recipe.name,
         version=recipe.version,
@@ -181,7 +196,7 @@ def _build_into_place(model_dir: Path, recipe: Recipe, key: str, log: Log) -> Mo
     scratch = Path(tempfile.mkdtemp(prefix=f".build-{recipe.version}-", dir=model_dir))
     try:
         scratch.chmod(0o755)  # mkdtemp makes it private; workers may run as another user
-        config = recipe.build(scratch, key, log)
+        config = with_gates(recipe.build(scratch, key, log))
         # config.json last: its presence is what makes a version directory complete.
         (scratch / CONFIG_FILE).write_text(json.dumps(config.to_dict(), indent=2) + "\n")
         final = model_dir / recipe.version
@@ -225,10 +240,11 @@ def main(argv: list[str] | None = None) -> int:
                                                  f"known: {', '.join(RECIPES)})")
     parser.add_argument("--root", type=Path, help="repository root (default: MMSTREAM_MODELS_REPOSITORY)")
     parser.add_argument("--force", action="store_true", help="rebuild even when up to date")
+    parser.add_argument("--target", choices=TARGETS, default="cpu", help="gpu also builds fp16 variants")
     args = parser.parse_args(argv)
     if args.root is None:
         args.root = settings.models.repository
-    for report in build_models(args.root, args.names or None, force=args.force):
+    for report in build_models(args.root, args.names or None, force=args.force, target=args.target):
         for precision, fidelity in report.fidelity.items():
             print(f"  {precision}: {fidelity}")
     return 0

@@ -138,6 +138,7 @@ def config(out_dir: Path, build_key: str, sha256: str, fidelity: Mapping[str, Ma
         embedding_dim=EMBEDDING_DIM,
         max_length=MAX_DECODE_TOKENS,
         tokenizer=f"{MODEL_DIR}/tokenizer.json",
+        backend="ctranslate2",
     )
 
 

@@ -127,6 +127,7 @@ def test_suffix_rules_match_what_prometheus_client_exposes() -> None:
     m.observe_tpot("rt", 1.0)
     m.request_done("route", "error", "internal")
     m.to_dlq("route")
+    m.engine_fallback("encode.text", "fp16", "fp32", "fidelity")
     m.cache_lookup("text", "hit")
     m.admission("rt", "admit")
     m.set_consumer_lag([LagRow("mm-router", "mm.ingress.rt", 0, 1, 2, 1)])

@@ -16,7 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from streams.lagmon import LagRow, consumed_topics, lag_rows, pipeline_groups, subscriptions
 from streams.metrics import ENGINE_FIELDS, LATENCY_BUCKETS_S, Metrics, request_modality, serve
 
-ALLOWED_LABELS = {"stage", "modality", "lane", "outcome", "code", "result", "decision", "topic", "partition", "group"}
+ALLOWED_LABELS = {"stage", "modality", "lane", "outcome", "code", "result", "decision", "topic", "partition", "group",
+                  "from", "to", "reason"}
 ENGINE = {"model": "all-minilm-l6-v2", "version": "1", "precision": "int8",
           "provider": "CPUExecutionProvider", "backend": "onnxruntime"}
 
@@ -155,6 +156,19 @@ def test_engine_info():
     assert value(m, "mmstream_engine_info", stage="encode.text", **ENGINE) == 1
     with pytest.raises(KeyError, match="provider"):
         m.set_engine("encode.text", {k: v for k, v in ENGINE.items() if k != "provider"})
+
+
+def test_engine_fallbacks_are_counted_by_stage_variants_and_reason():
+    m = Metrics()
+    m.engine_fallback("encode.text", "fp16", "fp32", "fidelity")
+    m.engine_fallback("encode.text", "fp16", "fp32", "fidelity")
+    m.engine_fallback("generate", "TensorrtExecutionProvider", "CUDAExecutionProvider", "provider_failed")
+    lab = {"stage": "encode.text", "from": "fp16", "to": "fp32", "reason": "fidelity"}
+    assert value(m, "mmstream_engine_fallbacks_total", **lab) == 2
+    assert value(m, "mmstream_engine_fallbacks_total", stage="generate", **{
+        "from": "TensorrtExecutionProvider", "to": "CUDAExecutionProvider", "reason": "provider_failed"}) == 1
+    with pytest.raises(ValueError, match="reason="):
+        m.engine_fallback("encode.text", "fp16", "fp32", "tired")
 
 
 def test_request_modality():

@@ -1,0 +1,84 @@
+"""The LM engine's plain data: the step plan a scheduler fills in and the engine executes
+(``PrefillChunk``, ``StepPlan``, ``StepOutput``), sampling parameters and one sequence's state.
+
+Re-exported by ``workers.engines.lm``, where the engine that uses them is described.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+
+@dataclass(frozen=True, slots=True)
+class PrefillChunk:
+    """Compute prompt tokens [start, start + num_tokens) of ``seq_id`` this step."""
+
+    seq_id: str
+    start: int
+    num_tokens: int
+    is_last: bool  # the chunk ends the prompt: its logits give the first output token
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """One model step as this engine executes it (``execute_step``); a scheduler fills it in."""
+
+    decode: tuple[str, ...]  # sequences that generate one token each
+    prefill: tuple[PrefillChunk, ...]  # prompt chunks to compute
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    """What a step produced: a token for every decoded sequence and every prefill chunk
+    with ``is_last``; ``stopped`` names sequences whose text hit a stop string."""
+
+    tokens: Mapping[str, int]
+    stopped: frozenset[str] = frozenset()
+
+
+class LMError(RuntimeError):
+    """A generation request cannot run: prompt too long, bad sampling parameters."""
+
+    code = "invalid_request"
+    retriable = False
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to pick tokens. ``temperature`` 0 is greedy (argmax, deterministic); otherwise
+    logits / temperature, restricted to the smallest set with probability >= ``top_p``,
+    sampled from a generator seeded with ``seed`` (same seed, same prompt, same tokens)."""
+
+    max_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    stop: tuple[str, ...] = ()  # generation ends when the text contains one; it is cut off
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1 or self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise LMError(f"invalid sampling parameters {self}")
+
+
+@dataclass(eq=False)
+class LMSequence:
+    """One sequence's state: its tokens, how many of them have KV, and that KV.
+
+    ``kv`` is [layers, 2, kv_heads, capacity, head_dim]; positions ``< num_cached`` are valid.
+    """
+
+    seq_id: str
+    tokens: list[int]  # prompt, then generated tokens
+    prompt_len: int
+    params: SamplingParams
+    kv: np.ndarray
+    num_cached: int = 0
+    text: str = ""  # generated text so far (stop strings cut off)
+    rng: np.random.Generator = field(default_factory=np.random.default_rng)
+    block_keys: list[bytes] = field(default_factory=list)  # prefix-cache keys of the prompt
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[self.prompt_len:]
