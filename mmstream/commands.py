@@ -11,15 +11,19 @@ from typing import Any
 
 from mmstream import localstack
 from mmstream.console import event_line
+from mmstream.quiet import quiet_into
 from mmstream.localstack import LocalStackError
 from mmstream.supervisor import DEFAULT_REPLICAS, Supervisor, parse_replicas
 from schemas.codec import JSON
 from schemas.request import Lane, Modality, Part, Request, Task
-from schemas.settings import Settings, describe
+from schemas.settings import Settings, describe, redact
 from streams.client import Client, new_id, wait_until_serving
 from streams.stages import STAGES
 from streams.topics import ensure_topics, topic_specs
 from workers.repository import ModelNotFoundError, ModelRepository
+
+
+_DEFAULTS = {var: value for var, value, _ in describe(Settings())}
 
 
 class UserError(Exception):
@@ -44,7 +48,7 @@ def _localstack_call(fn: Any, *a: Any, **kw: Any) -> Any:
 def cmd_up(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
     kafka, redis = _localstack_call(localstack.up, settings, repo_root)
     print(f"kafka  {kafka.bootstrap}  pid={kafka.pid}  {'external' if kafka.external else 'local'}")
-    print(f"redis  {settings.redis.url}  pid={redis.pid}")
+    print(f"redis  {redact(settings.redis.url)}  pid={redis.pid}")
     created = asyncio.run(ensure_topics(settings.kafka.bootstrap, topic_specs(settings.kafka),
                                         settings.kafka.replication_factor))
     if created:
@@ -96,7 +100,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings, repo_root: Path) ->
     kafka, redis = _localstack_call(localstack.status, settings, repo_root)
     print(f"kafka   {kafka.bootstrap:<22} {'healthy' if kafka.healthy else 'DOWN':<8} pid={kafka.pid}"
           f"{' (external)' if kafka.external else ''}  data={kafka.data_dir}  log={kafka.log_file}")
-    print(f"redis   {settings.redis.url:<22} {'healthy' if redis.healthy else 'DOWN':<8} pid={redis.pid}")
+    print(f"redis   {redact(settings.redis.url):<22} {'healthy' if redis.healthy else 'DOWN':<8} pid={redis.pid}")
     workers = Supervisor(settings).workers()
     if not workers:
         print("workers none (start them with: mmstream up)")
@@ -110,7 +114,15 @@ def cmd_status(args: argparse.Namespace, settings: Settings, repo_root: Path) ->
 
 
 def cmd_config(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
-    for var, value, doc in describe(settings):
+    """Every setting with its value and doc; with ``--check``, one line saying the environment
+    is valid (an invalid one never gets here: the settings are read before any command)."""
+    rows = describe(settings)
+    if args.check:
+        changed = [var for var, value, _ in rows if value != _DEFAULTS.get(var)]
+        print(f"ok: {len(rows)} settings valid, {len(changed)} set from the environment"
+              + (f" ({', '.join(changed)})" if changed else ""))
+        return 0
+    for var, value, doc in rows:
         print(f"{var}={value}\n    {doc}")
     return 0
 
@@ -126,7 +138,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings, repo_root: Path) ->
 
 def cmd_send(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
     if args.json:
-        payload: dict[str, Any] = json.loads(args.json.read_text())
+        payload = _read_json_request(args.json)
         payload.setdefault("id", new_id())
         return asyncio.run(_send_raw(settings, payload, args.timeout))
     parts = [Part(Modality.TEXT, text=t) for t in args.text]
@@ -140,9 +152,28 @@ def cmd_send(args: argparse.Namespace, settings: Settings, repo_root: Path) -> i
     return asyncio.run(_send(settings, req, args.timeout))
 
 
+def _read_json_request(path: Path) -> dict[str, Any]:
+    """The request in ``path`` as a JSON object; raises ``UserError`` saying what is wrong."""
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"{path} is a directory, not a JSON request file") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text: --json takes a JSON request file") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror}") from None
+    if not isinstance(payload, dict):
+        raise UserError(f"{path} holds a JSON {type(payload).__name__}, not a request object "
+                        '(e.g. {"parts": [{"modality": "text", "text": "hi"}]})')
+    return payload
+
+
 def _file_part(modality: Any, path: Path, settings: Settings) -> Any:
     import mimetypes
-
 
     if not path.is_file():
         raise UserError(f"{path} is not a file")
@@ -201,22 +232,54 @@ def cmd_top(args: argparse.Namespace, settings: Settings, repo_root: Path) -> in
 
 def cmd_models(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
     if args.models_command == "list":
+        return _models_list(settings.models.repository)
+    return _models_build(settings, args.only, args.force)
 
-        repo = ModelRepository(settings.models.repository)
-        root = settings.models.repository
-        names = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.exists() else []
-        if not names:
-            print(f"no models in {root} (run: mmstream models build)")
-        for name in names:
-            for version in repo.versions(name):
-                cfg = repo.resolve(name, version)
-                variants = ", ".join(f"{k} ({v.bytes / 1e6:.1f} MB)" for k, v in cfg.variants.items())
-                print(f"{name} {version}: {variants}  fidelity={json.dumps({k: v.fidelity for k, v in cfg.variants.items()})}")
-        return 0
-    from workers.models.build import build_models  # the exporters' import graph: only for this command
 
-    try:
-        build_models(settings.models.repository, names=args.only, force=args.force)  # logs one line per model
-    except ImportError as exc:  # the exporters import torch & co. only when a model must be built
-        raise UserError(f"the model build needs the build extra ({exc}): pip install -e '.[build]'") from None
+def _models_list(root: Path) -> int:
+    repo = ModelRepository(root)
+    names = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.exists() else []
+    if not names:
+        print(f"no models in {root} (run: mmstream models build)")
+    for name in names:
+        for version in repo.versions(name):
+            cfg = repo.resolve(name, version)
+            print(f"{name} {version}  ({cfg.directory})")
+            for precision, v in sorted(cfg.variants.items()):
+                print(f"  {precision:<5} {v.bytes / 1e6:7.1f} MB  {_fidelity(v.fidelity)}")
+    return 0
+
+
+def _fidelity(fidelity: Any) -> str:
+    """``{"reference": "fp32", "mean_cosine": 0.998}`` as ``reference=fp32 mean_cosine=0.998``."""
+    if not fidelity:
+        return "(reference)"
+    return " ".join(f"{k}={json.dumps(v, default=str) if not isinstance(v, str) else v}"
+                    for k, v in dict(fidelity).items())
+
+
+def _models_build(settings: Settings, only: list[str] | None, force: bool) -> int:
+    """Build each model with one progress line; the exporters' own chatter (thousands of
+    lines from torch.onnx) goes to a log file, named when a build fails."""
+    from workers.models.build import RECIPES, BuildError, build_models  # the exporters' import graph: only here
+
+    names = only or list(RECIPES)
+    unknown = [n for n in names if n not in RECIPES]
+    if unknown:
+        raise UserError(f"unknown model {', '.join(unknown)}; models: {', '.join(RECIPES)}")
+    log_file = settings.local.state_dir / "models-build.log"
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    for i, name in enumerate(names, 1):
+        print(f"[{i}/{len(names)}] {name} ...", end="", flush=True)
+        try:
+            with quiet_into(log_file):
+                report = build_models(settings.models.repository, names=[name], force=force,
+                                      log=lambda line: print(line, flush=True))[0]
+        except ImportError as exc:  # the exporters import torch & co. only when a model must be built
+            print(" failed")
+            raise UserError(f"the model build needs the build extra ({exc}): pip install -e '.[build]'") from None
+        except (BuildError, Exception) as exc:
+            print(" failed")
+            raise UserError(f"building {name} failed: {exc} (the exporters' log: {log_file})") from None
+        print(f" {report.status} ({report.seconds:.0f} s)  version {report.version}", flush=True)
     return 0

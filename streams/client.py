@@ -90,18 +90,32 @@ class Client:
         await self.close()
 
     async def start(self) -> None:
-        from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+        """Connect the producer and the reply consumer.
 
-        self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=1,
-                                          max_request_size=self.max_request_bytes, acks=1)
-        await self._producer.start()
-        self._consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
-                                          fetch_max_wait_ms=5, auto_offset_reset="latest")
-        await self._consumer.start()
-        partitions = self._consumer.partitions_for_topic(self.reply_to)
-        if partitions is None:
-            await self._consumer._client.force_metadata_update()  # first contact may lack it
+        Raises ``ClientError`` when the broker cannot be reached or the reply topic does not
+        exist; whatever was opened is closed again first (no "Unclosed AIOKafkaProducer").
+        """
+        from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+        from aiokafka.errors import KafkaConnectionError
+
+        try:
+            self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=1,
+                                              max_request_size=self.max_request_bytes, acks=1)
+            await self._producer.start()
+            self._consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+                                              fetch_max_wait_ms=5, auto_offset_reset="latest")
+            await self._consumer.start()
             partitions = self._consumer.partitions_for_topic(self.reply_to)
+            if partitions is None:
+                await self._consumer._client.force_metadata_update()  # first contact may lack it
+                partitions = self._consumer.partitions_for_topic(self.reply_to)
+        except KafkaConnectionError:
+            await self.close()
+            raise ClientError(f"cannot reach Kafka at {self.bootstrap}: is it running? (start it with `mmstream up`, "
+                              "or point MMSTREAM_KAFKA_BOOTSTRAP at your cluster)") from None
+        except BaseException:
+            await self.close()
+            raise
         if not partitions:
             await self.close()
             raise ClientError(f"reply topic {self.reply_to} does not exist: is the pipeline up (mmstream up)?")
@@ -113,18 +127,21 @@ class Client:
         self._reader = asyncio.create_task(self._read(), name="mmstream-client-reader")
 
     async def close(self) -> None:
+        """Stop reading and close every connection; safe to call twice or after a failed start."""
         if self._reader:
             self._reader.cancel()
             try:
                 await self._reader
             except (asyncio.CancelledError, Exception):
                 pass
-        if self._consumer:
-            await self._consumer.stop()
-        if self._producer:
-            await self._producer.stop()
-        if self._redis is not None:
-            await self._redis.aclose()
+        consumer, producer, redis = self._consumer, self._producer, self._redis
+        self._reader = self._consumer = self._producer = self._redis = None
+        if consumer is not None:
+            await consumer.stop()
+        if producer is not None:
+            await producer.stop()
+        if redis is not None:
+            await redis.aclose()
 
     async def submit(self, request: Request) -> Submission:
         """Produce ``request`` to its lane's ingress topic; return its ``Submission``.
