@@ -85,6 +85,10 @@ def parser() -> argparse.ArgumentParser:
                    help="drop the request if not done within MS milliseconds of acceptance (default: the server's)")
     s.add_argument("--timeout", type=float, default=60.0, metavar="S",
                    help="seconds to wait for the answer (default: %(default)s)")
+    s.add_argument("--retries", type=int, default=3, metavar="N",
+                   help="resend a request answered with a retriable error (overloaded...) up to N times, after "
+                        "its retry_after_ms with jittered backoff; 0: never (--json requests are never resent) "
+                        "(default: %(default)s)")
 
     cmd("demo", help="send a set of real requests and print answers and a latency table")
 

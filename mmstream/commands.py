@@ -18,6 +18,7 @@ from schemas.codec import JSON
 from schemas.request import Lane, Modality, Part, Request, Task
 from schemas.settings import Settings, describe, redact
 from streams.client import Client, new_id, wait_until_serving
+from streams.retry import RetryConfig
 from streams.stages import STAGES
 from streams.topics import ensure_topics, topic_specs
 from workers.repository import ModelNotFoundError, ModelRepository
@@ -149,7 +150,9 @@ def cmd_send(args: argparse.Namespace, settings: Settings, repo_root: Path) -> i
         raise UserError("give at least one part: --text TEXT, --image/--audio/--video PATH (or --json FILE)")
     req = Request(id=new_id(), parts=tuple(parts), task=Task(args.task), lane=Lane(args.lane),
                   deadline_ms=args.deadline_ms)
-    return asyncio.run(_send(settings, req, args.timeout))
+    if args.retries < 0:
+        raise UserError(f"--retries must be 0 or more, not {args.retries}")
+    return asyncio.run(_send(settings, req, args.timeout, RetryConfig(max_attempts=args.retries + 1)))
 
 
 def _read_json_request(path: Path) -> dict[str, Any]:
@@ -181,10 +184,10 @@ def _file_part(modality: Any, path: Path, settings: Settings) -> Any:
     return Part(modality, data=path.read_bytes(), mime=mimetypes.guess_type(path.name)[0])
 
 
-async def _send(settings: Settings, req: Any, timeout_s: float) -> int:
+async def _send(settings: Settings, req: Any, timeout_s: float, retry: RetryConfig) -> int:
     async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix, redis_url=settings.redis.url,
                       inline_limit_bytes=settings.limits.max_inline_bytes,
-                      claim_ttl_s=settings.limits.claim_ttl_s) as client:
+                      claim_ttl_s=settings.limits.claim_ttl_s, retry=retry) as client:
         return await _follow(await client.submit(req), timeout_s)
 
 
