@@ -23,6 +23,7 @@ from aiokafka.errors import KafkaConnectionError, KafkaError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from mmstream import commands
+from mmstream.report import ReportError
 from schemas.settings import Settings, SettingsError
 from streams.client import ClientError
 from streams.stages import STAGES
@@ -167,7 +168,7 @@ def _run(args: argparse.Namespace) -> int:
     except RedisConnectionError as exc:
         return _fail(args, f"cannot reach Redis ({exc}): is it running? (`mmstream up`, or set MMSTREAM_REDIS_URL)",
                      EXIT_FAILED)
-    except (ClientError, KafkaError) as exc:
+    except (ClientError, KafkaError, ReportError) as exc:
         return _fail(args, str(exc) or type(exc).__name__, EXIT_FAILED)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one sentence, not a trace
         hint = "" if args.debug else " (--debug shows the traceback)"
