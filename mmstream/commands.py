@@ -11,8 +11,8 @@ from typing import Any
 
 from mmstream import localstack
 from mmstream.console import event_line
-from mmstream.quiet import quiet_into
 from mmstream.localstack import LocalStackError
+from mmstream.quiet import quiet_into
 from mmstream.supervisor import DEFAULT_REPLICAS, Supervisor, parse_replicas
 from schemas.codec import JSON
 from schemas.request import Lane, Modality, Part, Request, Task
@@ -23,8 +23,6 @@ from streams.stages import STAGES
 from streams.topics import ensure_topics, topic_specs
 from workers.repository import ModelNotFoundError, ModelRepository
 
-
-_DEFAULTS = {var: value for var, value, _ in describe(Settings())}
 
 
 class UserError(Exception):
@@ -119,7 +117,8 @@ def cmd_config(args: argparse.Namespace, settings: Settings, repo_root: Path) ->
     is valid (an invalid one never gets here: the settings are read before any command)."""
     rows = describe(settings)
     if args.check:
-        changed = [var for var, value, _ in rows if value != _DEFAULTS.get(var)]
+        defaults = {var: value for var, value, _ in describe(Settings())}
+        changed = [var for var, value, _ in rows if value != defaults.get(var)]
         print(f"ok: {len(rows)} settings valid, {len(changed)} set from the environment"
               + (f" ({', '.join(changed)})" if changed else ""))
         return 0
@@ -264,7 +263,7 @@ def _fidelity(fidelity: Any) -> str:
 def _models_build(settings: Settings, only: list[str] | None, force: bool) -> int:
     """Build each model with one progress line; the exporters' own chatter (thousands of
     lines from torch.onnx) goes to a log file, named when a build fails."""
-    from workers.models.build import RECIPES, BuildError, build_models  # the exporters' import graph: only here
+    from workers.models.build import RECIPES, build_models  # the exporters' import graph: only here
 
     names = only or list(RECIPES)
     unknown = [n for n in names if n not in RECIPES]
@@ -281,8 +280,8 @@ def _models_build(settings: Settings, only: list[str] | None, force: bool) -> in
         except ImportError as exc:  # the exporters import torch & co. only when a model must be built
             print(" failed")
             raise UserError(f"the model build needs the build extra ({exc}): pip install -e '.[build]'") from None
-        except (BuildError, Exception) as exc:
+        except Exception as exc:  # noqa: BLE001 - a recipe's own error: one sentence, the trace with --debug
             print(" failed")
-            raise UserError(f"building {name} failed: {exc} (the exporters' log: {log_file})") from None
+            raise UserError(f"building {name} failed: {exc} (the exporters' log: {log_file})") from exc
         print(f" {report.status} ({report.seconds:.0f} s)  version {report.version}", flush=True)
     return 0
