@@ -71,8 +71,13 @@ class _HeldRecords(faust.Sensor):
     def on_message_in(self, tp: Any, offset: int, message: Any) -> None:
         self.records.add(message)
 
-    def held(self) -> int:
-        done = [m for m in self.records if m.acked]
+    def held(self) -> int | None:
+        """Records handed in and not acknowledged; None if the set changed while counting
+        (then the caller keeps the last count and tries again on its next round)."""
+        try:
+            done = [m for m in self.records if m.acked]
+        except RuntimeError:  # "set changed size during iteration"
+            return None
         for m in done:
             self.records.discard(m)
         return len(self.records)
@@ -88,7 +93,9 @@ def watch_health(app: faust.App, stage: str, health: WorkerHealth) -> None:
     async def report_health() -> None:  # tasks start once the app is fully started
         running.set()
         while True:
-            health.set_inflight(stage, sensor.held())  # counted on the loop: the sensor's set is not thread-safe
+            held = sensor.held()
+            if held is not None:
+                health.set_inflight(stage, held)
             await asyncio.sleep(INFLIGHT_EVERY_S)
 
     health.stage = stage
