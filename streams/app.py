@@ -11,6 +11,7 @@ records it holds (consumed, not yet acknowledged), counted once a second for
 from __future__ import annotations
 
 import asyncio
+import threading
 import weakref
 from typing import Any
 
@@ -87,7 +88,7 @@ def watch_health(app: faust.App, stage: str, health: WorkerHealth) -> None:
     """Report ``app``'s readiness, liveness and in-flight records into ``health``."""
     sensor = _HeldRecords()
     app.sensors.add(sensor)
-    running = asyncio.Event()
+    running = threading.Event()  # set on the loop, read by the metrics server's thread
 
     @app.task
     async def report_health() -> None:  # tasks start once the app is fully started
