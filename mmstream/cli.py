@@ -1,62 +1,114 @@
-"""`mmstream`: the command line. Each command resolves the settings once and passes them on."""
+"""`mmstream`: the command line. Each command resolves the settings once and passes them on.
+
+Contract with the person at the terminal: a mistake they can fix (a bad flag, a missing
+file, a mistyped setting, a broker that is not running) is one sentence on stderr and a
+non-zero exit, never a traceback; ``--debug`` shows the traceback of any failure. Exit
+codes: 0 done, 1 the command ran and failed (a DOWN component, an error event, a failure we
+did not foresee), 2 a usage or configuration mistake, 3 no answer in time, 130 interrupted,
+141 stdout closed early (``mmstream config | head -1``), as a Unix tool killed by SIGPIPE.
+"""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
+import os
 import sys
+import traceback
+from importlib import metadata
 from pathlib import Path
 
+from aiokafka.errors import KafkaConnectionError, KafkaError
+from redis.exceptions import ConnectionError as RedisConnectionError
+
 from mmstream import commands
+from mmstream.report import ReportError
 from schemas.settings import Settings, SettingsError
+from streams.client import ClientError
+from streams.stages import stage_names
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_PIPE = 1, 2, 130, 141
+DEBUG_HELP = "show the full traceback of any failure, and debug logs"
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mmstream", description="Kafka-native multimodal serving pipeline.")
-    sub = p.add_subparsers(dest="command", required=True)
+def _version() -> str:
+    try:
+        return metadata.version("mmstream")
+    except metadata.PackageNotFoundError:  # run from a checkout without installing
+        return "unknown (not installed)"
 
-    up = sub.add_parser("up", help="start Kafka, Redis and the workers (idempotent)")
+
+def parser() -> argparse.ArgumentParser:
+    """Every command and flag, each with its help text (a test holds the parser to that)."""
+    p = argparse.ArgumentParser(prog="mmstream", description="Kafka-native multimodal serving pipeline.",
+                                epilog="Settings come from MMSTREAM_<SECTION>_<FIELD> variables: see `mmstream config`.")
+    p.add_argument("--version", action="version", version=f"mmstream {_version()}")
+    p.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    # --debug also after the command (`mmstream send --debug ...`); SUPPRESS keeps the
+    # subcommand from resetting a --debug given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    cmd = functools.partial(sub.add_parser, parents=[common])
+
+    up = cmd("up", help="start Kafka, Redis and the workers (idempotent)")
     up.add_argument("--replicas", action="append", default=[], metavar="STAGE=N",
                     help="workers per stage, e.g. encode.text=2 (repeatable)")
     up.add_argument("--infra-only", action="store_true", help="start Kafka and Redis only")
-    up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for a first answer")
-    sub.add_parser("down", help="stop the workers, Redis and Kafka")
-    sub.add_parser("status", help="what runs, where, and whether it is healthy")
-    sub.add_parser("config", help="every setting, its environment variable, value and meaning")
+    up.add_argument("--timeout", type=float, default=180.0, metavar="S",
+                    help="seconds to wait for a first answer (default: %(default)s)")
+    cmd("down", help="stop the workers, Redis and Kafka")
+    cmd("status", help="what runs, where, and whether it is healthy (exit 1 if anything is down)")
+    c = cmd("config", help="every setting, its environment variable, value and meaning")
+    c.add_argument("--check", action="store_true",
+                   help="only validate the MMSTREAM_* environment: one line, exit 0 if valid, 2 if not")
 
-    w = sub.add_parser("worker", help="run one stage in the foreground")
-    w.add_argument("stage")
-    w.add_argument("--replica", type=int, default=0)
-    w.add_argument("--loglevel", default="info")
+    w = cmd("worker", help="run one stage in the foreground (what `mmstream up` starts per replica)")
+    w.add_argument("stage", metavar="STAGE",
+                   help=f"the stage to run: {', '.join(stage_names())} (or a plugin modality's encode.<name>)")
+    w.add_argument("--replica", type=int, default=0, metavar="N",
+                   help="replica number, for its log and port files (default: %(default)s)")
+    w.add_argument("--loglevel", default="info", choices=["debug", "info", "warning", "error"],
+                   help="Faust's and our log level (default: %(default)s)")
 
-    s = sub.add_parser("send", help="send one request and print its events as JSON lines")
+    s = cmd("send", help="send one request and print its events as JSON lines")
     s.add_argument("--text", action="append", default=[], help="a text part (repeatable)")
     for media in ("image", "audio", "video"):
         s.add_argument(f"--{media}", action="append", default=[], type=Path, metavar="PATH",
-                       help=f"an {media} file as a part (repeatable)" if media != "video" else "a video file as a part (repeatable)")
-    s.add_argument("--task", default="embed", choices=["embed", "generate"])
-    s.add_argument("--lane", default="rt", choices=["rt", "bulk"])
-    s.add_argument("--json", type=Path, help="send this JSON request file as it is")
-    s.add_argument("--deadline-ms", type=int)
-    s.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the answer")
+                       help=f"{'an' if media == 'image' or media == 'audio' else 'a'} {media} file as a part (repeatable)")
+    s.add_argument("--task", default="embed", choices=["embed", "generate"],
+                   help="embed: one embedding per part; generate: a streamed answer (default: %(default)s)")
+    s.add_argument("--lane", default="rt", choices=["rt", "bulk"],
+                   help="rt (interactive, served first) or bulk (shed first under load) (default: %(default)s)")
+    s.add_argument("--json", type=Path, metavar="FILE", help="send this JSON request file as it is (other part flags are ignored)")
+    s.add_argument("--deadline-ms", type=int, metavar="MS",
+                   help="drop the request if not done within MS milliseconds of acceptance (default: the server's)")
+    s.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                   help="seconds to wait for the answer (default: %(default)s)")
+    s.add_argument("--retries", type=int, default=3, metavar="N",
+                   help="resend a request answered with a retriable error (overloaded...) up to N times, after "
+                        "its retry_after_ms with jittered backoff; 0: never (--json requests are never resent) "
+                        "(default: %(default)s)")
 
-    sub.add_parser("demo", help="send a set of real requests and print answers and a latency table")
+    cmd("demo", help="send a set of real requests and print answers and a latency table")
 
-    b = sub.add_parser("bench", help="open-loop Poisson benchmark (or: bench compare A.json B.json)")
-    b.add_argument("action", nargs="?", default="run", choices=["run", "compare"])
+    b = cmd("bench", help="open-loop Poisson benchmark (or: bench compare A.json B.json)")
+    b.add_argument("action", nargs="?", default="run", choices=["run", "compare"],
+                   help="run a benchmark (default) or compare JSON reports")
     b.add_argument("inputs", nargs="*", type=Path, help="for compare: the JSON reports to put side by side")
-    b.add_argument("--workload", default="text", choices=["text", "mixed", "chat"])
+    b.add_argument("--workload", default="text", choices=["text", "mixed", "chat"], help="request mix (default: %(default)s)")
     b.add_argument("--scheduler", choices=["continuous", "static"],
                    help="chat: the generator's batching (runs on a pipeline of its own)")
-    b.add_argument("--mode", default="pipeline", choices=["pipeline", "monolithic"])
-    b.add_argument("--rate", type=float, default=20.0, help="offered requests per second")
+    b.add_argument("--mode", default="pipeline", choices=["pipeline", "monolithic"],
+                   help="the pipeline, or one process doing every stage (the baseline) (default: %(default)s)")
+    b.add_argument("--rate", type=float, default=20.0, help="offered requests per second (default: %(default)s)")
     b.add_argument("--rates", help="sweep these rates, e.g. 5,10,20 (one run each)")
-    b.add_argument("--duration", type=float, default=20.0, help="seconds of arrivals")
-    b.add_argument("--drain", type=float, default=30.0, help="seconds to wait for stragglers")
-    b.add_argument("--seed", type=int, default=1)
-    b.add_argument("--lane", default="rt", choices=["rt", "bulk"])
+    b.add_argument("--duration", type=float, default=20.0, help="seconds of arrivals (default: %(default)s)")
+    b.add_argument("--drain", type=float, default=30.0, help="seconds to wait for stragglers (default: %(default)s)")
+    b.add_argument("--seed", type=int, default=1, help="seed of arrivals and contents: same seed, same traffic")
+    b.add_argument("--lane", default="rt", choices=["rt", "bulk"], help="lane of every request (default: %(default)s)")
     b.add_argument("--max-batch-size", type=int, help="monolithic mode: its fixed batch size")
     b.add_argument("--max-wait-ms", type=float, help="monolithic mode: its batch wait")
     b.add_argument("--lanes", help="share of each lane, e.g. rt=0.2,bulk=0.8 (default: all on --lane)")
@@ -66,41 +118,71 @@ def _parser() -> argparse.ArgumentParser:
                        help=f"switch the {lever} lever off (runs on a pipeline of its own)")
     b.add_argument("--own-pipeline", action="store_true", help="run on a fresh pipeline started for this run")
     b.add_argument("--out", type=Path, help="write the JSON report here")
-    b.add_argument("--report", type=Path, help="write report.md and PNG plots into this folder")
+    b.add_argument("--report", type=Path, help="write report.md and PNG plots into this folder (needs the report extra)")
 
-    t = sub.add_parser("top", help="live view of lag, rates and per-stage latency")
+    t = cmd("top", help="live view of lag, rates and per-stage latency")
     t.add_argument("--once", action="store_true", help="print one frame and exit")
-    t.add_argument("--interval", type=float, default=1.0)
+    t.add_argument("--json", action="store_true", help="print one JSON document per frame instead of tables")
+    t.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between frames (default: %(default)s)")
 
-    m = sub.add_parser("models", help="the model repository")
-    msub = m.add_subparsers(dest="models_command", required=True)
-    mb = msub.add_parser("build", help="export the packaged weights to ONNX (cached)")
-    mb.add_argument("--force", action="store_true")
-    mb.add_argument("--only", action="append", help="build only this model (repeatable)")
+    m = cmd("models", help="the model repository")
+    msub = m.add_subparsers(dest="models_command", required=True, metavar="ACTION")
+    mcmd = functools.partial(msub.add_parser, parents=[common])
+    mb = mcmd("build", help="export the packaged weights to ONNX (cached): one progress line per model")
+    mb.add_argument("--force", action="store_true", help="rebuild even when an up-to-date build exists")
+    mb.add_argument("--only", action="append", metavar="NAME", help="build only this model (repeatable)")
     mb.add_argument("--target", choices=("cpu", "gpu"), default="cpu",
                     help="gpu also builds an fp16 variant of each ONNX model, with its fidelity")
-    msub.add_parser("list", help="the models in the repository")
+    mcmd("list", help="the models in the repository, their variants and fidelity")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)  # argparse itself says what is wrong and exits 2
+    try:
+        return _run(args)
+    except BrokenPipeError:
+        # The reader went away (`| head`): nothing more to say to anyone. Point stdout at
+        # /dev/null so the interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_PIPE
+
+
+def _run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command != "worker":  # client-side commands print their own output
+        for name in ("aiokafka", "kafka"):
+            logging.getLogger(name).setLevel(logging.DEBUG if args.debug else logging.CRITICAL)
+    bootstrap = "the configured broker"
     try:
         settings = Settings.from_env()
-    except SettingsError as exc:
-        print(f"mmstream: {exc}", file=sys.stderr)
-        return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.command != "worker":  # client-side commands print their own output
-        logging.getLogger("aiokafka").setLevel(logging.WARNING)
-
-    try:
+        bootstrap = settings.kafka.bootstrap
         return commands.run(args, settings, REPO_ROOT)
-    except commands.UserError as exc:
-        print(f"mmstream: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        raise
+    except (SettingsError, commands.UserError) as exc:
+        return _fail(args, str(exc), EXIT_USAGE)
+    except KafkaConnectionError:
+        return _fail(args, f"cannot reach Kafka at {bootstrap}: is it running? (start it with `mmstream up`, or "
+                           "point MMSTREAM_KAFKA_BOOTSTRAP at your cluster)", EXIT_FAILED)
+    except RedisConnectionError as exc:
+        return _fail(args, f"cannot reach Redis ({exc}): is it running? (`mmstream up`, or set MMSTREAM_REDIS_URL)",
+                     EXIT_FAILED)
+    except (ClientError, KafkaError, ReportError) as exc:
+        return _fail(args, str(exc) or type(exc).__name__, EXIT_FAILED)
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: one sentence, not a trace
+        hint = "" if args.debug else " (--debug shows the traceback)"
+        return _fail(args, f"unexpected {type(exc).__name__}: {exc}{hint}", EXIT_FAILED)
+
+
+def _fail(args: argparse.Namespace, sentence: str, code: int) -> int:
+    if args.debug:
+        traceback.print_exc()
+    print(f"mmstream: {sentence}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

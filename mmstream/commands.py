@@ -12,15 +12,18 @@ from typing import Any
 from mmstream import engineinfo, localstack
 from mmstream.console import event_line
 from mmstream.localstack import LocalStackError
+from mmstream.quiet import quiet_into
 from mmstream.supervisor import Supervisor, default_replicas, parse_replicas
 from schemas.codec import JSON
 from schemas.request import Lane, Modality, Part, Request, Task
-from schemas.settings import Settings, describe
+from schemas.settings import Settings, describe, redact
 from streams.client import Client, new_id, wait_until_serving
+from streams.retry import RetryConfig
 from streams.stages import stage_names
 from streams.topics import ensure_topics, topic_specs
 from workers import modalities
 from workers.repository import ModelNotFoundError, ModelRepository
+
 
 
 class UserError(Exception):
@@ -49,7 +52,7 @@ def _localstack_call(fn: Any, *a: Any, **kw: Any) -> Any:
 def cmd_up(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
     kafka, redis = _localstack_call(localstack.up, settings, repo_root)
     print(f"kafka  {kafka.bootstrap}  pid={kafka.pid}  {'external' if kafka.external else 'local'}")
-    print(f"redis  {settings.redis.url}  pid={redis.pid}")
+    print(f"redis  {redact(settings.redis.url)}  pid={redis.pid}")
     created = asyncio.run(ensure_topics(settings.kafka.bootstrap, topic_specs(settings.kafka),
                                         settings.kafka.replication_factor))
     if created:
@@ -102,7 +105,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings, repo_root: Path) ->
     kafka, redis = _localstack_call(localstack.status, settings, repo_root)
     print(f"kafka   {kafka.bootstrap:<22} {'healthy' if kafka.healthy else 'DOWN':<8} pid={kafka.pid}"
           f"{' (external)' if kafka.external else ''}  data={kafka.data_dir}  log={kafka.log_file}")
-    print(f"redis   {settings.redis.url:<22} {'healthy' if redis.healthy else 'DOWN':<8} pid={redis.pid}")
+    print(f"redis   {redact(settings.redis.url):<22} {'healthy' if redis.healthy else 'DOWN':<8} pid={redis.pid}")
     workers = Supervisor(settings).workers()
     if not workers:
         print("workers none (start them with: mmstream up)")
@@ -117,7 +120,16 @@ def cmd_status(args: argparse.Namespace, settings: Settings, repo_root: Path) ->
 
 
 def cmd_config(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
-    for var, value, doc in describe(settings):
+    """Every setting with its value and doc; with ``--check``, one line saying the environment
+    is valid (an invalid one never gets here: the settings are read before any command)."""
+    rows = describe(settings)
+    if args.check:
+        defaults = {var: value for var, value, _ in describe(Settings())}
+        changed = [var for var, value, _ in rows if value != defaults.get(var)]
+        print(f"ok: {len(rows)} settings valid, {len(changed)} set from the environment"
+              + (f" ({', '.join(changed)})" if changed else ""))
+        return 0
+    for var, value, doc in rows:
         print(f"{var}={value}\n    {doc}")
     return 0
 
@@ -133,7 +145,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings, repo_root: Path) ->
 
 def cmd_send(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
     if args.json:
-        payload: dict[str, Any] = json.loads(args.json.read_text())
+        payload = _read_json_request(args.json)
         payload.setdefault("id", new_id())
         return asyncio.run(_send_raw(settings, payload, args.timeout))
     parts = [Part(Modality.TEXT, text=t) for t in args.text]
@@ -144,12 +156,33 @@ def cmd_send(args: argparse.Namespace, settings: Settings, repo_root: Path) -> i
         raise UserError("give at least one part: --text TEXT, --image/--audio/--video PATH (or --json FILE)")
     req = Request(id=new_id(), parts=tuple(parts), task=Task(args.task), lane=Lane(args.lane),
                   deadline_ms=args.deadline_ms)
-    return asyncio.run(_send(settings, req, args.timeout))
+    if args.retries < 0:
+        raise UserError(f"--retries must be 0 or more, not {args.retries}")
+    return asyncio.run(_send(settings, req, args.timeout, RetryConfig(max_attempts=args.retries + 1)))
+
+
+def _read_json_request(path: Path) -> dict[str, Any]:
+    """The request in ``path`` as a JSON object; raises ``UserError`` saying what is wrong."""
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"{path} is a directory, not a JSON request file") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text: --json takes a JSON request file") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror}") from None
+    if not isinstance(payload, dict):
+        raise UserError(f"{path} holds a JSON {type(payload).__name__}, not a request object "
+                        '(e.g. {"parts": [{"modality": "text", "text": "hi"}]})')
+    return payload
 
 
 def _file_part(modality: Any, path: Path, settings: Settings) -> Any:
     import mimetypes
-
 
     if not path.is_file():
         raise UserError(f"{path} is not a file")
@@ -157,10 +190,10 @@ def _file_part(modality: Any, path: Path, settings: Settings) -> Any:
     return Part(modality, data=path.read_bytes(), mime=mimetypes.guess_type(path.name)[0])
 
 
-async def _send(settings: Settings, req: Any, timeout_s: float) -> int:
+async def _send(settings: Settings, req: Any, timeout_s: float, retry: RetryConfig) -> int:
     async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix, redis_url=settings.redis.url,
                       inline_limit_bytes=settings.limits.max_inline_bytes,
-                      claim_ttl_s=settings.limits.claim_ttl_s) as client:
+                      claim_ttl_s=settings.limits.claim_ttl_s, retry=retry) as client:
         return await _follow(await client.submit(req), timeout_s)
 
 
@@ -208,23 +241,54 @@ def cmd_top(args: argparse.Namespace, settings: Settings, repo_root: Path) -> in
 
 def cmd_models(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
     if args.models_command == "list":
+        return _models_list(settings.models.repository)
+    return _models_build(settings, args.only, args.force, getattr(args, "target", "cpu"))
 
-        repo = ModelRepository(settings.models.repository)
-        root = settings.models.repository
-        names = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.exists() else []
-        if not names:
-            print(f"no models in {root} (run: mmstream models build)")
-        for name in names:
-            for version in repo.versions(name):
-                cfg = repo.resolve(name, version)
-                variants = ", ".join(f"{k} ({v.bytes / 1e6:.1f} MB)" for k, v in cfg.variants.items())
-                print(f"{name} {version}: {variants}  fidelity={json.dumps({k: v.fidelity for k, v in cfg.variants.items()})}")
-        return 0
-    from workers.models.build import build_models  # the exporters' import graph: only for this command
 
-    try:
-        build_models(settings.models.repository, names=args.only, force=args.force,
-                     target=getattr(args, "target", "cpu"))  # logs one line per model
-    except ImportError as exc:  # the exporters import torch & co. only when a model must be built
-        raise UserError(f"the model build needs the build extra ({exc}): pip install -e '.[build]'") from None
+def _models_list(root: Path) -> int:
+    repo = ModelRepository(root)
+    names = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.exists() else []
+    if not names:
+        print(f"no models in {root} (run: mmstream models build)")
+    for name in names:
+        for version in repo.versions(name):
+            cfg = repo.resolve(name, version)
+            print(f"{name} {version}  ({cfg.directory})")
+            for precision, v in sorted(cfg.variants.items()):
+                print(f"  {precision:<5} {v.bytes / 1e6:7.1f} MB  {_fidelity(v.fidelity)}")
+    return 0
+
+
+def _fidelity(fidelity: Any) -> str:
+    """``{"reference": "fp32", "mean_cosine": 0.998}`` as ``reference=fp32 mean_cosine=0.998``."""
+    if not fidelity:
+        return "(reference)"
+    return " ".join(f"{k}={json.dumps(v, default=str) if not isinstance(v, str) else v}"
+                    for k, v in dict(fidelity).items())
+
+
+def _models_build(settings: Settings, only: list[str] | None, force: bool, target: str = "cpu") -> int:
+    """Build each model with one progress line; the exporters' own chatter (thousands of
+    lines from torch.onnx) goes to a log file, named when a build fails."""
+    from workers.models.build import RECIPES, build_models, default_models  # the exporters' import graph: only here
+
+    names = only or default_models()
+    unknown = [n for n in names if n not in RECIPES]
+    if unknown:
+        raise UserError(f"unknown model {', '.join(unknown)}; models: {', '.join(RECIPES)}")
+    log_file = settings.local.state_dir / "models-build.log"
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    for i, name in enumerate(names, 1):
+        print(f"[{i}/{len(names)}] {name} ...", end="", flush=True)
+        try:
+            with quiet_into(log_file):
+                report = build_models(settings.models.repository, names=[name], force=force, target=target,
+                                      log=lambda line: print(line, flush=True))[0]
+        except ImportError as exc:  # the exporters import torch & co. only when a model must be built
+            print(" failed")
+            raise UserError(f"the model build needs the build extra ({exc}): pip install -e '.[build]'") from None
+        except Exception as exc:  # noqa: BLE001 - a recipe's own error: one sentence, the trace with --debug
+            print(" failed")
+            raise UserError(f"building {name} failed: {exc} (the exporters' log: {log_file})") from exc
+        print(f" {report.status} ({report.seconds:.0f} s)  version {report.version}", flush=True)
     return 0

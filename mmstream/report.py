@@ -1,13 +1,17 @@
 """Reports of `mmstream bench` runs: the JSON schema of a run, a validator for it, and
 ``write_report``: ``report.md`` plus PNG plots (matplotlib, Agg: no display needed).
 
-Plots:
+Plots (read at a glance: one line per mode, a log axis wherever values span more than
+``LOG_RATIO`` to one, units on every axis):
 
 - ``latency_cdf.png``: e2e latency CDF, one panel per request kind, one line per run;
-- ``stages.png``: per stage, queue vs service time stacked, at p50 and p95 (the lowest
-  rate of each input, so a sweep does not crowd it);
-- ``p99_vs_throughput.png``: e2e p99 against achieved throughput, one line per input and
-  request kind (when an input sweeps rates or two inputs are compared).
+- ``stages.png``: per stage, queued and service time side by side, p50 and p95 in two
+  panels (the lowest rate of each input, so a sweep does not crowd it);
+- ``p99_vs_throughput.png``: e2e p99 against achieved throughput, one line per mode and
+  request kind: runs of the same mode join one line in rate order, whichever input file
+  they came from (when an input sweeps rates or two inputs are compared).
+
+Tables give their units in the headers (ms, req/s).
 
 Given two inputs (pipeline and monolithic), the curves share axes and the report adds a
 side-by-side table at every rate both have.
@@ -101,6 +105,10 @@ _TYPES: dict[str, Any] = {
     "object": dict, "array": list, "string": str, "boolean": bool, "null": type(None),
     "number": (int, float), "integer": int,
 }
+
+
+class ReportError(RuntimeError):
+    """A report cannot be written here (a missing optional dependency); says what to install."""
 
 
 class BenchSchemaError(ValueError):
@@ -205,14 +213,15 @@ def _md_runs(series: list[list[dict[str, Any]]], names: list[str]) -> list[str]:
                       f"sent {req['sent']}, ok {req['ok']}, errors {sum(req['errors'].values())}, lost {req['lost']}. "
                       f"Engine floor at batch 1: "
                       + ", ".join(f"{k} {fmt(v)} ms" for k, v in run["floor_ms"].items()) + ".", "",
-                      "| kind | n | p50 | p95 | p99 | floor | overhead p50 | overhead p95 |",
+                      "| kind | n | p50 (ms) | p95 (ms) | p99 (ms) | floor (ms) | overhead p50 (ms) | overhead p95 (ms) |",
                       "|---|---|---|---|---|---|---|---|"]
             for kind, lat in run["latency_ms"].items():
                 e, o = lat["e2e"], run["overhead_ms"].get(kind)
                 lines.append(f"| {kind} | {e['count']} | {fmt(e.get('p50'))} | {fmt(e.get('p95'))} | "
                              f"{fmt(e.get('p99'))} | {fmt(o and o['floor_ms'])} | "
                              f"{fmt(o and o['total']['p50'])} | {fmt(o and o['total']['p95'])} |")
-            lines += ["", "| kind | stage | queued p50 | queued p95 | service p50 | service p95 | hop overhead p50 |",
+            lines += ["", "| kind | stage | queued p50 (ms) | queued p95 (ms) | service p50 (ms) | service p95 (ms) "
+                      "| hop overhead p50 (ms) |",
                       "|---|---|---|---|---|---|---|"]
             for kind, lat in run["latency_ms"].items():
                 hops = (run["overhead_ms"].get(kind) or {}).get("hops", {})
@@ -236,7 +245,7 @@ def _md_runs(series: list[list[dict[str, Any]]], names: list[str]) -> list[str]:
 def _md_compare(series: list[list[dict[str, Any]]], names: list[str]) -> list[str]:
     a, b = ({run["config"]["rate"]: run for run in runs} for runs in series)
     lines = [f"## {names[0]} vs {names[1]}", "",
-             f"| rate | kind | {names[0]} p50 / p95 / p99 | {names[1]} p50 / p95 / p99 | p99 ratio |",
+             f"| rate (req/s) | kind | {names[0]} p50 / p95 / p99 (ms) | {names[1]} p50 / p95 / p99 (ms) | p99 ratio |",
              "|---|---|---|---|---|"]
     for rate in sorted(set(a) & set(b)):
         for kind in sorted(set(a[rate]["latency_ms"]) & set(b[rate]["latency_ms"])):
@@ -249,9 +258,47 @@ def _md_compare(series: list[list[dict[str, Any]]], names: list[str]) -> list[st
     return lines + [""]
 
 
-def _plots(series: list[list[dict[str, Any]]], names: list[str], out_dir: Path) -> list[str]:
-    import matplotlib
+LOG_RATIO = 20.0
+"""Values spanning more than this ratio get a log axis: on a linear one the smallest vanish."""
 
+
+def axis_scale(values: Sequence[float]) -> str:
+    """``"log"`` when the positive ``values`` span more than ``LOG_RATIO``, else ``"linear"``."""
+    positive = [v for v in values if v and v > 0]
+    return "log" if positive and max(positive) / min(positive) > LOG_RATIO else "linear"
+
+
+_PER_RUN = frozenset({"rate", "rates", "seed", "duration_s", "drain_s"})
+"""Config keys that differ between the points of one line (a sweep), not between lines."""
+
+
+def p99_lines(series: list[list[dict[str, Any]]], names: list[str]) -> dict[str, list[tuple[float, float]]]:
+    """The lines of ``p99_vs_throughput.png``: label -> (achieved req/s, e2e p99 ms) points
+    in offered-rate order. Runs of one mode and otherwise equal config join one line
+    (``"<mode>: <kind>"``), whichever input file they came from; when one mode ran with
+    different configs (levers off...), each config's line takes its input's name instead."""
+    groups: dict[tuple[str, str], list[tuple[str, dict[str, Any]]]] = {}
+    for name, runs in zip(names, series):
+        for run in runs:
+            cfg = {k: v for k, v in run["config"].items() if k not in _PER_RUN}
+            groups.setdefault((run["mode"], json.dumps(cfg, sort_keys=True, default=str)), []).append((name, run))
+    modes = [mode for mode, _ in groups]
+    lines: dict[str, list[tuple[float, float, float]]] = {}
+    for (mode, _), members in groups.items():
+        who = mode if modes.count(mode) == 1 else members[0][0]
+        for _, run in members:
+            for kind, lat in run["latency_ms"].items():
+                e2e = lat.get("e2e", {})
+                if e2e.get("count"):
+                    lines.setdefault(f"{who}: {kind}", []).append((run["config"]["rate"], run["achieved_rate"], e2e["p99"]))
+    return {label: [(x, y) for _, x, y in sorted(pts)] for label, pts in sorted(lines.items())}
+
+
+def _plots(series: list[list[dict[str, Any]]], names: list[str], out_dir: Path) -> list[str]:
+    try:
+        import matplotlib
+    except ImportError:  # report-only dependency: the `report` extra
+        raise ReportError("plots need matplotlib: pip install -e '.[report]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -265,8 +312,9 @@ def _plots(series: list[list[dict[str, Any]]], names: list[str], out_dir: Path) 
                     xs = sorted(run["samples_ms"]["e2e"].get(kind, []))
                     if xs:
                         ys = [(i + 1) / len(xs) for i in range(len(xs))]
-                        ax.step(xs, ys, where="post", label=f"{name} @ {run['config']['rate']:g}/s")
-            ax.set(title=f"e2e latency CDF: {kind}", xlabel="ms", ylabel="fraction of requests", xscale="log")
+                        ax.step(xs, ys, where="post", label=f"{name} @ {run['config']['rate']:g} req/s")
+            ax.set(title=f"e2e latency CDF: {kind}", xlabel="e2e latency (ms, log scale)",
+                   ylabel="fraction of requests", xscale="log")
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize="small")
         fig.tight_layout()
@@ -274,38 +322,52 @@ def _plots(series: list[list[dict[str, Any]]], names: list[str], out_dir: Path) 
         plt.close(fig)
         written.append("latency_cdf.png")
 
-    bars = []  # (label, queued, service) at p50 then p95
+    rows = []  # (label, {p50: (queued, service), p95: (...)})
     for name, runs in zip(names, series):
         if not runs:
             continue
         run = runs[0]
         for kind, lat in run["latency_ms"].items():
             for stage, st in lat["stages"].items():
-                for q in ("p50", "p95"):
-                    if st["service"].get("count"):
-                        bars.append((f"{name}\n{kind}\n{stage} {q}", st["queued"][q], st["service"][q]))
-    if bars:
-        fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(bars)), 5))
-        xs = range(len(bars))
-        ax.bar(xs, [b[1] for b in bars], label="queued", color="tab:orange")
-        ax.bar(xs, [b[2] for b in bars], bottom=[b[1] for b in bars], label="service", color="tab:blue")
-        ax.set_xticks(list(xs), [b[0] for b in bars], rotation=90, fontsize="x-small")
-        ax.set(ylabel="ms", title="per stage: queued vs service (p50, p95; lowest rate)")
-        ax.legend()
+                if st["service"].get("count"):
+                    rows.append((f"{name} · {kind} · {stage}",
+                                 {q: (st["queued"][q], st["service"][q]) for q in ("p50", "p95")}))
+    if rows:
+        values = [v for _, qs in rows for pair in qs.values() for v in pair]
+        scale = axis_scale(values)
+        fig, axes = plt.subplots(1, 2, figsize=(12, max(3.0, 0.45 * len(rows) + 1.5)), sharey=True)
+        ys = range(len(rows))
+        for ax, q in zip(axes, ("p50", "p95")):
+            queued = [max(qs[q][0], 1e-3) for _, qs in rows]  # a log axis cannot show 0
+            service = [max(qs[q][1], 1e-3) for _, qs in rows]
+            ax.barh([y - 0.2 for y in ys], queued, height=0.4, label="queued", color="tab:orange")
+            ax.barh([y + 0.2 for y in ys], service, height=0.4, label="service", color="tab:blue")
+            ax.set(title=f"{q} per stage", xlabel=f"ms{', log scale' if scale == 'log' else ''}", xscale=scale)
+            ax.grid(True, axis="x", which="both", alpha=0.3)
+        axes[0].set_yticks(list(ys), [label for label, _ in rows], fontsize="small")
+        axes[0].invert_yaxis()
+        axes[1].legend(loc="lower right")
+        fig.suptitle("where time goes per stage: waiting (queued) vs working (service), lowest rate")
         fig.tight_layout()
         fig.savefig(out_dir / "stages.png", dpi=100)
         plt.close(fig)
         written.append("stages.png")
 
     if len(series) > 1 or any(len(runs) > 1 for runs in series):
+        lines = p99_lines(series, names)
         fig, ax = plt.subplots(figsize=(7, 5))
-        for name, runs in zip(names, series):
-            for kind in kinds:
-                pts = [(r["achieved_rate"], r["latency_ms"][kind]["e2e"]["p99"]) for r in runs
-                       if r["latency_ms"].get(kind, {}).get("e2e", {}).get("count")]
-                if pts:
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{name}: {kind}")
-        ax.set(xlabel="achieved requests/s", ylabel="e2e p99 (ms)", yscale="log", title="p99 vs throughput")
+        # A colour per mode (or config), a line style per request kind: modes compare at a glance.
+        whos = sorted({label.split(": ", 1)[0] for label in lines})
+        kinds_seen = sorted({label.split(": ", 1)[1] for label in lines})
+        styles = ("-", "--", ":", "-.")
+        for label, pts in lines.items():
+            who, kind = label.split(": ", 1)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label,
+                    color=f"C{whos.index(who) % 10}", linestyle=styles[kinds_seen.index(kind) % len(styles)])
+        p99s = [p[1] for pts in lines.values() for p in pts]
+        scale = axis_scale(p99s)
+        ax.set(xlabel="achieved throughput (req/s)", ylabel=f"e2e p99 (ms{', log scale' if scale == 'log' else ''})",
+               yscale=scale, title="p99 vs throughput: one line per mode")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize="small")
         fig.tight_layout()

@@ -3,7 +3,13 @@ and logs under ``<state_dir>/workers/<topic_prefix>/``.
 
 The stages it knows are ``streams.stages.stage_names()`` once the settings' modality
 plugins are loaded; each modality's spec says how many replicas of its stage start by
-default (``default_replicas``)."""
+default (``default_replicas``).
+
+Prometheus finds them through file-based service discovery: after every start and stop the
+supervisor rewrites ``<state_dir>/prometheus/targets/<topic_prefix>.json`` with the metrics
+address of each live worker (infra/prometheus/prometheus.yml reads that folder), so every
+replica is scraped and no port is scraped that nobody serves.
+"""
 
 from __future__ import annotations
 
@@ -117,7 +123,28 @@ class Supervisor:
             for replica in range(count):
                 if (stage, replica) not in running:
                     self._spawn(stage, replica)
-        return [w for w in self.workers() if w.alive]
+        live = [w for w in self.workers() if w.alive]
+        self.write_targets(live)
+        return live
+
+    def targets_file(self) -> Path:
+        return self.settings.local.state_dir / "prometheus" / "targets" / f"{self.settings.kafka.topic_prefix}.json"
+
+    def write_targets(self, workers: list[WorkerProc] | None = None) -> Path:
+        """Write the Prometheus file_sd targets of the live workers (atomically: Prometheus
+        may read the file at any moment); a worker whose port is not known yet is left out
+        until the next call."""
+        bind = self.settings.metrics.bind
+        host = "127.0.0.1" if bind in ("0.0.0.0", "::", "") else bind
+        live = [w for w in (self.workers() if workers is None else workers) if w.alive]
+        groups = [{"targets": [f"{host}:{port}"], "labels": {"worker": f"{w.stage}[{w.replica}]"}}
+                  for w in live if (port := w.metrics_port)]
+        path = self.targets_file()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(groups, indent=1))
+        tmp.replace(path)
+        return path
 
     def _next_port(self) -> int:
         """Lowest port from the base that no live worker uses (0 when the base is 0: the
@@ -173,6 +200,7 @@ class Supervisor:
                 os.kill(w.pid, signal.SIGTERM)
         for w in procs:
             self.stop_one(w, grace_s)
+        self.write_targets([])
         return sum(1 for _ in procs)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import sys
 import time
 import urllib.request
 from collections import defaultdict
@@ -182,29 +183,53 @@ def topic_rows(now: Sample, before: Sample | None) -> list[TopicRow]:
     return out
 
 
+def _num(x: float | None) -> str:
+    """A number in at most 6 characters: one decimal under 100, none above."""
+    if x is None:
+        return "–"
+    return f"{x:.1f}" if abs(x) < 100 else f"{x:.0f}"
+
+
+def _pair(a: float | None, b: float | None) -> str:
+    return "–" if a is None and b is None else f"{_num(a)}/{_num(b)}"
+
+
 def render(now: Sample, before: Sample | None, prefix: str) -> Any:
-    """The rich renderable of one frame."""
+    """The rich renderable of one frame; fits 80 columns (a test holds it to that)."""
+    from rich import box
     from rich.console import Group
     from rich.table import Table
 
-    def f(x: float | None, digits: int = 1) -> str:
-        return "–" if x is None else f"{x:.{digits}f}"
+    def table(title: str) -> Table:
+        return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
 
-    topics = Table(title=f"topics ({prefix}.*)", title_justify="left")
+    topics = table(f"topics ({prefix}.*): lag in records, rates in records/s")
     for col in ("topic", "lag", "in/s", "out/s"):
-        topics.add_column(col, justify="left" if col == "topic" else "right")
+        topics.add_column(col, justify="left" if col == "topic" else "right", no_wrap=True)
     for t in topic_rows(now, before):
-        topics.add_row(t.topic, str(t.lag), f(t.in_per_s), f(t.out_per_s),
+        topics.add_row(t.topic, str(t.lag), _num(t.in_per_s), _num(t.out_per_s),
                        style="yellow" if t.lag > 0 else None)
-    stages = Table(title="stages (ms; slowest by p95 queue + service in red)", title_justify="left")
-    for col in ("stage", "workers", "window", "items/s", "queue p50", "queue p95", "service p50",
-                "service p95", "batch p50"):
-        stages.add_column(col, justify="left" if col == "stage" else "right")
+    stages = table("stages: times in ms as p50/p95; slowest by p95 queue + service in red")
+    for col in ("stage", "workers", "window", "items/s", "queue", "service", "batch"):
+        stages.add_column(col, justify="left" if col == "stage" else "right", no_wrap=True)
     for r in stage_rows(now, before):
-        stages.add_row(r.stage, r.workers, r.window, f(r.items_per_s), f(r.queue_p50_ms), f(r.queue_p95_ms),
-                       f(r.service_p50_ms), f(r.service_p95_ms), f(r.batch_p50),
+        stages.add_row(r.stage, r.workers, r.window, _num(r.items_per_s), _pair(r.queue_p50_ms, r.queue_p95_ms),
+                       _pair(r.service_p50_ms, r.service_p95_ms), _num(r.batch_p50),
                        style="bold red" if r.slowest else None)
     return Group(topics, stages)
+
+
+def frame_json(now: Sample, before: Sample | None, prefix: str, wall_time: float) -> str:
+    """One frame as one line of JSON (``mmstream top --json``): the same rows as the tables,
+    times in ms, rates per second, ``null`` where there is no value yet."""
+    import dataclasses
+    import json
+
+    return json.dumps({
+        "time": round(wall_time, 3), "prefix": prefix,
+        "topics": [dataclasses.asdict(t) for t in topic_rows(now, before)],
+        "stages": [dataclasses.asdict(r) for r in stage_rows(now, before)],
+    }, separators=(",", ":"))
 
 
 # -- sampling (I/O) ---------------------------------------------------------------------------
@@ -253,10 +278,14 @@ async def sample(settings: Settings, reader: LagReader) -> Sample:
     return Sample(time.monotonic(), stages, lag)
 
 
-async def run_top(settings: Settings, once: bool = False, interval_s: float = 1.0, console: Any = None) -> int:
+async def run_top(settings: Settings, once: bool = False, interval_s: float = 1.0, console: Any = None,
+                  as_json: bool = False) -> int:
     """Show the live view until Ctrl-C; with ``once``, print one frame (two samples
     ``interval_s`` apart, so rates exist) and return. Returns the exit status: 0, or 1
-    when no worker of this topic prefix is known (nothing to show)."""
+    when no worker of this topic prefix is known (nothing to show).
+
+    On a terminal the frame redraws in place; piped, each frame is printed after the last
+    (as ``top -b``); ``as_json`` prints one JSON document per line and frame."""
     from rich.console import Console
     from rich.live import Live
 
@@ -265,13 +294,24 @@ async def run_top(settings: Settings, once: bool = False, interval_s: float = 1.
     async with LagReader(settings.kafka.bootstrap) as reader:
         before = await sample(settings, reader)
         if not before.stages:
-            console.print(f"no workers for topic prefix {prefix!r} (mmstream up?)")
+            print(f"mmstream: no workers for topic prefix {prefix!r} (mmstream up?)", file=sys.stderr)
             return 1
         await asyncio.sleep(interval_s)
         now = await sample(settings, reader)
-        if once:
-            console.print(render(now, before, prefix))
-            return 0
+
+        def show() -> None:
+            if as_json:
+                print(frame_json(now, before, prefix, time.time()), flush=True)
+            else:
+                console.print(render(now, before, prefix))
+
+        if once or as_json or not console.is_terminal:
+            while True:
+                show()
+                if once:
+                    return 0
+                await asyncio.sleep(interval_s)
+                before, now = now, await sample(settings, reader)
         with Live(render(now, before, prefix), console=console, refresh_per_second=4) as live:
             while True:
                 await asyncio.sleep(interval_s)
@@ -279,10 +319,13 @@ async def run_top(settings: Settings, once: bool = False, interval_s: float = 1.
                 live.update(render(now, before, prefix))
 
 
-
 def cli_main(args: Any, settings: Settings) -> int:
-    """``mmstream top [--once] [--interval S]``."""
+    """``mmstream top [--once] [--json] [--interval S]``."""
+    if args.interval <= 0:
+        print(f"mmstream: --interval must be more than 0 seconds, not {args.interval}", file=sys.stderr)
+        return 2
     try:
-        return asyncio.run(run_top(settings, once=args.once, interval_s=args.interval))
+        return asyncio.run(run_top(settings, once=args.once, interval_s=args.interval,
+                                   as_json=getattr(args, "json", False)))
     except KeyboardInterrupt:
         return 0

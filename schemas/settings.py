@@ -1,303 +1,457 @@
 """Typed, frozen settings for every component, read once from the environment.
 
-Each component has one ``*Settings`` dataclass. A field ``name`` of the section ``kafka`` is
-read from ``MMSTREAM_KAFKA_NAME``; every field has a default and a ``doc`` in its metadata
-that says what it trades off. ``Settings.from_env()`` is called once at start-up and the
-result is passed down: no other module reads the environment.
+Each component has one ``*Settings`` section (a frozen pydantic model). A field ``name`` of
+the section ``kafka`` is read from ``MMSTREAM_KAFKA_NAME``; every field has a default, a
+``doc`` (its description) that says what it trades off, and the type, range or set of
+values it may take. ``Settings.from_env()`` is called once at start-up and the result is
+passed down: no other module reads the environment.
+
+What is refused at start, as a ``SettingsError`` that names the variable:
+- a value of the wrong type, out of its range or outside its set (``partitions >= 1``,
+  ``partitioner`` one of four, ``precision`` one the engines know);
+- an ``MMSTREAM_*`` variable that names no setting (with the closest name: a typo must not
+  silently fall back to a default).
+
+``Settings()`` is the defaults alone; ``Settings.from_env(env)`` reads ``env`` (the process
+environment by default) through pydantic-settings' environment source. ``describe`` lists
+every setting for `mmstream config`, with passwords in URLs masked.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import difflib
 import os
-from dataclasses import dataclass, field
+import re
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Mapping, TypeVar, get_type_hints
+from typing import Annotated, Any, Literal, Mapping
+
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
+from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings.sources.utils import parse_env_vars
+
+from schemas.request import MODALITY_NAME_RE
 
 ENV_PREFIX = "MMSTREAM_"
 
+# The value sets below are the ones the code acts on; tests check each against its user
+# (the partitioner strategies, the engines' precisions), since this package imports nothing.
+ENGINE_PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+"""Precision variants an ONNX engine can serve (the repository must hold the variant)."""
+EnginePrecision = Literal["fp32", "fp16", "bf16", "int8"]
+LmPrecision = Literal["fp32", "int8"]
+"""The LM and Whisper engines serve fp32 or int8 weights."""
+Partitioner = Literal["least-loaded", "spread", "hash", "round-robin"]
+Scheduler = Literal["continuous", "static"]
+TASKS = ("embed", "generate")
 
-def setting(default: Any, doc: str) -> Any:
-    """A settings field: its default and a sentence on what it trades off."""
+
+def _check_bootstrap(value: str) -> str:
+    servers = [s.strip() for s in value.split(",")]
+    for server in servers:
+        host, sep, port = server.rpartition(":")
+        if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+            raise ValueError(f"{server!r} is not host:port")
+    return ",".join(servers)
+
+
+Bootstrap = Annotated[str, AfterValidator(_check_bootstrap)]
+UserPath = Annotated[Path, AfterValidator(lambda p: p.expanduser())]
+
+
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def setting(default: Any, doc: str, **constraints: Any) -> Any:
+    """A settings field: its default, a sentence on what it trades off, and its constraints
+    (pydantic's ``ge``, ``gt``, ``le``, ``pattern``, ``min_length``...)."""
     if isinstance(default, (list, dict, set)):
         raise TypeError("settings defaults must be immutable")
-    return field(default=default, metadata={"doc": doc})
+    return Field(default=default, description=doc, **constraints)
 
 
-@dataclass(frozen=True)
-class KafkaSettings:
-    bootstrap: str = setting("127.0.0.1:9092", "Kafka bootstrap servers, comma separated.")
+class _Section(BaseModel):
+    """A frozen group of settings; an unknown field is an error, not a silent no-op."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+
+class KafkaSettings(_Section):
+    bootstrap: Bootstrap = setting("127.0.0.1:9092", "Kafka bootstrap servers, comma separated host:port pairs.")
     topic_prefix: str = setting(
-        "mm", "Prefix of every topic and consumer group; tests use a unique one per run."
+        "mm", "Prefix of every topic and consumer group; tests use a unique one per run.",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
     )
     partitions: int = setting(
-        4, "Partitions per stage topic: the most replicas of one stage that can share its work."
+        4, "Partitions per stage topic: the most replicas of one stage that can share its work.", ge=1
     )
-    replication_factor: int = setting(1, "Replication factor of created topics (1 on a laptop).")
+    replication_factor: int = setting(1, "Replication factor of created topics (1 on a laptop).", ge=1)
     max_message_bytes: int = setting(
-        8 * 1024 * 1024, "Largest record the producers send; payloads above go by claim check."
+        8 * 1024 * 1024, "Largest record the producers send; payloads above go by claim check.", ge=1024
     )
 
 
-@dataclass(frozen=True)
-class RedisSettings:
-    url: str = setting("redis://127.0.0.1:6379/0", "Redis used for the reuse cache and claim checks.")
+class RedisSettings(_Section):
+    url: str = setting(
+        "redis://127.0.0.1:6379/0", "Redis used for the reuse cache and claim checks (a password in it is never printed).",
+        pattern=r"^(redis|rediss|unix)://",
+    )
 
 
-@dataclass(frozen=True)
-class LimitsSettings:
-    max_text_bytes: int = setting(64 * 1024, "Largest text part, UTF-8 bytes.")
-    max_parts: int = setting(16, "Most parts in one request.")
+class LimitsSettings(_Section):
+    max_text_bytes: int = setting(64 * 1024, "Largest text part, UTF-8 bytes.", ge=1)
+    max_parts: int = setting(16, "Most parts in one request.", ge=1)
     max_inline_bytes: int = setting(
-        1024 * 1024, "Largest inline binary part; bigger payloads must travel by `ref`."
+        1024 * 1024, "Largest inline binary part; bigger payloads must travel by `ref`.", ge=1
     )
     max_request_bytes: int = setting(
-        4 * 1024 * 1024, "Largest encoded request on ingress; larger ones go to the DLQ."
+        4 * 1024 * 1024, "Largest encoded request on ingress; larger ones go to the DLQ.", ge=1
     )
     default_deadline_ms: int = setting(
-        30_000, "Deadline given to requests that set none, milliseconds from acceptance."
+        30_000, "Deadline given to requests that set none, milliseconds from acceptance.", ge=1
     )
-    max_deadline_ms: int = setting(600_000, "Longest deadline a client may ask for.")
-    max_ref_bytes: int = setting(64 * 1024 * 1024, "Largest payload fetched by claim check (ref).")
+    max_deadline_ms: int = setting(600_000, "Longest deadline a client may ask for.", ge=1)
+    max_ref_bytes: int = setting(64 * 1024 * 1024, "Largest payload fetched by claim check (ref).", ge=1)
     ref_file_root: str = setting(
         "", "Directory whose files may be sent as file:// refs; empty: file refs are refused."
     )
-    claim_ttl_s: int = setting(3600, "How long the SDK keeps a claim-checked payload in Redis.")
-    max_audio_seconds: float = setting(300.0, "Longest audio clip accepted (decoded duration).")
+    claim_ttl_s: int = setting(3600, "How long the SDK keeps a claim-checked payload in Redis.", ge=1)
+    max_audio_seconds: float = setting(300.0, "Longest audio clip accepted (decoded duration).", gt=0)
     max_image_pixels: int = setting(
-        25_000_000, "Largest image (width x height, read from the header before decoding): the decompression-bomb guard."
+        25_000_000, "Largest image (width x height, read from the header before decoding): the decompression-bomb guard.", ge=1
     )
 
 
-@dataclass(frozen=True)
-class EncoderSettings:
-    max_batch_size: int = setting(16, "Most items in one engine call; bigger batches raise throughput and latency.")
+class EncoderSettings(_Section):
+    max_batch_size: int = setting(16, "Most items in one engine call; bigger batches raise throughput and latency.", ge=1)
     max_wait_ms: float = setting(
-        4.0, "How long the first item of a batch waits for company before the batch runs anyway."
+        4.0, "How long the first item of a batch waits for company before the batch runs anyway.", ge=0
     )
     max_batch_tokens: int = setting(
-        4096, "Token budget of one text batch (padded length x rows): keeps long texts from inflating a batch."
+        4096, "Token budget of one text batch (padded length x rows): keeps long texts from inflating a batch.", ge=1
     )
-    intra_op_threads: int = setting(0, "ONNX Runtime intra-op threads; 0 lets the runtime choose.")
+    intra_op_threads: int = setting(0, "ONNX Runtime intra-op threads; 0 lets the runtime choose.", ge=0)
     allow_spinning: bool = setting(
         False, "Let ONNX Runtime threads spin between ops: a little faster alone, much slower on a shared box."
     )
-    precision: str = setting("fp32", "Engine variant to serve: fp32 or int8.")
-    max_queue: int = setting(256, "Most jobs held in a worker between Kafka and the engine.")
+    precision: EnginePrecision = setting(
+        "fp32", f"Engine variant to serve: one of {', '.join(ENGINE_PRECISIONS)} (the variant must be built)."
+    )
+    max_queue: int = setting(256, "Most jobs held in a worker between Kafka and the engine.", ge=1)
     providers: str = setting(
         "tensorrt,cuda,cpu", "ONNX Runtime execution providers, tried in order (tensorrt, cuda, cpu or full names); "
-        "those this onnxruntime build lacks are skipped. Without cuda, Whisper stays on the CPU too."
+        "those this onnxruntime build lacks are skipped. Without cuda, Whisper stays on the CPU too.", min_length=1
     )
 
 
-@dataclass(frozen=True)
-class RouterSettings:
+class RouterSettings(_Section):
     served_modalities: str = setting(
         "", "Comma-separated modalities with an encoder pool (empty: every registered one); parts of others fail "
         "with unsupported_media."
     )
-    served_tasks: str = setting("embed,generate", "Comma-separated tasks this deployment answers.")
-    topic_cache_s: float = setting(10.0, "How long the router trusts its list of existing reply topics.")
+    served_tasks: str = setting(
+        "embed,generate", "Comma-separated tasks this deployment answers."
+    )
+    topic_cache_s: float = setting(10.0, "How long the router trusts its list of existing reply topics.", ge=0)
     modality_topics: bool = setting(
         True, "One encode topic and pool per modality; off, every part goes to one shared topic and generic pool "
         "(the no-routing baseline: light text waits behind video)."
     )
-    partitioner: str = setting(
+    partitioner: Partitioner = setting(
         "least-loaded", "How a job's partition inside a pool is chosen: least-loaded, spread, hash or round-robin."
     )
 
+    @field_validator("served_tasks")
+    @classmethod
+    def _known_tasks(cls, value: str) -> str:
+        unknown = [v for v in _csv(value) if v not in TASKS]
+        if unknown:
+            raise ValueError(f"unknown {', '.join(map(repr, unknown))}; choose from {', '.join(TASKS)}")
+        return value
 
-@dataclass(frozen=True)
-class CacheSettings:
+    @field_validator("served_modalities")
+    @classmethod
+    def _modality_names(cls, value: str) -> str:
+        # Which modalities exist is the registry's (plugins add some): here only their shape.
+        bad = [v for v in _csv(value) if not re.fullmatch(MODALITY_NAME_RE, v)]
+        if bad:
+            raise ValueError(f"{', '.join(map(repr, bad))} is not a modality name (lowercase letters and digits)")
+        return value
+
+
+class CacheSettings(_Section):
     enabled: bool = setting(True, "Reuse encoder outputs from Redis; off, every part is computed.")
     cross_tenant: bool = setting(
         False, "Share cached outputs between tenants (same content, same answer); off, the tenant is in the key."
     )
-    ttl_text_s: int = setting(3600, "How long a text embedding stays reusable.")
-    ttl_image_s: int = setting(3600, "How long an image (or video frame chunk) embedding stays reusable.")
+    ttl_text_s: int = setting(3600, "How long a text embedding stays reusable.", ge=1)
+    ttl_image_s: int = setting(3600, "How long an image (or video frame chunk) embedding stays reusable.", ge=1)
     whole_result: bool = setting(
         True, "Answer identical embed requests (same tenant, content and models) from the stored answer at the router."
     )
-    ttl_result_s: int = setting(600, "How long a whole answer stays reusable.")
-    timeout_ms: float = setting(50.0, "Redis socket timeout: past it a lookup counts as a miss and a failure.")
-    breaker_failures: int = setting(3, "Consecutive Redis failures that open the breaker (cache bypassed).")
-    breaker_cooldown_s: float = setting(10.0, "How long the breaker stays open before one trial call.")
+    ttl_result_s: int = setting(600, "How long a whole answer stays reusable.", ge=1)
+    timeout_ms: float = setting(50.0, "Redis socket timeout: past it a lookup counts as a miss and a failure.", gt=0)
+    breaker_failures: int = setting(3, "Consecutive Redis failures that open the breaker (cache bypassed).", ge=1)
+    breaker_cooldown_s: float = setting(10.0, "How long the breaker stays open before one trial call.", ge=0)
     ttl_overrides: str = setting(
         "", "Cache TTLs by modality, e.g. audio=7200,doc=60 (seconds); a modality not named keeps its own default "
         "(text and image: the two settings above)."
     )
 
 
-@dataclass(frozen=True)
-class VideoSettings:
-    max_seconds: float = setting(120.0, "Longest video accepted; longer ones fail with payload_too_large.")
-    fps: float = setting(1.0, "Frames sampled per second of video.")
-    max_frames: int = setting(16, "Most frames sampled from one video: bounds its cost on the image pool.")
-    frames_per_chunk: int = setting(4, "Frames per image-pool job: smaller chunks spread one video over more replicas.")
+class VideoSettings(_Section):
+    max_seconds: float = setting(120.0, "Longest video accepted; longer ones fail with payload_too_large.", gt=0)
+    fps: float = setting(1.0, "Frames sampled per second of video.", gt=0)
+    max_frames: int = setting(16, "Most frames sampled from one video: bounds its cost on the image pool.", ge=1)
+    frames_per_chunk: int = setting(
+        4, "Frames per image-pool job: smaller chunks spread one video over more replicas.", ge=1
+    )
 
 
-@dataclass(frozen=True)
-class AdmissionSettings:
+class AdmissionSettings(_Section):
     enabled: bool = setting(True, "Admit by queued work per stage and lane; off, everything valid is accepted.")
-    max_queued_ms_rt: float = setting(5_000.0, "Queued engine work (ms) at a stage past which new rt requests get overloaded.")
+    max_queued_ms_rt: float = setting(
+        5_000.0, "Queued engine work (ms) at a stage past which new rt requests get overloaded.", ge=0
+    )
     max_queued_ms_bulk: float = setting(
-        1_000.0, "Queued engine work (ms) past which new bulk requests get overloaded: lower than rt, so bulk is shed first."
+        1_000.0, "Queued engine work (ms) past which new bulk requests get overloaded: lower than rt, so bulk is shed first.",
+        ge=0,
     )
-    refresh_ms: int = setting(1_000, "How often the router re-reads consumer lag to estimate queued work.")
-    backpressure_high_ms: float = setting(3_000.0, "Total queued work (ms) past which the router stops reading bulk ingress.")
-    backpressure_low_ms: float = setting(1_000.0, "Total queued work (ms) under which it reads bulk ingress again.")
+    refresh_ms: int = setting(1_000, "How often the router re-reads consumer lag to estimate queued work.", ge=1)
+    backpressure_high_ms: float = setting(
+        3_000.0, "Total queued work (ms) past which the router stops reading bulk ingress.", ge=0
+    )
+    backpressure_low_ms: float = setting(
+        1_000.0, "Total queued work (ms) under which it reads bulk ingress again.", ge=0
+    )
     rt_backlog_records: int = setting(
-        100, "rt ingress records waiting at the router past which it stops reading bulk ingress (rt first)."
+        100, "rt ingress records waiting at the router past which it stops reading bulk ingress (rt first).", ge=0
     )
 
+    @model_validator(mode="after")
+    def _hysteresis(self) -> "AdmissionSettings":
+        if self.backpressure_low_ms > self.backpressure_high_ms:
+            raise ValueError(f"backpressure_low_ms ({self.backpressure_low_ms:g}) must not exceed "
+                             f"backpressure_high_ms ({self.backpressure_high_ms:g})")
+        return self
 
-@dataclass(frozen=True)
-class GeneratorSettings:
-    precision: str = setting(
+
+class GeneratorSettings(_Section):
+    precision: LmPrecision = setting(
         "fp32", "LM weights: fp32 (batched output equals alone) or int8 (faster, not batch-invariant, drifts from fp32)."
     )
-    scheduler: str = setting("continuous", "continuous (step-level, sequences join and leave) or static batching.")
-    max_tokens_per_step: int = setting(256, "Token budget of one model step (prefill chunks + one per decoding sequence).")
-    max_running: int = setting(8, "Most sequences holding KV state at once.")
-    max_prefill_chunk: int = setting(256, "Most prompt tokens of one sequence in one step (chunked prefill).")
-    stream_every_tokens: int = setting(1, "Send a token event every N tokens (fewer events, coarser streaming).")
-    prefix_cache_mb: int = setting(64, "Memory for reused prompt-prefix KV blocks; 0 turns the prefix cache off.")
+    scheduler: Scheduler = setting("continuous", "continuous (step-level, sequences join and leave) or static batching.")
+    max_tokens_per_step: int = setting(
+        256, "Token budget of one model step (prefill chunks + one per decoding sequence).", ge=1
+    )
+    max_running: int = setting(8, "Most sequences holding KV state at once.", ge=1)
+    max_prefill_chunk: int = setting(256, "Most prompt tokens of one sequence in one step (chunked prefill).", ge=1)
+    stream_every_tokens: int = setting(1, "Send a token event every N tokens (fewer events, coarser streaming).", ge=1)
+    prefix_cache_mb: int = setting(
+        64, "Memory for reused prompt-prefix KV blocks; 0 turns the prefix cache off.", ge=0
+    )
 
 
-@dataclass(frozen=True)
-class AssemblerSettings:
+class AssemblerSettings(_Section):
     sweep_interval_ms: int = setting(
-        100, "How often the assembler looks for requests past their deadline: the deadline's resolution."
+        100, "How often the assembler looks for requests past their deadline: the deadline's resolution.", ge=1
     )
     retention_ms: int = setting(
-        120_000, "How long a finished request is remembered so late duplicates cannot answer it twice."
+        120_000, "How long a finished request is remembered so late duplicates cannot answer it twice.", ge=0
     )
-    orphan_ttl_ms: int = setting(600_000, "How long parts that never got a manifest are kept.")
-    max_pending: int = setting(100_000, "Most requests one assembler tracks; past it new manifests are answered overloaded.")
+    orphan_ttl_ms: int = setting(600_000, "How long parts that never got a manifest are kept.", ge=1)
+    max_pending: int = setting(
+        100_000, "Most requests one assembler tracks; past it new manifests are answered overloaded.", ge=1
+    )
 
 
-@dataclass(frozen=True)
-class MetricsSettings:
-    port: int = setting(0, "Port of this worker's /metrics; 0 picks a free one (reported by `mmstream status`).")
-    bind: str = setting("127.0.0.1", "Address /metrics listens on; 0.0.0.0 to let a remote Prometheus scrape.")
-    lag_interval_s: float = setting(5.0, "How often the lag monitor reads offsets from the broker.")
+class MetricsSettings(_Section):
+    port: int = setting(
+        0, "Port of this worker's /metrics, /healthz and /readyz; 0 picks a free one (reported by `mmstream status`).",
+        ge=0, le=65535,
+    )
+    bind: str = setting(
+        "127.0.0.1", "Address /metrics listens on; 0.0.0.0 to let a remote Prometheus scrape.", min_length=1
+    )
+    lag_interval_s: float = setting(5.0, "How often the lag monitor reads offsets from the broker.", gt=0)
 
 
-@dataclass(frozen=True)
-class LocalSettings:
+class LocalSettings(_Section):
     """Where `mmstream up` keeps its processes, data and downloads on this machine."""
 
-    state_dir: Path = setting(
+    state_dir: UserPath = setting(
         Path.home() / ".local" / "state" / "mmstream",
         "Per-run broker data, pid files and logs of `mmstream up`.",
     )
-    cache_dir: Path = setting(
+    cache_dir: UserPath = setting(
         Path.home() / ".cache" / "mmstream",
         "Broker jars and exported models; kept across runs so later runs skip the work.",
     )
-    kafka_version: str = setting("4.1.1", "Apache Kafka broker version fetched from Maven Central.")
-    kafka_heap_mb: int = setting(512, "Heap of the local broker's JVM.")
-    kafka_controller_port: int = setting(9093, "Local broker's KRaft controller port.")
-    redis_maxmemory_mb: int = setting(256, "Redis memory cap; keys are evicted LRU past it.")
-    metrics_base_port: int = setting(9400, "First Prometheus port handed to local workers.")
+    kafka_version: str = setting(
+        "4.1.1", "Apache Kafka broker version fetched from Maven Central.", pattern=r"^\d+\.\d+\.\d+$"
+    )
+    kafka_heap_mb: int = setting(512, "Heap of the local broker's JVM.", ge=64)
+    kafka_controller_port: int = setting(9093, "Local broker's KRaft controller port.", ge=1, le=65535)
+    redis_maxmemory_mb: int = setting(256, "Redis memory cap; keys are evicted LRU past it.", ge=1)
+    metrics_base_port: int = setting(
+        9400, "First Prometheus port handed to local workers; 0 lets each worker pick a free one.", ge=0, le=65535
+    )
 
 
-@dataclass(frozen=True)
-class ModelSettings:
-    repository: Path = setting(
+class ModelSettings(_Section):
+    repository: UserPath = setting(
         Path.home() / ".cache" / "mmstream" / "models",
         "Model repository: <name>/<version>/model*.onnx plus config.json.",
     )
-    text_model: str = setting("all-minilm-l6-v2", "Model served by the text encoder.")
-    image_model: str = setting("efficientnet-lite0", "Model served by the image encoder.")
-    lm_model: str = setting("smollm2-135m", "Language model of the generator.")
-    audio_model: str = setting("whisper-base", "Model served by the audio encoder (transcript + embedding).")
-    audio_precision: str = setting(
+    text_model: str = setting("all-minilm-l6-v2", "Model served by the text encoder.", min_length=1)
+    image_model: str = setting("efficientnet-lite0", "Model served by the image encoder.", min_length=1)
+    lm_model: str = setting("smollm2-135m", "Language model of the generator.", min_length=1)
+    audio_model: str = setting("whisper-base", "Model served by the audio encoder (transcript + embedding).", min_length=1)
+    audio_precision: LmPrecision = setting(
         "int8", "Whisper weights to run: int8 (CTranslate2; its transcripts matched fp32 on the build set) or fp32."
     )
 
 
-@dataclass(frozen=True)
-class ModalitiesSettings:
+class ModalitiesSettings(_Section):
     plugins: str = setting(
         "", "Comma-separated Python modules that each register an extra modality when imported "
         "(see docs/adding-a-modality.md); every worker and the CLI load them at start."
     )
 
 
-@dataclass(frozen=True)
-class Settings:
-    kafka: KafkaSettings = field(default_factory=KafkaSettings)
-    redis: RedisSettings = field(default_factory=RedisSettings)
-    limits: LimitsSettings = field(default_factory=LimitsSettings)
-    router: RouterSettings = field(default_factory=RouterSettings)
-    admission: AdmissionSettings = field(default_factory=AdmissionSettings)
-    encoder: EncoderSettings = field(default_factory=EncoderSettings)
-    assembler: AssemblerSettings = field(default_factory=AssemblerSettings)
-    generator: GeneratorSettings = field(default_factory=GeneratorSettings)
-    metrics: MetricsSettings = field(default_factory=MetricsSettings)
-    video: VideoSettings = field(default_factory=VideoSettings)
-    cache: CacheSettings = field(default_factory=CacheSettings)
-    local: LocalSettings = field(default_factory=LocalSettings)
-    models: ModelSettings = field(default_factory=ModelSettings)
-    modalities: ModalitiesSettings = field(default_factory=ModalitiesSettings)
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
-        """Build the settings from ``MMSTREAM_<SECTION>_<FIELD>`` variables.
-
-        Raises ``SettingsError`` naming the variable when a value does not parse.
-        """
-        env = os.environ if env is None else env
-        sections = {}
-        for f in dataclasses.fields(cls):
-            section_cls = f.default_factory  # type: ignore[misc]
-            sections[f.name] = _section_from_env(section_cls, f.name, env)
-        return cls(**sections)
+def _section(cls: type[_Section]) -> Any:
+    return Field(default_factory=cls)
 
 
 class SettingsError(ValueError):
-    """An environment variable holds a value its setting cannot take."""
+    """An environment variable holds a value its setting cannot take, or names no setting."""
 
 
-S = TypeVar("S")
+_ENV: ContextVar[Mapping[str, str] | None] = ContextVar("mmstream_settings_env", default=None)
+
+
+class _MappingEnvSource(EnvSettingsSource):
+    """pydantic-settings' environment source, reading a given mapping instead of os.environ."""
+
+    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]) -> None:
+        self._env = env
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return parse_env_vars(self._env, self.case_sensitive, self.env_ignore_empty, self.env_parse_none_str)
+
+
+class Settings(BaseSettings):
+    """Every section; ``MMSTREAM_<SECTION>_<FIELD>`` sets a field (the first ``_`` after the
+    section name separates it from the field, whose own name may contain ``_``)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter="_", env_nested_max_split=1, case_sensitive=False,
+        frozen=True, extra="forbid",
+    )
+
+    kafka: KafkaSettings = _section(KafkaSettings)
+    redis: RedisSettings = _section(RedisSettings)
+    limits: LimitsSettings = _section(LimitsSettings)
+    router: RouterSettings = _section(RouterSettings)
+    admission: AdmissionSettings = _section(AdmissionSettings)
+    encoder: EncoderSettings = _section(EncoderSettings)
+    assembler: AssemblerSettings = _section(AssemblerSettings)
+    generator: GeneratorSettings = _section(GeneratorSettings)
+    metrics: MetricsSettings = _section(MetricsSettings)
+    video: VideoSettings = _section(VideoSettings)
+    cache: CacheSettings = _section(CacheSettings)
+    local: LocalSettings = _section(LocalSettings)
+    models: ModelSettings = _section(ModelSettings)
+    modalities: ModalitiesSettings = _section(ModalitiesSettings)
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource,
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Only the mapping handed to from_env: no .env file, no secrets directory, and
+        # Settings() alone is the defaults (tests and tools build it without the environment).
+        env = _ENV.get()
+        return (init_settings,) if env is None else (init_settings, _MappingEnvSource(settings_cls, env))
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+        """Build the settings from the ``MMSTREAM_<SECTION>_<FIELD>`` variables of ``env``
+        (default: the process environment).
+
+        Raises ``SettingsError`` naming the variable when a value does not parse or is out
+        of range, or when an ``MMSTREAM_*`` variable names no setting.
+        """
+        env = dict(os.environ if env is None else env)
+        check_names(env)
+        token = _ENV.set(env)
+        try:
+            return cls()
+        except ValidationError as exc:
+            raise SettingsError(_explain(exc, env)) from None
+        finally:
+            _ENV.reset(token)
 
 
 def env_name(section: str, name: str) -> str:
     return f"{ENV_PREFIX}{section}_{name}".upper()
 
 
-def _section_from_env(section_cls: type[S], section: str, env: Mapping[str, str]) -> S:
-    hints = get_type_hints(section_cls)
-    values: dict[str, Any] = {}
-    for f in dataclasses.fields(section_cls):  # type: ignore[arg-type]
-        var = env_name(section, f.name)
-        if var in env:
-            values[f.name] = _parse(hints[f.name], env[var], var)
-    return section_cls(**values)
+def env_names() -> dict[str, tuple[str, str]]:
+    """Every setting's variable -> (section, field)."""
+    return {env_name(section, name): (section, name)
+            for section, sf in Settings.model_fields.items()
+            for name in sf.default_factory.model_fields}  # type: ignore[union-attr]
 
 
-def _parse(kind: Any, raw: str, var: str) -> Any:
-    try:
-        if kind is bool:
-            low = raw.strip().lower()
-            if low in ("1", "true", "yes", "on"):
-                return True
-            if low in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(raw)
-        if kind is Path:
-            return Path(raw).expanduser()
-        return kind(raw)
-    except (TypeError, ValueError):
-        raise SettingsError(f"{var}={raw!r} is not a valid {getattr(kind, '__name__', kind)}") from None
+def check_names(env: Mapping[str, str]) -> None:
+    """Raise ``SettingsError`` for the first ``MMSTREAM_*`` variable that names no setting,
+    with the closest known name."""
+    known = env_names()
+    for var in sorted(env):
+        if var.upper().startswith(ENV_PREFIX) and var.upper() not in known:
+            close = difflib.get_close_matches(var.upper(), known, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]}?" if close else "; `mmstream config` lists every setting"
+            raise SettingsError(f"{var} is not a setting{hint}")
+
+
+def _explain(exc: ValidationError, env: Mapping[str, str]) -> str:
+    """One line per problem, each naming the variable, the value given and what is allowed."""
+    lines = []
+    for err in exc.errors(include_url=False):
+        loc = [str(p) for p in err["loc"]]
+        if len(loc) >= 2:
+            var = env_name(loc[0], loc[1])
+            given = next((v for k, v in env.items() if k.upper() == var), err.get("input"))
+            lines.append(f"{var}={given!r}: {_lower_first(err['msg'])}")
+        else:  # a check across fields of one section
+            msg = err["msg"].removeprefix("Value error, ")
+            lines.append(f"{ENV_PREFIX}{'_'.join(loc).upper()}_*: {msg}")
+    return "; ".join(lines)
+
+
+def _lower_first(msg: str) -> str:
+    msg = msg.removeprefix("Value error, ")
+    return msg[:1].lower() + msg[1:]
+
+
+_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@]*):(?P<password>[^@/]+)@", re.I)
+
+
+def redact(value: Any) -> Any:
+    """``value`` with the password of any ``scheme://user:password@`` in it replaced by ``***``."""
+    return _PASSWORD.sub(r"\g<scheme>\g<user>:***@", value) if isinstance(value, str) else value
 
 
 def describe(settings: Settings) -> list[tuple[str, Any, str]]:
-    """Every setting as (environment variable, current value, doc), for `mmstream config`."""
+    """Every setting as (environment variable, current value, doc), for `mmstream config`;
+    passwords in URLs are masked."""
     rows = []
-    for sf in dataclasses.fields(settings):
-        section = getattr(settings, sf.name)
-        for f in dataclasses.fields(section):
-            rows.append((env_name(sf.name, f.name), getattr(section, f.name), f.metadata.get("doc", "")))
+    for section_name in type(settings).model_fields:
+        section = getattr(settings, section_name)
+        for name, f in type(section).model_fields.items():
+            rows.append((env_name(section_name, name), redact(getattr(section, name)), f.description or ""))
     return rows

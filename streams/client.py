@@ -1,32 +1,54 @@
 """The async client SDK: produce requests, follow their events on the reply topic.
 
-    async with Client(bootstrap="127.0.0.1:9092") as client:
+    async with Client(bootstrap="127.0.0.1:9092", retry=RetryConfig()) as client:
         sub = await client.submit(Request(id=new_id(), parts=(Part(Modality.TEXT, text="hi"),)))
         async for event in sub.events():
             print(event.kind)
 
 Events are deduplicated: every stage is at-least-once, so after a crash a stage may repeat
 an event; the client shows each (kind, seq) of a request once, and exactly one terminal.
+
+Retries (``retry=RetryConfig(...)``; off by default, so benchmarks and tools see the
+pipeline's answers as they are): a terminal error marked ``retriable`` is not shown; the
+request is sent again after the delay ``streams.retry`` computes (jittered backoff, never
+before ``retry_after_ms``, bounded in attempts and total time), and the client shows the
+last attempt's terminal event. Each resend carries its own wire id (``<id>.r<n>``, so no
+stage mistakes it for a late duplicate of the failed attempt); events are shown under the
+request's own id. A generate request that already streamed tokens is not retried (the
+caller has seen part of an answer). ``Submission.retries`` lists what was retried.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import random
+import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from schemas.codec import CONTENT_TYPE_HEADER, MSGPACK, DecodeError, pack, unpack
-from schemas.events import Event
+from schemas.events import Event, EventKind
 from schemas.request import Modality, Part, Request
 from schemas.trace import now_ms
+from streams.retry import NO_RETRY, RetryConfig, retry_delay_ms
+from streams.transport import KafkaTransport, Transport, TransportError
 
 MAX_EVENTS_PER_REQUEST = 4096
+MAX_ID_CHARS = 128
 
 
 def new_id() -> str:
     return uuid.uuid4().hex
+
+
+def attempt_id(request_id: str, attempt: int) -> str:
+    """The wire id of ``attempt`` (1-based) of ``request_id``: the id itself for the first."""
+    if attempt == 1:
+        return request_id
+    suffix = f".r{attempt}"
+    return request_id[:MAX_ID_CHARS - len(suffix)] + suffix
 
 
 class ClientError(RuntimeError):
@@ -40,6 +62,14 @@ class Submission:
     _queue: asyncio.Queue = field(default_factory=lambda: asyncio.Queue(MAX_EVENTS_PER_REQUEST), repr=False)
     terminal: Event | None = None
     terminal_at_ms: float | None = None
+    attempts: int = 1
+    """Sends so far, the first included."""
+    retries: list[dict[str, Any]] = field(default_factory=list)
+    """One entry per retried error: ``{"attempt", "error", "delay_ms"}``."""
+    _request: Request | None = field(default=None, repr=False)
+    _first_sent: float = field(default_factory=time.monotonic, repr=False)
+    _streamed: bool = field(default=False, repr=False)
+    _resend_pending: bool = field(default=False, repr=False)
 
     async def events(self, timeout_s: float | None = None) -> AsyncIterator[Event]:
         """Every event of this request in arrival order, ending with its terminal event.
@@ -61,13 +91,17 @@ class Submission:
 
 
 class Client:
-    """One producer for requests and one partition-assigned consumer of the reply topic."""
+    """Sends requests through a ``Transport`` (Kafka by default) and follows their events."""
 
     def __init__(self, bootstrap: str, topic_prefix: str = "mm", reply_to: str | None = None,
                  max_request_bytes: int = 8 * 1024 * 1024, redis_url: str | None = None,
-                 inline_limit_bytes: int = 1024 * 1024, claim_ttl_s: int = 3600) -> None:
+                 inline_limit_bytes: int = 1024 * 1024, claim_ttl_s: int = 3600,
+                 retry: RetryConfig = NO_RETRY, transport: Transport | None = None,
+                 rng: random.Random | None = None,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         """``redis_url``: where parts over ``inline_limit_bytes`` are stored (claim check,
-        kept ``claim_ttl_s``); without it such parts are refused by ``submit``."""
+        kept ``claim_ttl_s``); without it such parts are refused by ``submit``. ``retry``:
+        see the module docstring. ``transport``, ``rng`` and ``sleep`` are for tests."""
         self.bootstrap = bootstrap
         self.redis_url = redis_url
         self.inline_limit_bytes = inline_limit_bytes
@@ -76,11 +110,15 @@ class Client:
         self.prefix = topic_prefix
         self.reply_to = reply_to or f"{topic_prefix}.results"
         self.max_request_bytes = max_request_bytes
-        self._pending: dict[str, Submission] = {}
-        self._seen: dict[str, set[tuple[str, int]]] = {}
-        self._producer = None
-        self._consumer = None
+        self.retry = retry
+        self._rng = rng or random.Random()
+        self._sleep = sleep
+        self._transport: Transport = transport or KafkaTransport(bootstrap, max_request_bytes)
+        self._pending: dict[str, Submission] = {}  # wire id -> its submission
+        self._seen: dict[str, set[tuple[str, int]]] = {}  # request id -> (kind, seq) shown
         self._reader: asyncio.Task | None = None
+        self._resends: set[asyncio.Task] = set()
+        self._started = False
 
     async def __aenter__(self) -> "Client":
         await self.start()
@@ -90,41 +128,31 @@ class Client:
         await self.close()
 
     async def start(self) -> None:
-        from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-
-        self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=1,
-                                          max_request_size=self.max_request_bytes, acks=1)
-        await self._producer.start()
-        self._consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
-                                          fetch_max_wait_ms=5, auto_offset_reset="latest")
-        await self._consumer.start()
-        partitions = self._consumer.partitions_for_topic(self.reply_to)
-        if partitions is None:
-            await self._consumer._client.force_metadata_update()  # first contact may lack it
-            partitions = self._consumer.partitions_for_topic(self.reply_to)
-        if not partitions:
-            await self.close()
-            raise ClientError(f"reply topic {self.reply_to} does not exist: is the pipeline up (mmstream up)?")
-        tps = [TopicPartition(self.reply_to, p) for p in sorted(partitions)]
-        self._consumer.assign(tps)
-        await self._consumer.seek_to_end(*tps)
-        for tp in tps:  # resolve positions now, so no event sent after submit() is missed
-            await self._consumer.position(tp)
+        """Connect. Raises ``ClientError`` when the broker cannot be reached or the reply
+        topic does not exist (nothing is left open)."""
+        try:
+            await self._transport.start(self.reply_to)
+        except TransportError as exc:
+            raise ClientError(str(exc)) from None
+        self._started = True
         self._reader = asyncio.create_task(self._read(), name="mmstream-client-reader")
 
     async def close(self) -> None:
-        if self._reader:
-            self._reader.cancel()
+        """Stop reading and close every connection; safe to call twice or after a failed start."""
+        tasks = [t for t in (self._reader, *self._resends) if t is not None]
+        self._reader, self._resends = None, set()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
             try:
-                await self._reader
+                await task
             except (asyncio.CancelledError, Exception):
                 pass
-        if self._consumer:
-            await self._consumer.stop()
-        if self._producer:
-            await self._producer.stop()
-        if self._redis is not None:
-            await self._redis.aclose()
+        self._started = False
+        await self._transport.close()
+        redis, self._redis = self._redis, None
+        if redis is not None:
+            await redis.aclose()
 
     async def submit(self, request: Request) -> Submission:
         """Produce ``request`` to its lane's ingress topic; return its ``Submission``.
@@ -133,25 +161,38 @@ class Client:
         ``redis:`` claim check. Raises ``ClientError`` when that is needed and not possible.
         """
         request = await self._claim_check(request)
-        wire = request.to_wire()
         if request.reply_to is None:
-            wire["reply_to"] = self.reply_to
-        return await self.submit_raw(request.id, pack(wire), MSGPACK, str(request.lane))
+            request = dataclasses.replace(request, reply_to=self.reply_to)
+        sub = self._track(Submission(request.id, now_ms(), _request=request if self.retry.enabled else None),
+                          request.id)
+        await self._send_request(request, request.id)
+        return sub
 
     async def submit_raw(self, request_id: str, value: bytes, content_type: str, lane: str = "rt") -> Submission:
         """Produce already-encoded request bytes (MessagePack or JSON) and follow ``request_id``.
 
-        For tools and tests that need to send exactly these bytes, malformed ones included.
+        For tools and tests that need to send exactly these bytes, malformed ones included;
+        they are never retried (the client cannot give a resend its own id).
         """
-        if self._producer is None:
+        if not self._started:
             raise ClientError("client not started")
-
-        sub = Submission(request_id, now_ms())
-        self._pending[request_id] = sub
-        self._seen[request_id] = set()
-        await self._producer.send_and_wait(f"{self.prefix}.ingress.{lane}", value, key=request_id.encode(),
-                                           headers=[(CONTENT_TYPE_HEADER, content_type.encode())])
+        sub = self._track(Submission(request_id, now_ms()), request_id)
+        await self._transport.send(f"{self.prefix}.ingress.{lane}", request_id.encode(), value,
+                                   [(CONTENT_TYPE_HEADER, content_type.encode())])
         return sub
+
+    def _track(self, sub: Submission, wire_id: str) -> Submission:
+        self._pending[wire_id] = sub
+        self._seen.setdefault(sub.id, set())
+        return sub
+
+    async def _send_request(self, request: Request, wire_id: str) -> None:
+        if not self._started:
+            raise ClientError("client not started")
+        wire = request.to_wire()
+        wire["id"] = wire_id
+        await self._transport.send(f"{self.prefix}.ingress.{request.lane}", wire_id.encode(), pack(wire),
+                                   [(CONTENT_TYPE_HEADER, MSGPACK.encode())])
 
     async def _claim_check(self, request: Request) -> Request:
         big = [i for i, p in enumerate(request.parts) if p.data is not None and len(p.data) > self.inline_limit_bytes]
@@ -173,33 +214,75 @@ class Client:
 
     def forget(self, request_id: str) -> None:
         """Stop tracking a request (its later events are dropped)."""
-        self._pending.pop(request_id, None)
+        for wire_id in [w for w, sub in self._pending.items() if sub.id == request_id]:
+            del self._pending[wire_id]
         self._seen.pop(request_id, None)
 
     async def _read(self) -> None:
-        assert self._consumer is not None
-        async for record in self._consumer:
-            sub = self._pending.get(record.key.decode("utf-8", "replace") if record.key else "")
+        async for key, value in self._transport.records():
+            wire_id = key.decode("utf-8", "replace") if key else ""
+            sub = self._pending.get(wire_id)
             if sub is None:
                 continue
             try:
-                event = Event.from_wire(unpack(record.value))
+                event = Event.from_wire(unpack(value))
             except (DecodeError, ValueError):
                 continue
-            seen = self._seen[sub.id]
+            if event.id != sub.id:
+                event = dataclasses.replace(event, id=sub.id)  # a resend's events, under the request's id
+            if event.terminal and self._retry_later(sub, wire_id, event):
+                continue
+            seen = self._seen.setdefault(sub.id, set())
             mark = ("terminal", 0) if event.terminal else (str(event.kind), event.seq)
             if mark in seen:
-                continue  # a repeat after some stage's crash: shown once
+                continue  # a repeat after some stage's crash (or a resend's accepted): shown once
             seen.add(mark)
+            if event.kind == EventKind.TOKEN:
+                sub._streamed = True
             if event.terminal:
-                sub.terminal = event
-                sub.terminal_at_ms = now_ms()
-                self._pending.pop(sub.id, None)
-                self._seen.pop(sub.id, None)
+                self._finish(sub, event)
             try:
                 sub._queue.put_nowait(event)
             except asyncio.QueueFull:
                 pass  # a consumer that never reads its events loses the oldest-first overflow
+
+    def _retry_later(self, sub: Submission, wire_id: str, event: Event) -> bool:
+        """Schedule a resend of ``sub`` if ``event`` is a retriable error worth retrying."""
+        if sub._request is None or sub._streamed or event.kind != EventKind.ERROR:
+            return False
+        if sub._resend_pending or attempt_id(sub.id, sub.attempts) != wire_id:
+            return True  # a repeated terminal of an attempt already retried: swallowed
+        elapsed_ms = (time.monotonic() - sub._first_sent) * 1000.0
+        delay = retry_delay_ms(self.retry, sub.attempts, event.error, elapsed_ms, self._rng)
+        if delay is None:
+            return False
+        sub.retries.append({"attempt": sub.attempts, "error": event.error, "delay_ms": delay})
+        sub._resend_pending = True
+        task = asyncio.create_task(self._resend(sub, delay, event), name=f"mmstream-resend-{sub.id}")
+        self._resends.add(task)
+        task.add_done_callback(self._resends.discard)
+        return True
+
+    async def _resend(self, sub: Submission, delay_ms: float, last: Event) -> None:
+        await self._sleep(delay_ms / 1000.0)
+        sub.attempts += 1
+        sub._resend_pending = False
+        wire_id = attempt_id(sub.id, sub.attempts)
+        self._pending[wire_id] = sub
+        try:
+            assert sub._request is not None
+            await self._send_request(sub._request, wire_id)
+        except Exception:  # noqa: BLE001 - the caller still gets exactly one terminal: the last error
+            self._pending.pop(wire_id, None)
+            self._finish(sub, last)
+            sub._queue.put_nowait(last)
+
+    def _finish(self, sub: Submission, event: Event) -> None:
+        sub.terminal = event
+        sub.terminal_at_ms = now_ms()
+        for wire_id in [w for w, s in self._pending.items() if s is sub]:
+            del self._pending[wire_id]
+        self._seen.pop(sub.id, None)
 
 
 async def wait_until_serving(bootstrap: str, topic_prefix: str, timeout_s: float = 180.0) -> float:
@@ -207,9 +290,6 @@ async def wait_until_serving(bootstrap: str, topic_prefix: str, timeout_s: float
 
     Raises ``TimeoutError`` when none is answered within ``timeout_s``.
     """
-    import time
-
-
     start = time.monotonic()
     async with Client(bootstrap, topic_prefix) as client:
         while time.monotonic() - start < timeout_s:

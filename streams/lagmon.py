@@ -30,6 +30,7 @@ from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
 from aiokafka.errors import KafkaError
 
 from schemas.settings import Settings
+from streams.health import process_health
 from streams.metrics import Metrics, serve
 
 log = logging.getLogger(__name__)
@@ -235,6 +236,14 @@ class LagMonitor:
         self.metrics = metrics
         self.interval_s = interval_s
         self.last: list[LagRow] = []
+        self.last_ok_at: float | None = None
+        """Monotonic time of the last successful refresh."""
+
+    def fresh(self, now: float | None = None) -> bool:
+        """Whether the last successful read is recent (three intervals): the readiness of
+        the lag monitor. Past that the lag gauges are stale and alerts on them go quiet."""
+        now = time.monotonic() if now is None else now
+        return self.last_ok_at is not None and now - self.last_ok_at <= 3 * self.interval_s
 
     async def refresh(self) -> list[LagRow]:
         """Measure once and publish; returns the rows. Raises ``KafkaError`` on failure."""
@@ -242,6 +251,7 @@ class LagMonitor:
         rows = await self.reader.measure(self.topic_prefix)
         self.metrics.set_consumer_lag(rows)
         self.last = rows
+        self.last_ok_at = time.monotonic()
         return rows
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -269,8 +279,12 @@ def run_lag_monitor(settings: Settings, port: int, interval_s: float = DEFAULT_I
                     on_bound: Callable[[int], None] | None = None) -> None:
     """Run the lag monitor in this process until SIGTERM or SIGINT: serve metrics on
     ``port`` (0 picks one; ``on_bound`` is told which) and refresh them every ``interval_s``."""
-    metrics = Metrics()
-    bound = serve(port, metrics.registry, settings.metrics.bind)
+    health = process_health()
+    metrics = Metrics(health=health)
+    monitor = LagMonitor(settings.kafka.bootstrap, settings.kafka.topic_prefix, metrics, interval_s)
+    health.stage = STAGE
+    health.require(STAGE, ready=monitor.fresh)
+    bound = serve(port, metrics.registry, settings.metrics.bind, health)
     if on_bound is not None:
         on_bound(bound)
     log.info("lagmon: metrics on :%d, prefix %r, every %.1fs", bound, settings.kafka.topic_prefix, interval_s)
@@ -280,7 +294,6 @@ def run_lag_monitor(settings: Settings, port: int, interval_s: float = DEFAULT_I
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        monitor = LagMonitor(settings.kafka.bootstrap, settings.kafka.topic_prefix, metrics, interval_s)
         await monitor.run(stop)
 
     asyncio.run(main())

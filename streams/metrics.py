@@ -31,18 +31,34 @@ helpers convert to seconds):
 - once after the engine warms up: ``set_engine(stage, engine_info_dict)``; before that, each
   variant the fidelity gate or a failed load refused: ``engine_fallback(stage, from_, to, reason)``.
 
-``serve(port, registry)`` exposes a registry over HTTP for Prometheus to scrape.
+- ``mmstream_inflight`` needs no call from a Faust stage: the app factory counts the records
+  each stage holds (consumed, not yet acknowledged) into the process's ``WorkerHealth``;
+  ``set_inflight``/``track_inflight`` add counts of a stage's own.
+
+Every registry also carries the process collector (``process_cpu_seconds_total``,
+``process_resident_memory_bytes``, open fds, start time) and ``mmstream_ready`` (1 while the
+worker's readiness checks pass), so the dashboard shows per-worker health.
+
+``serve(port, registry)`` exposes a registry over HTTP for Prometheus to scrape, with
+``/healthz`` and ``/readyz`` beside ``/metrics`` (``streams.health``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from contextlib import AbstractContextManager
+import socket
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from socketserver import ThreadingMixIn
 from typing import Any, NamedTuple, Protocol, TypeVar
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector, make_wsgi_app
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from schemas.errors import ErrorCode
+from streams.health import WorkerHealth, probe, probe_body, process_health
 from workers.engines.gate import FALLBACK_REASONS
 
 # 0.5 ms to 30 s, roughly 1-2-5 per decade: a text embedding takes a few ms, a bulk video
@@ -93,8 +109,11 @@ class Metrics:
     clash (``ValueError: Duplicated timeseries``) — that is the point of passing it in.
     """
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, health: WorkerHealth | None = None) -> None:
+        """``health``: where readiness and counted in-flight items come from (default: the
+        process's, ``streams.health.process_health()``)."""
         self.registry = CollectorRegistry() if registry is None else registry
+        self.health = process_health() if health is None else health
         # Every family by name with its type and the labels of its series: the dashboard
         # test checks each query against it, so dashboard and code cannot drift apart.
         self.schema: dict[str, MetricSchema] = {}
@@ -142,8 +161,14 @@ class Metrics:
             Gauge, "mmstream_consumer_lag",
             "Records not yet committed by a consumer group (end offset minus committed).",
             ("topic", "partition", "group"))
-        self.inflight = self._make(
-            Gauge, "mmstream_inflight", "Items a stage holds between consuming and finishing them.", ("stage",))
+        # Computed at scrape time from the process's health (see the module docstring).
+        self._own_inflight: dict[str, int] = {}
+        self._inflight_lock = threading.Lock()
+        self._worker = _WorkerCollector(self)
+        self.registry.register(self._worker)
+        self.schema["mmstream_inflight"] = MetricSchema("gauge", ("stage",))
+        self.schema["mmstream_ready"] = MetricSchema("gauge", ("stage",))
+        ProcessCollector(registry=self.registry)
         self.queue_depth = self._make(
             Gauge, "mmstream_queue_depth", "Items waiting in a stage's in-process queue.", ("stage", "lane"))
         self.engine = self._make(
@@ -220,12 +245,32 @@ class Metrics:
     # -- gauges -----------------------------------------------------------------------
 
     def set_inflight(self, stage: str, n: int) -> None:
-        """Set how many items ``stage`` holds now (for stages that count them themselves)."""
-        self.inflight.labels(stage).set(n)
+        """Set how many items ``stage`` holds now (for stages that count them themselves);
+        added to what the app factory counts for it."""
+        with self._inflight_lock:
+            self._own_inflight[stage] = n
 
     def track_inflight(self, stage: str) -> AbstractContextManager[None]:
         """``with metrics.track_inflight(stage):`` raises the gauge for the block's duration."""
-        return self.inflight.labels(stage).track_inprogress()
+        return self._track(stage)
+
+    @contextmanager
+    def _track(self, stage: str) -> Iterator[None]:
+        with self._inflight_lock:
+            self._own_inflight[stage] = self._own_inflight.get(stage, 0) + 1
+        try:
+            yield
+        finally:
+            with self._inflight_lock:
+                self._own_inflight[stage] -= 1
+
+    def inflight(self) -> dict[str, int]:
+        """Items held per stage: counted by the app factory plus set by the stage itself."""
+        with self._inflight_lock:
+            total = dict(self._own_inflight)
+        for stage, n in self.health.inflight().items():
+            total[stage] = total.get(stage, 0) + n
+        return total
 
     def set_queue_depth(self, stage: str, lane: str, n: int) -> None:
         """Set how many items wait in ``stage``'s in-process queue of ``lane``."""
@@ -261,13 +306,61 @@ def request_modality(modalities: Iterable[str]) -> str:
     return next(iter(distinct)) if len(distinct) == 1 else MIXED
 
 
-def serve(port: int, registry: CollectorRegistry, addr: str = "0.0.0.0") -> int:
-    """Serve ``registry`` at ``http://<addr>:<port>/metrics`` from a daemon thread.
+class _WorkerCollector(Collector):
+    """``mmstream_inflight`` and ``mmstream_ready``, read from the worker's state at scrape time."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        inflight = GaugeMetricFamily("mmstream_inflight", "Items a stage holds between consuming and finishing them.",
+                                     labels=("stage",))
+        for stage, n in sorted(self.metrics.inflight().items()):
+            inflight.add_metric((stage,), n)
+        yield inflight
+        ready = GaugeMetricFamily("mmstream_ready", "1 while this worker's readiness checks pass (its /readyz), else 0.",
+                                  labels=("stage",))
+        health = self.metrics.health
+        if health.stage is not None:
+            ready.add_metric((health.stage,), 1.0 if health.ready() else 0.0)
+        yield ready
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a slow scraper never keeps the worker from exiting
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # one line per scrape is noise
+        pass
+
+
+def serve(port: int, registry: CollectorRegistry, addr: str = "0.0.0.0", health: WorkerHealth | None = None) -> int:
+    """Serve ``registry`` at ``http://<addr>:<port>/metrics``, and ``/healthz`` and
+    ``/readyz`` from ``health`` (default: the process's), from a daemon thread.
 
     ``port`` 0 lets the OS pick a free port. Returns the port bound. Raises ``OSError`` if
     the port is taken. The server lives as long as the process.
     """
-    server, _thread = start_http_server(port, addr=addr, registry=registry)
+    health = process_health() if health is None else health
+    metrics_app = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        answer = probe(health, environ.get("PATH_INFO", "/"))
+        if answer is None:
+            return metrics_app(environ, start_response)
+        status, body = answer
+        start_response("200 OK" if status == 200 else "503 Service Unavailable",
+                       [("Content-Type", "application/json"), ("Cache-Control", "no-store")])
+        return [probe_body(body)]
+
+    server_cls = _Server6 if ":" in addr else _Server
+    server = make_server(addr, port, app, server_class=server_cls, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="mmstream-metrics", daemon=True).start()
     return int(server.server_port)
 
 

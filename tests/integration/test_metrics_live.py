@@ -59,3 +59,29 @@ async def test_workers_expose_stage_metrics_after_traffic(pipeline):
         for name, samples in family.items():
             for s in samples:
                 assert "id" not in s.labels, f"{name} has a request-id label"
+
+
+def probe(port: int, path: str) -> tuple[int, dict]:
+    import json
+    import urllib.error
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+async def test_every_running_worker_is_live_ready_and_reports_process_metrics(pipeline):
+    for w in pipeline.supervisor.workers():
+        port = w.metrics_port
+        assert probe(port, "/healthz")[0] == 200, w.stage
+        deadline = asyncio.get_running_loop().time() + 30  # the lag monitor is ready after its first read
+        while (ready := probe(port, "/readyz"))[0] != 200 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(1)
+        assert ready == (200, {"ok": True, "stage": w.stage, "checks": ready[1]["checks"]}), (w.stage, ready)
+        assert all(ready[1]["checks"].values()) and ready[1]["checks"]
+        metrics = scrape(port)
+        assert [s.value for s in metrics["mmstream_ready"]] == [1.0], w.stage
+        assert metrics["process_resident_memory_bytes"][0].value > 0
+        assert "mmstream_inflight" in metrics

@@ -65,8 +65,8 @@ async def _send_raw(client, rid, value, content_type=MSGPACK, lane="rt"):
 async def test_undecodable_bytes_go_to_the_dlq_and_the_router_keeps_going(pipeline):
     async with Client(pipeline.bootstrap, pipeline.prefix) as client:
         marker = new_id()
-        await client._producer.send_and_wait(f"{pipeline.prefix}.ingress.rt", b"\xc1garbage" + marker.encode(),
-                                             headers=[("x-client", marker.encode())])
+        await client._transport.send(f"{pipeline.prefix}.ingress.rt", None, b"\xc1garbage" + marker.encode(),
+                                     [("x-client", marker.encode())])
         ok = await client.submit(Request(id=new_id(), parts=(Part(Modality.TEXT, text="still alive?"),)))
         assert (await ok.result(timeout_s=60)).kind == "result"
     dlq = [r for r in await read_to_end(pipeline.bootstrap, f"{pipeline.prefix}.dlq") if marker.encode() in r.value]

@@ -7,6 +7,7 @@ import math
 from rich.console import Console
 
 from mmstream.top import (
+    frame_json,
     BATCH,
     QUEUE,
     SERVICE,
@@ -82,3 +83,40 @@ def test_frame_shows_every_stage_and_topic() -> None:
     text = console.export_text()
     for word in ("router", "assembler", "encode.text", "mm.ingress.rt"):
         assert word in text
+
+
+def _busy_frame() -> tuple[Sample, Sample]:
+    stages = ("router", "assembler", "encode.text", "encode.image", "encode.audio", "encode.video",
+              "encode.any", "generate", "lagmon")
+    topics = [f"mm.encode.{m}.{lane}" for m in ("text", "image", "audio", "video") for lane in ("rt", "bulk")]
+    before = Sample(1.0, {s: _ws(s, 5) for s in stages}, [LagRow("g", t, 0, 0, 10, 10) for t in topics])
+    slow = {QUEUE: {30.0: 99999, INF: 99999}, SERVICE: {30.0: 99999, INF: 99999}, BATCH: {64: 99999, INF: 99999}}
+    now = Sample(2.0, {**{s: _ws(s, 50) for s in stages}, "encode.video": WorkerSample("encode.video", 12, 10, slow, True)},
+                 [LagRow("g", t, 0, 5, 123456, 123451) for t in topics])
+    return now, before
+
+
+def test_frame_fits_80_columns_without_wrapping_a_cell() -> None:
+    now, before = _busy_frame()
+    console = Console(record=True, width=80, force_terminal=False)
+    console.print(render(now, before, "mm"))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    for name in ("encode.image", "encode.video", "mm.encode.video.bulk", "123451"):
+        assert any(name in line for line in text.splitlines()), f"{name} wrapped or missing"
+    rows = [line for line in text.splitlines() if line.lstrip().startswith(("router", "encode.", "assembler", "generate"))]
+    assert len(rows) == 8, text  # one line per stage: no cell spilled onto a second line
+
+
+def test_json_frame_is_one_document_with_the_same_rows() -> None:
+    import json
+
+    now, before = _busy_frame()
+    line = frame_json(now, before, "mm", 1700000000.0)
+    assert "\n" not in line
+    doc = json.loads(line)
+    assert doc["prefix"] == "mm" and doc["time"] == 1700000000.0
+    assert {s["stage"] for s in doc["stages"]} >= {"router", "encode.video"}
+    assert {t["topic"] for t in doc["topics"]} >= {"mm.encode.text.rt"}
+    video = next(s for s in doc["stages"] if s["stage"] == "encode.video")
+    assert video["slowest"] is True and video["workers"] == "10/12"

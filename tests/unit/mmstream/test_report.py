@@ -66,7 +66,7 @@ def test_compare_two_sweeps_on_the_same_axes(tmp_path: Path) -> None:
     md = write_report([pipe, mono], tmp_path).read_text()
     for name in PLOTS:
         assert _png_ok(tmp_path / name)
-    rows = _rows(md, "| rate | kind |")
+    rows = _rows(md, "| rate (req/s) | kind |")
     assert {r[0] for r in rows} == {fmt(5), fmt(10)}  # only rates both inputs have
     five = next(r for r in rows if r[0] == fmt(5) and r[1] == "text")
     e = pipe["runs"][0]["latency_ms"]["text"]["e2e"]
@@ -92,6 +92,63 @@ def test_bench_compare_command(tmp_path: Path, capsys: pytest.CaptureFixture[str
     bad.write_text(json.dumps({"mode": "pipeline"}))
     out = tmp_path / "report"
     assert cli_main(Namespace(action="compare", inputs=[a, b], report=out), None) == 0
-    assert "| pipeline p50 / p95 / p99 | monolithic p50 / p95 / p99 |" in (out / "report.md").read_text()
+    assert "| pipeline p50 / p95 / p99 (ms) | monolithic p50 / p95 / p99 (ms) |" in (out / "report.md").read_text()
     assert cli_main(Namespace(action="compare", inputs=[a, bad], report=out), None) == 2
     assert "schema" in capsys.readouterr().err
+
+
+def test_p99_curve_is_one_line_per_mode_across_input_files() -> None:
+    from mmstream.report import p99_lines
+
+    single = [[synthetic_run("pipeline", r, seed=r)] for r in (20, 5, 10)]  # three files, one rate each
+    mono = [[synthetic_run("monolithic", r, seed=r) for r in (10, 5)]]
+    lines = p99_lines(single + mono, ["a", "b", "c", "d"])
+    kinds = set(single[0][0]["latency_ms"])
+    assert set(lines) == {f"{mode}: {kind}" for mode in ("pipeline", "monolithic") for kind in kinds}
+    for kind in kinds:
+        pts = lines[f"pipeline: {kind}"]
+        assert len(pts) == 3  # one line through the three files' points, not three points
+        rates = [r["achieved_rate"] for r in sorted((f[0] for f in single), key=lambda r: r["config"]["rate"])]
+        assert [x for x, _ in pts] == rates
+
+
+def test_one_mode_with_two_configs_keeps_two_lines() -> None:
+    from mmstream.report import p99_lines
+
+    on = [synthetic_run("pipeline", r, seed=r) for r in (5, 10)]
+    off = [synthetic_run("pipeline", r, seed=r) for r in (5, 10)]
+    for run in off:
+        run["config"]["levers_off"] = ["cache"]
+    lines = p99_lines([on, off], ["with cache", "no cache"])
+    assert {label.split(":")[0] for label in lines} == {"with cache", "no cache"}
+
+
+def test_log_axis_where_values_span_widely() -> None:
+    from mmstream.report import axis_scale
+
+    assert axis_scale([1.0, 2.0, 15.0]) == "linear"
+    assert axis_scale([0.5, 3.0, 900.0]) == "log"
+    assert axis_scale([0.0, 5.0]) == "linear" and axis_scale([]) == "linear"
+
+
+def test_table_headers_carry_units(tmp_path: Path) -> None:
+    md = write_report([synthetic_run()], tmp_path).read_text()
+    assert "| kind | n | p50 (ms) | p95 (ms) | p99 (ms) | floor (ms) |" in md
+    assert "| kind | stage | queued p50 (ms) |" in md
+
+
+def test_a_missing_matplotlib_is_one_clear_error(tmp_path: Path, monkeypatch) -> None:
+    import builtins
+
+    from mmstream.report import ReportError
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    with pytest.raises(ReportError, match=r"pip install -e '\.\[report\]'"):
+        write_report([synthetic_run()], tmp_path)

@@ -1,6 +1,13 @@
-import pytest
+from pathlib import Path
+from typing import get_args
 
-from schemas.settings import Settings, SettingsError, describe
+import pytest
+from pydantic import ValidationError
+
+from schemas.request import Modality
+from schemas.settings import (ENGINE_PRECISIONS, EnginePrecision, KafkaSettings, Partitioner, Settings,
+                              SettingsError, describe, env_names, redact)
+from streams.policies.partitioning import STRATEGIES
 
 
 def test_defaults_and_env_override():
@@ -18,3 +25,81 @@ def test_bad_value_names_the_variable():
 def test_every_setting_is_documented():
     rows = describe(Settings())
     assert rows and all(doc for _, _, doc in rows)
+
+
+# -- validation at start ----------------------------------------------------------------
+
+@pytest.mark.parametrize("var, value, says", [
+    ("MMSTREAM_KAFKA_PARTITIONS", "-3", "greater than or equal to 1"),
+    ("MMSTREAM_KAFKA_PARTITIONS", "0", "greater than or equal to 1"),
+    ("MMSTREAM_ROUTER_PARTITIONER", "bogus", "least-loaded"),
+    ("MMSTREAM_ENCODER_PRECISION", "fp8", "fp32"),
+    ("MMSTREAM_GENERATOR_SCHEDULER", "dynamic", "continuous"),
+    ("MMSTREAM_MODELS_AUDIO_PRECISION", "fp16", "int8"),
+    ("MMSTREAM_CACHE_ENABLED", "maybe", "boolean"),
+    ("MMSTREAM_KAFKA_BOOTSTRAP", "localhost", "host:port"),
+    ("MMSTREAM_REDIS_URL", "localhost:6379", "redis"),
+    ("MMSTREAM_METRICS_PORT", "70000", "65535"),
+    ("MMSTREAM_ROUTER_SERVED_MODALITIES", "text,Smell!", "Smell!"),  # which names exist: the registry's
+    ("MMSTREAM_VIDEO_FPS", "0", "greater than 0"),
+])
+def test_out_of_range_or_unknown_values_are_refused_naming_the_variable(var, value, says):
+    with pytest.raises(SettingsError) as err:
+        Settings.from_env({var: value})
+    assert str(err.value).startswith(f"{var}={value!r}") and says in str(err.value)
+
+
+def test_checks_across_fields_name_the_section():
+    with pytest.raises(SettingsError, match="MMSTREAM_ADMISSION_.*backpressure_low_ms"):
+        Settings.from_env({"MMSTREAM_ADMISSION_BACKPRESSURE_LOW_MS": "5000"})
+
+
+def test_a_misspelled_variable_is_refused_with_the_closest_name():
+    with pytest.raises(SettingsError, match="MMSTREAM_KAFKA_BOOTSTAP is not a setting; did you mean "
+                                            "MMSTREAM_KAFKA_BOOTSTRAP"):
+        Settings.from_env({"MMSTREAM_KAFKA_BOOTSTAP": "k:1"})
+    with pytest.raises(SettingsError, match="MMSTREAM_NOTHING_LIKE_IT is not a setting"):
+        Settings.from_env({"MMSTREAM_NOTHING_LIKE_IT": "1"})
+    assert Settings.from_env({"OTHER_TOOL_VAR": "x", "PATH": "/bin"}) == Settings()
+
+
+def test_values_parse_to_their_types_and_settings_stay_frozen():
+    s = Settings.from_env({"MMSTREAM_CACHE_ENABLED": "off", "MMSTREAM_VIDEO_FPS": "2.5",
+                           "MMSTREAM_LOCAL_STATE_DIR": "~/somewhere", "MMSTREAM_ENCODER_PRECISION": "int8",
+                           "MMSTREAM_KAFKA_BOOTSTRAP": "a:1, b:2"})
+    assert s.cache.enabled is False and s.video.fps == 2.5 and s.encoder.precision == "int8"
+    assert s.local.state_dir == Path.home() / "somewhere" and s.kafka.bootstrap == "a:1,b:2"
+    with pytest.raises(ValidationError):
+        s.kafka.partitions = 9  # type: ignore[misc]
+    with pytest.raises(ValidationError):
+        KafkaSettings(partitions=2, bogus=1)  # type: ignore[call-arg]
+    assert hash(s) == hash(Settings.from_env({"MMSTREAM_CACHE_ENABLED": "0", "MMSTREAM_VIDEO_FPS": "2.5",
+                                              "MMSTREAM_LOCAL_STATE_DIR": "~/somewhere",
+                                              "MMSTREAM_ENCODER_PRECISION": "int8",
+                                              "MMSTREAM_KAFKA_BOOTSTRAP": "a:1,b:2"}))
+
+
+def test_settings_alone_are_the_defaults_whatever_the_environment(monkeypatch):
+    monkeypatch.setenv("MMSTREAM_KAFKA_PARTITIONS", "9")
+    assert Settings().kafka.partitions == 4
+    assert Settings.from_env().kafka.partitions == 9
+
+
+def test_every_variable_is_named_after_its_section_and_field():
+    names = env_names()
+    assert names["MMSTREAM_KAFKA_TOPIC_PREFIX"] == ("kafka", "topic_prefix")
+    assert names["MMSTREAM_ADMISSION_MAX_QUEUED_MS_RT"] == ("admission", "max_queued_ms_rt")
+    assert len(names) == len(describe(Settings()))
+
+
+def test_value_sets_match_the_code_that_acts_on_them():
+    assert set(get_args(Partitioner)) == set(STRATEGIES)
+    assert ENGINE_PRECISIONS == get_args(EnginePrecision)
+
+
+def test_passwords_in_urls_are_never_described():
+    s = Settings.from_env({"MMSTREAM_REDIS_URL": "redis://user:s3cret@cache:6379/0"})
+    assert s.redis.url.endswith("s3cret@cache:6379/0")  # the code still gets the real URL
+    shown = dict((var, value) for var, value, _ in describe(s))
+    assert shown["MMSTREAM_REDIS_URL"] == "redis://user:***@cache:6379/0"
+    assert redact("redis://:pw@h:1/0") == "redis://:***@h:1/0" and redact("redis://h:1/0") == "redis://h:1/0"

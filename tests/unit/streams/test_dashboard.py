@@ -19,6 +19,7 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from streams.health import WorkerHealth
 from streams.lagmon import LagRow
 from streams.metrics import Metrics, MetricSchema
 
@@ -28,9 +29,15 @@ ALERTS = REPO / "infra" / "prometheus" / "alerts.yml"
 
 # Added by Prometheus to every scraped series.
 TARGET_LABELS = {"job", "instance"}
+# Series that are not ours: Prometheus' per-target ``up`` and the process collector on
+# every registry (checked against its real output below).
+FOREIGN_SERIES = {"up": set(), "process_cpu_seconds_total": set(), "process_resident_memory_bytes": set(),
+                  "process_virtual_memory_bytes": set(), "process_open_fds": set(), "process_max_fds": set(),
+                  "process_start_time_seconds": set()}
 OPERATOR_WORDS = {"and", "or", "unless", "bool", "offset"}
 FUNCTIONS = {"sum", "avg", "min", "max", "count", "topk", "bottomk", "rate", "irate", "increase", "deriv",
-             "histogram_quantile", "clamp_min", "clamp_max", "abs", "max_over_time", "avg_over_time", "label_replace"}
+             "histogram_quantile", "clamp_min", "clamp_max", "abs", "max_over_time", "avg_over_time", "label_replace",
+             "absent", "vector"}
 GROUPING = r"\b(by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)"
 
 
@@ -54,19 +61,19 @@ def exposed_series(schema: dict[str, MetricSchema]) -> dict[str, set[str]]:
     return out
 
 
-SERIES = exposed_series(Metrics().schema)
-
-
 def scan(expr: str) -> tuple[dict[str, set[str]], set[str]]:
     """(series name -> labels matched on it, labels of grouping clauses) of one expression.
-    Raises AssertionError on an identifier that is neither a function, a keyword nor a series."""
+    Raises AssertionError on an identifier that is neither a function, a keyword nor a series.
+    Labels that ``label_replace`` creates are left out of the grouping labels."""
+    made = set(re.findall(r'label_replace\([^,]+,\s*"(\w+)"', expr))
     expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # strings may hold anything
     expr = re.sub(r"\[[^\]]*\]", "", expr)  # range selectors, incl. $__rate_interval
     selected: dict[str, set[str]] = {}
     for m in re.finditer(r"([a-zA-Z_:][\w:]*)\s*\{([^}]*)\}", expr):
         selected.setdefault(m.group(1), set()).update(re.findall(r"([a-zA-Z_]\w*)\s*(?:=~|!~|!=|=)", m.group(2)))
     expr = re.sub(r"\{[^}]*\}", "", expr)
-    grouping = {label.strip() for m in re.finditer(GROUPING, expr) for label in m.group(2).split(",") if label.strip()}
+    grouping = {label.strip() for m in re.finditer(GROUPING, expr) for label in m.group(2).split(",")
+                if label.strip()} - made
     expr = re.sub(GROUPING, "", expr)
     for m in re.finditer(r"(?<![\w.])([a-zA-Z_:][\w:]*)(\s*\()?", expr):
         word, call = m.group(1), m.group(2)
@@ -83,10 +90,26 @@ def dashboard_queries() -> list[tuple[str, str, str]]:
     return [(p["title"], t["expr"], t.get("legendFormat", "")) for p in dash["panels"] for t in p["targets"]]
 
 
+RULES = [r for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]]
+
+
+def recorded_series() -> dict[str, set[str]]:
+    """Series the recording rules make: their labels are the rule's grouping labels (plus
+    those ``label_replace`` makes) and the rule's own ``labels``."""
+    out: dict[str, set[str]] = {}
+    for r in (r for r in RULES if "record" in r):
+        grouping = {label.strip() for m in re.finditer(GROUPING, r["expr"]) for label in m.group(2).split(",")}
+        out.setdefault(r["record"], set()).update({g for g in grouping if g} | set(r.get("labels", {})))
+    return out
+
+
+SERIES = {**exposed_series(Metrics().schema), **FOREIGN_SERIES, **recorded_series()}
+
+
 def alert_queries() -> list[tuple[str, str, str]]:
-    rules = yaml.safe_load(ALERTS.read_text())
-    return [(r["alert"], r["expr"], r.get("annotations", {}).get("summary", ""))
-            for g in rules["groups"] for r in g["rules"]]
+    """Every rule that reads series (the KEDA limits are constants: test_k8s.py checks them)."""
+    return [(r.get("alert") or r["record"], r["expr"], r.get("annotations", {}).get("summary", ""))
+            for r in RULES if not r["expr"].startswith("vector(")]
 
 
 QUERIES = dashboard_queries() + alert_queries()
@@ -119,7 +142,7 @@ def test_the_scanner_catches_drift() -> None:
 
 
 def test_suffix_rules_match_what_prometheus_client_exposes() -> None:
-    m = Metrics()
+    m = Metrics(health=WorkerHealth())
     m.observe_span("route", "text", "rt", 1.0, 1.0)
     m.observe_batch("encode.text", 2)
     m.observe_e2e("text", "rt", 1.0)
@@ -135,12 +158,13 @@ def test_suffix_rules_match_what_prometheus_client_exposes() -> None:
     m.set_queue_depth("route", "rt", 1)
     m.set_engine("encode.text", {"model": "m", "version": "1", "precision": "fp32", "provider": "cpu",
                                  "backend": "onnxruntime"})
+    m.health.stage = "route"
     exposed: dict[str, set[str]] = {}
     for fam in text_string_to_metric_families(generate_latest(m.registry).decode()):
         for s in fam.samples:
             if not s.name.endswith("_created"):
                 exposed.setdefault(s.name, set()).update(s.labels)
-    assert exposed == SERIES
+    assert exposed == {k: v for k, v in SERIES.items() if k != "up" and k not in recorded_series()}
 
 
 def test_dashboard_uses_the_datasource_variable_everywhere() -> None:
@@ -151,3 +175,31 @@ def test_dashboard_uses_the_datasource_variable_everywhere() -> None:
         assert all(t["datasource"]["uid"] == "${DS_PROMETHEUS}" for t in p["targets"]), p["title"]
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
+
+
+def test_dashboard_has_template_variables_and_uses_only_defined_ones() -> None:
+    dash = json.loads(DASHBOARD.read_text())
+    defined = {v["name"] for v in dash["templating"]["list"]}
+    assert {"group", "stage", "lane"} <= defined
+    for title, expr, _ in dashboard_queries():
+        used = set(re.findall(r"\$(\w+)", expr)) - {"__rate_interval", "__interval"}
+        assert used <= defined, f"{title}: undefined variable(s) {used - defined}"
+    for v in dash["templating"]["list"]:
+        if v["type"] == "query":
+            selected, _ = scan(v["definition"].removeprefix("label_values(").rsplit(",", 1)[0])
+            assert set(selected) <= set(SERIES), v["name"]
+
+
+def test_current_lag_per_stage_and_lane_and_worker_health_are_at_the_top() -> None:
+    dash = json.loads(DASHBOARD.read_text())
+    top = [p for p in dash["panels"] if p["gridPos"]["y"] == 0]
+    lag_now = next(p for p in top if "Lag now" in p["title"])
+    target = lag_now["targets"][0]
+    assert target.get("instant") and "mmstream:consumer_lag:by_group_lane" in target["expr"]
+    assert any("up{" in t["expr"] and any("mmstream_ready" in u["expr"] for u in p["targets"])
+               for p in top for t in p["targets"])
+    assert any('mmstream_ready{stage="lagmon"}' in t["expr"] for p in top for t in p["targets"])
+    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
+    for needed in ("histogram_quantile(0.99", "mmstream_cache_requests_total", "mmstream_admission_decisions_total",
+                   "process_cpu_seconds_total", "mmstream_inflight", "rate("):
+        assert needed in exprs, needed

@@ -3,7 +3,9 @@ an agent expects. Also the pure parts of the lag monitor (offsets to rows to gau
 
 from __future__ import annotations
 
+import json
 import re
+import urllib.error
 import urllib.request
 
 import prometheus_client
@@ -13,7 +15,8 @@ from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from streams.lagmon import LagRow, consumed_topics, lag_rows, pipeline_groups, subscriptions
+from streams.health import WorkerHealth
+from streams.lagmon import LagMonitor, LagRow, consumed_topics, lag_rows, pipeline_groups, subscriptions
 from streams.metrics import ENGINE_FIELDS, LATENCY_BUCKETS_S, Metrics, request_modality, serve
 
 ALLOWED_LABELS = {"stage", "modality", "lane", "outcome", "code", "result", "decision", "topic", "partition", "group",
@@ -51,7 +54,7 @@ def test_each_metrics_has_its_own_registry_and_a_registry_holds_one():
 
 def test_names_units_and_labels_follow_the_conventions():
     m = Metrics()
-    families = {f.name: f.type for f in m.registry.collect()}
+    families = {f.name: f.type for f in m.registry.collect() if f.name.startswith("mmstream_")}
     assert families == {name: s.type for name, s in m.schema.items()}
     for name, schema in m.schema.items():
         assert re.fullmatch(r"mmstream_[a-z][a-z0-9_]*", name), name
@@ -177,12 +180,86 @@ def test_request_modality():
 
 
 def test_serve_on_a_free_port():
-    m = Metrics()
+    m = Metrics(health=WorkerHealth())
     m.request_done("route", "ok")
-    port = serve(0, m.registry, addr="127.0.0.1")
+    port = serve(0, m.registry, addr="127.0.0.1", health=m.health)
     assert port > 0
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         assert 'mmstream_requests_total{outcome="ok",stage="route"} 1.0' in resp.read().decode()
+
+
+def get(port: int, path: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_healthz_and_readyz_follow_the_checks():
+    health = WorkerHealth()
+    m = Metrics(health=health)
+    port = serve(0, m.registry, addr="127.0.0.1", health=health)
+    assert get(port, "/healthz")[0] == 200  # alive before anything registers
+    assert get(port, "/readyz") == (503, {"ok": False, "stage": None, "checks": {}})  # nothing says ready yet
+    state = {"running": False, "crashed": False}
+    health.stage = "encode.text"
+    health.require("faust:encode.text", ready=lambda: state["running"], live=lambda: not state["crashed"])
+    assert get(port, "/readyz")[0] == 503 and value(m, "mmstream_ready", stage="encode.text") == 0
+    state["running"] = True
+    assert get(port, "/readyz") == (200, {"ok": True, "stage": "encode.text", "checks": {"faust:encode.text": True}})
+    assert value(m, "mmstream_ready", stage="encode.text") == 1
+    health.require("broken", ready=lambda: 1 / 0)  # a check that raises is a failing check
+    assert get(port, "/readyz")[1]["checks"] == {"faust:encode.text": True, "broken": False}
+    state["crashed"] = True
+    assert get(port, "/healthz") == (503, {"ok": False, "stage": "encode.text", "checks": {"faust:encode.text": False}})
+
+
+def test_process_metrics_are_on_every_registry():
+    names = {f.name for f in Metrics().registry.collect()}
+    assert {"process_cpu_seconds", "process_resident_memory_bytes", "process_open_fds"} <= names
+
+
+def test_inflight_adds_what_the_app_counts_to_what_the_stage_sets():
+    health = WorkerHealth()
+    m = Metrics(health=health)
+    health.set_inflight("encode.text", 5)
+    m.set_inflight("encode.text", 2)
+    assert value(m, "mmstream_inflight", stage="encode.text") == 7
+
+
+async def test_a_faust_app_reports_ready_once_started_and_counts_held_records():
+    from streams.app import _HeldRecords
+
+    sensor = _HeldRecords()
+
+    class Msg:
+        def __init__(self) -> None:
+            self.acked = False
+
+    held = [Msg() for _ in range(3)]
+    for i, msg in enumerate(held):
+        sensor.on_message_in(None, i, msg)
+    held[0].acked = True
+    assert sensor.held() == 2
+
+
+def test_the_app_factory_registers_its_checks():
+    from schemas.settings import Settings
+    from streams.app import create_app
+
+    health = WorkerHealth()
+    create_app(Settings(), "assembler", 0, health)
+    assert health.stage == "assembler"
+    assert health.readiness() == {"faust:assembler": False}  # not started
+    assert health.liveness() == {"faust:assembler": True}
+
+
+def test_the_lag_monitor_is_ready_while_its_reads_are_recent():
+    mon = LagMonitor("127.0.0.1:1", "mm", Metrics(health=WorkerHealth()), interval_s=5.0)
+    assert not mon.fresh(now=100.0)
+    mon.last_ok_at = 100.0
+    assert mon.fresh(now=114.0) and not mon.fresh(now=116.0)
 
 
 # -- lag: offsets -> rows -> gauges ------------------------------------------------------
