@@ -1,0 +1,89 @@
+"""What a batch costs an engine, learned from the batches it ran. Pure.
+
+A transformer's batch of ``n`` rows padded to ``L`` tokens costs about
+``c0 + c1·n·L + c2·n·L²`` milliseconds: a fixed call overhead, work per padded token, and
+attention, which grows with the square of the length. An image model sees one fixed-size
+input per row (``L`` = 1), so only ``c0 + c1·n`` matters. ``BatchCostModel`` starts from a
+prior (or a calibration run at start-up), then refits those three coefficients by least
+squares over the last ``window`` batches it was told about.
+
+It answers the questions the stage and the router ask:
+
+- ``predict(n, L)``: ms of one batch (the batcher's budget is in these ms);
+- ``per_item_ms(L)``: ms one item of length ``L`` costs when it rides in the batch it
+  would get (as many peers as the budget allows): what queued work is worth;
+- ``rows_within(L, max_ms)``: how many rows of length ``L`` fit in ``max_ms``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    rows: int
+    length: float
+    ms: float
+
+
+class BatchCostModel:
+    def __init__(self, prior: tuple[float, float, float], window: int = 256, min_fit: int = 12,
+                 max_batch_size: int = 16, max_batch_ms: float = 50.0) -> None:
+        if window < 4 or max_batch_size < 1 or max_batch_ms <= 0:
+            raise ValueError("invalid cost model limits")
+        self.coef = tuple(float(c) for c in prior)
+        self.window: deque[Observation] = deque(maxlen=window)
+        self.min_fit = min_fit
+        self.max_batch_size = max_batch_size
+        self.max_batch_ms = max_batch_ms
+
+    def predict(self, rows: int, length: float) -> float:
+        c0, c1, c2 = self.coef
+        tokens = rows * length
+        return max(0.0, c0 + c1 * tokens + c2 * tokens * length)
+
+    def observe(self, rows: int, length: float, ms: float) -> None:
+        """One batch that ran: ``rows`` rows padded to ``length`` took ``ms``."""
+        if rows < 1 or length <= 0 or ms < 0:
+            return
+        self.window.append(Observation(rows, float(length), float(ms)))
+        if len(self.window) >= self.min_fit:
+            self._fit()
+
+    def calibrate(self, observations: list[Observation]) -> None:
+        """Start from timed batches (the worker's start-up run) instead of the prior."""
+        for o in observations:
+            self.window.append(o)
+        if observations:
+            self._fit(force=True)
+
+    def rows_within(self, length: float, max_ms: float | None = None) -> int:
+        """Most rows of ``length`` one batch may hold under ``max_ms`` (at least 1)."""
+        limit = self.max_batch_ms if max_ms is None else max_ms
+        rows = 1
+        while rows < self.max_batch_size and self.predict(rows + 1, length) <= limit:
+            rows += 1
+        return rows
+
+    def per_item_ms(self, length: float) -> float:
+        rows = self.rows_within(length)
+        return self.predict(rows, length) / rows
+
+    def _fit(self, force: bool = False) -> None:
+        obs = list(self.window)
+        x = np.array([[1.0, o.rows * o.length, o.rows * o.length * o.length] for o in obs])
+        y = np.array([o.ms for o in obs])
+        if not force and np.ptp(x[:, 1]) == 0:  # every batch the same size: nothing to separate
+            return
+        coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+        c0, c1, c2 = (float(c) for c in coef)
+        # Costs never shrink with more work: clip what noise made negative, and refit the rest.
+        if c2 < 0 or c1 < 0 or c0 < 0:
+            c0, c1, c2 = max(c0, 0.0), max(c1, 0.0), max(c2, 0.0)
+            if c1 == 0.0 and c2 == 0.0:
+                c1 = float(np.sum(y) / max(np.sum(x[:, 1]), 1e-9))
+        self.coef = (c0, c1, c2)

@@ -1,0 +1,156 @@
+"""The shape every stage shares: a service on the stage's Faust app that owns a ``StageIO``,
+polls it in a loop and hands each batch of records to the stage.
+
+A stage subclasses ``RecordStage`` and implements ``handle(records)``; it finishes each
+record exactly once, through ``io.deliver(outs, inputs)`` (finished when its outputs are
+with the broker) or ``io.finish(inputs)``. ``handle`` must not raise for one bad record:
+what a record can do wrong ends as an error event or a dead letter. An exception that
+escapes anyway is logged and the batch's records are dead-lettered, so one bug costs its
+records, never the stage.
+
+rt before bulk: the stage's rt topics are polled together with its bulk topics, and
+``handle`` sees rt records first; while the rt backlog (records not yet polled, known
+locally) is over ``rt_backlog_records``, the bulk topics are paused, so bulk records wait
+in the broker instead of in this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Sequence
+
+import faust
+import mode
+from aiokafka import TopicPartition
+from aiokafka.structs import ConsumerRecord
+
+from schemas.settings import Settings
+from streams.produce import Out, dead_letter
+from streams.runtime.io import IOSettings, StageIO
+from streams.topics import TopicNames
+
+log = logging.getLogger(__name__)
+
+
+def io_settings(settings: Settings, group_id: str) -> IOSettings:
+    k = settings.kafka
+    return IOSettings(bootstrap=k.bootstrap, group_id=group_id, client_kwargs=client_kwargs(settings),
+                      max_message_bytes=k.max_message_bytes, fetch_max_wait_ms=k.fetch_max_wait_ms,
+                      linger_ms=k.linger_ms, commit_interval_s=k.commit_interval_ms / 1000.0)
+
+
+def client_kwargs(settings: Settings) -> dict[str, Any]:
+    """Options every Kafka client of the pipeline passes (security lives here)."""
+    return {}
+
+
+class RecordStage(mode.Service):
+    """A stage's record loop on its Faust app. Subclasses set ``stage`` and implement ``handle``."""
+
+    stage = "stage"
+    poll_timeout_ms = 100
+
+    def __init__(self, app: faust.App, settings: Settings, rt_topics: Sequence[str], bulk_topics: Sequence[str],
+                 rt_backlog_records: int | None = None, **kwargs: Any) -> None:
+        self.app = app
+        self.settings = settings
+        self.names = TopicNames(settings.kafka.topic_prefix)
+        self.rt_topics = list(rt_topics)
+        self.bulk_topics = list(bulk_topics)
+        self.rt_backlog_records = (settings.admission.rt_backlog_records if rt_backlog_records is None
+                                   else rt_backlog_records)
+        self.bulk_paused = False
+        self.io = StageIO(io_settings(settings, app.conf.id), [*self.rt_topics, *self.bulk_topics],
+                          on_assigned=self.on_assigned, on_revoked=self.on_revoked,
+                          on_failed_output=self.on_failed_output)
+        super().__init__(loop=app.loop, **kwargs)
+
+    def install(self) -> "RecordStage":
+        """Start with the app: the app's worker starts and stops this service."""
+        self.app.service(self)
+        return self
+
+    # -- what stages implement -------------------------------------------------------------
+
+    async def handle(self, records: list[ConsumerRecord]) -> None:
+        raise NotImplementedError
+
+    async def on_assigned(self, tps: set[TopicPartition]) -> None:
+        """Partitions this replica now owns (restore state here)."""
+
+    async def on_revoked(self, tps: set[TopicPartition]) -> None:
+        """Partitions taken away: drop queued work of theirs (the next owner repeats it)."""
+
+    def on_failed_output(self, out: Out, exc: BaseException) -> Out | None:
+        """A record the broker refuses for good: dead-letter its metadata by default."""
+        if out.topic == self.names.dlq:
+            return None
+        return dead_letter(self.names.dlq, out.key, b"", f"internal: could not send to {out.topic}: {exc!r}",
+                           source=self.stage)
+
+    def lane_of(self, record: ConsumerRecord) -> str:
+        return "bulk" if record.topic in self.bulk_topics else "rt"
+
+    def backlog_rt(self) -> int:
+        return sum(self.io.backlog(t) for t in self.rt_topics)
+
+    def bulk_gate(self, hold: bool) -> None:
+        """Pause (``hold``) or resume the bulk topics; idempotent."""
+        if hold and not self.bulk_paused:
+            for t in self.bulk_topics:
+                self.io.pause(t)
+            self.bulk_paused = True
+            log.info("%s: holding bulk (rt backlog %d)", self.stage, self.backlog_rt())
+        elif not hold and self.bulk_paused:
+            for t in self.bulk_topics:
+                self.io.resume(t)
+            self.bulk_paused = False
+            log.info("%s: taking bulk again", self.stage)
+
+    # -- the loop --------------------------------------------------------------------------
+
+    async def on_start(self) -> None:
+        await self.io.start()
+
+    async def on_started(self) -> None:
+        self.add_future(self._poll_forever())
+
+    async def on_stop(self) -> None:
+        await self.io.stop()
+
+    def should_take_bulk(self) -> bool:
+        """Whether to fetch bulk now: by default while the rt backlog is small."""
+        return self.backlog_rt() <= self.rt_backlog_records
+
+    async def _poll_forever(self) -> None:
+        while not self.should_stop:
+            try:
+                if self.bulk_topics:
+                    self.bulk_gate(not self.should_take_bulk())
+                records = await self.io.poll(self.poll_timeout_ms)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the broker away, a rebalance: poll again
+                log.warning("%s: poll failed: %r", self.stage, exc)
+                await asyncio.sleep(0.5)
+                continue
+            if not records:
+                await self.idle()
+                continue
+            records.sort(key=lambda r: r.topic in self.bulk_topics)  # rt first, offset order kept
+            try:
+                await self.handle(records)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.exception("%s: a batch of %d records failed; dead-lettering it", self.stage, len(records))
+                self.io.deliver([dead_letter(self.names.dlq, r.key, r.value, f"internal: {self.stage} failed: {exc!r}",
+                                             headers=r.headers, source=_where(r)) for r in records], records)
+
+    async def idle(self) -> None:
+        """Called when a poll returned nothing (stages with timers use it)."""
+
+
+def _where(r: ConsumerRecord) -> str:
+    return f"{r.topic}[{r.partition}]@{r.offset}"

@@ -1,0 +1,38 @@
+"""The batch cost model learns c0 + c1·n·L + c2·n·L² from what batches took."""
+
+import random
+
+from streams.policies.cost_model import BatchCostModel, Observation
+
+
+def test_it_recovers_the_coefficients_of_noisy_batches() -> None:
+    true = (1.0, 0.05, 0.0004)
+    m = BatchCostModel(prior=(10.0, 1.0, 0.0))
+    rng = random.Random(3)
+    for _ in range(200):
+        n, L = rng.randint(1, 16), rng.choice([16, 32, 64, 128, 256])
+        ms = true[0] + true[1] * n * L + true[2] * n * L * L
+        m.observe(n, L, ms * rng.uniform(0.95, 1.05))
+    assert abs(m.predict(8, 64) - (1.0 + 0.05 * 512 + 0.0004 * 512 * 64)) < 2.0
+    assert abs(m.predict(1, 256) - (1.0 + 0.05 * 256 + 0.0004 * 256 * 256)) < 3.0
+
+
+def test_short_items_ride_in_bigger_batches_and_cost_less_each() -> None:
+    m = BatchCostModel(prior=(2.0, 0.05, 0.0002), max_batch_size=16, max_batch_ms=50.0)
+    assert m.rows_within(16) == 16 and m.rows_within(256) < 4
+    assert m.per_item_ms(16) < m.predict(1, 16)
+    assert m.predict(m.rows_within(128), 128) <= 50.0
+
+
+def test_calibration_replaces_the_prior_and_costs_never_go_negative() -> None:
+    m = BatchCostModel(prior=(100.0, 100.0, 100.0))
+    m.calibrate([Observation(1, 16, 2.0), Observation(8, 16, 6.0), Observation(1, 128, 8.0), Observation(4, 128, 30.0)])
+    assert m.predict(1, 16) < 5.0
+    assert all(c >= 0 for c in m.coef)
+
+
+def test_images_fit_per_row() -> None:
+    m = BatchCostModel(prior=(0.0, 10.0, 0.0))
+    for n in (1, 2, 4, 8, 1, 3, 6, 8, 2, 5, 7, 4):
+        m.observe(n, 1, 1.5 + 4.0 * n)
+    assert abs(m.predict(8, 1) - 33.5) < 0.5
