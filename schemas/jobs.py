@@ -105,10 +105,28 @@ class DeadlineTick(_Job):
     TYPE = "tick"
 
 
-FAN_IN_TYPES = {c.TYPE: c for c in (Manifest, EncodedPart, DeadlineTick)}
+@dataclass(frozen=True, slots=True)
+class Verdict(_Job):
+    """The router's answer to a request that needs no encoding (a rejection, an invalid
+    request it could still read an id from, a whole answer from the result cache). It goes
+    to the assembler like a manifest, so that every event a client sees is sent by the one
+    stage that keeps each request's state and answers it exactly once."""
+
+    id: str
+    tenant: str
+    lane: str
+    reply_to: str
+    events: list[dict[str, Any]]
+    """Event maps (schemas.events) to send in order; the last one is terminal."""
+    sent_at_ms: float
+
+    TYPE = "verdict"
 
 
-def fan_in_from_wire(m: Any) -> Manifest | EncodedPart | DeadlineTick:
+FAN_IN_TYPES = {c.TYPE: c for c in (Manifest, EncodedPart, DeadlineTick, Verdict)}
+
+
+def fan_in_from_wire(m: Any) -> Manifest | EncodedPart | DeadlineTick | Verdict:
     """Decode a message of the encoded topic; raises ``ValueError`` naming the field."""
     kind = m.get("type") if isinstance(m, dict) else None
     cls = FAN_IN_TYPES.get(kind) if isinstance(kind, str) else None

@@ -1,51 +1,36 @@
-"""Observed engine cost per unit of work, shared through Redis so the router's admission
-and routing follow what the encoders really take (instead of fixed guesses).
+"""What encoders tell the router through Redis: their load, and which model answers each
+modality. Both sides are best effort: Redis down only means the router keeps its last
+numbers (and, past their staleness, treats the pool as idle).
 
-Each encoder pool keeps an EWMA of milliseconds per unit (tokens for text, images or frames
-for the image pool, clips for audio) over its batches, and publishes it every few seconds
-into the hash ``mm:cost:<prefix>``; the router reads the hash when it refreshes its load
-view. Both sides are best effort: Redis down only means the last (or default) numbers stay.
+- ``publish_load`` / ``read_loads``: each encoder replica's load report (see
+  ``streams.load``), a field of the hash ``mm:load:<prefix>`` named by stage and replica,
+  refreshed a few times a second.
+- ``publish_identity`` / ``read_identities``: model identities, for the whole-result cache key.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 
-def cost_key(topic_prefix: str) -> str:
-    return f"mm:cost:{topic_prefix}"
+def load_key(topic_prefix: str) -> str:
+    return f"mm:load:{topic_prefix}"
 
 
-@dataclass
-class CostObserver:
-    """EWMA of ms per unit for one modality (pure; the encoder feeds it after each batch)."""
-
-    alpha: float = 0.2
-    ms_per_unit: float | None = None
-
-    def observe(self, units: float, service_ms: float) -> None:
-        if units <= 0 or service_ms < 0:
-            return
-        seen = service_ms / units
-        self.ms_per_unit = seen if self.ms_per_unit is None else (1 - self.alpha) * self.ms_per_unit + self.alpha * seen
+async def publish_load(redis: Any, topic_prefix: str, replica: str, report: dict[str, Any]) -> None:
+    await _hset(redis, load_key(topic_prefix), replica, json.dumps(report, separators=(",", ":")))
 
 
-async def publish(redis: Any, topic_prefix: str, modality: str, observer: CostObserver) -> None:
-    if observer.ms_per_unit is None:
-        return
-    await _hset(redis, cost_key(topic_prefix), modality, f"{observer.ms_per_unit:.6f}")
-
-
-async def read(redis: Any, topic_prefix: str) -> dict[str, float]:
-    """modality -> ms per unit as published; {} when Redis cannot be read."""
+async def read_loads(redis: Any, topic_prefix: str) -> dict[str, dict[str, Any]]:
+    """replica -> its last report; {} when Redis cannot be read."""
     out = {}
-    for k, v in (await _hgetall(redis, cost_key(topic_prefix))).items():
+    for k, v in (await _hgetall(redis, load_key(topic_prefix))).items():
         try:
-            out[_text(k)] = float(v)
+            out[_text(k)] = json.loads(_text(v))
         except (TypeError, ValueError):
             continue
     return out

@@ -28,6 +28,10 @@ ANY = "any"
 """The shared encode topic of the no-routing baseline (one generic pool for every modality)."""
 
 
+DONE_RETENTION_MS = 3_600_000
+"""How long the done markers stay: past the longest deadline a request can be replayed for."""
+
+
 @dataclass(frozen=True, slots=True)
 class TopicSpec:
     name: str
@@ -61,9 +65,14 @@ class TopicNames:
         return f"{self.prefix}.dlq"
 
     @property
-    def assembly_changelog(self) -> str:
-        """Faust's name for the changelog of table ``assembly`` in app ``<prefix>-assembler``."""
-        return f"{self.prefix}-assembler-assembly-changelog"
+    def assembler_done(self) -> str:
+        """Requests the assembler answered (compacted; partitioned like the encoded topics)."""
+        return f"{self.prefix}.assembler.done"
+
+    @property
+    def generator_done(self) -> str:
+        """Generations the generator finished (compacted; partitioned like the generate topics)."""
+        return f"{self.prefix}.generator.done"
 
 
 def topic_specs(kafka: KafkaSettings) -> list[TopicSpec]:
@@ -80,10 +89,13 @@ def topic_specs(kafka: KafkaSettings) -> list[TopicSpec]:
             specs.append(TopicSpec(names.encode(modality, lane), n, f"{modality} encode jobs, {lane} lane", big))
         specs.append(TopicSpec(names.encoded(lane), n, f"fan-in to the assembler, {lane} lane", big))
         specs.append(TopicSpec(names.generate(lane), n, f"generate jobs, {lane} lane", big))
-    # Faust would create the assembler table's changelog itself, but a topic created during
-    # the group join can miss the first assignment and leave the table without partitions.
-    specs.append(TopicSpec(names.assembly_changelog, n, "assembler fan-in state (Faust table changelog)",
-                           {**big, "cleanup.policy": "compact"}))
+    # Which requests were answered: read back by a replica that takes over a partition, so a
+    # replayed request is not answered twice. Compacted (one record per request), and
+    # deleted after a while: only requests whose records can still be replayed matter.
+    done = {"cleanup.policy": "compact,delete", "retention.ms": str(DONE_RETENTION_MS),
+            "segment.ms": str(DONE_RETENTION_MS // 4)}
+    specs.append(TopicSpec(names.assembler_done, n, "requests the assembler answered", done))
+    specs.append(TopicSpec(names.generator_done, n, "generations the generator finished", done))
     specs.append(TopicSpec(names.results, n, "default reply topic", big))
     specs.append(TopicSpec(names.dlq, 1, "undecodable input with original headers", big))
     return specs

@@ -87,7 +87,12 @@ class RecordStage(mode.Service):
         if out.topic == self.names.dlq:
             return None
         return dead_letter(self.names.dlq, out.key, b"", f"internal: could not send to {out.topic}: {exc!r}",
-                           source=self.stage)
+                           source=self.stage, max_bytes=self.settings.kafka.max_message_bytes)
+
+    def dlq(self, r: ConsumerRecord, reason: str) -> Out:
+        """The dead letter of input record ``r``: ``reason`` starts with a stable code."""
+        return dead_letter(self.names.dlq, r.key, r.value, reason, headers=r.headers, source=_where(r),
+                           max_bytes=self.settings.kafka.max_message_bytes)
 
     def lane_of(self, record: ConsumerRecord) -> str:
         return "bulk" if record.topic in self.bulk_topics else "rt"
@@ -145,8 +150,7 @@ class RecordStage(mode.Service):
                 raise
             except Exception as exc:
                 log.exception("%s: a batch of %d records failed; dead-lettering it", self.stage, len(records))
-                self.io.deliver([dead_letter(self.names.dlq, r.key, r.value, f"internal: {self.stage} failed: {exc!r}",
-                                             headers=r.headers, source=_where(r)) for r in records], records)
+                self.io.deliver([self.dlq(r, f"internal: {self.stage} failed: {exc!r}") for r in records], records)
 
     async def idle(self) -> None:
         """Called when a poll returned nothing (stages with timers use it)."""

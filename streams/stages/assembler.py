@@ -1,174 +1,263 @@
-"""The assembler stage: a Faust agent that is thin glue around ``assembly.step``. It handles
-errors per message and never crashes on input."""
+"""The assembler stage: fan-in of each request's parts, and every client-visible event of an
+embed request — sent exactly once.
+
+It reads the encoded topics (keyed by request id, so one partition holds all of a request):
+manifests from the router, encoded parts from the encoders, and the router's verdicts (a
+rejection or a whole cached answer). ``streams.assembly.step`` is the pure state machine;
+this module keeps its state in memory and carries its decisions out:
+
+- a request's first manifest: its ``accepted`` event;
+- its last part (or its deadline, checked by a sweep in this process): its terminal event,
+  or for a generate request the assembled job for the generator;
+- a verdict: its events.
+
+Exactly once, through crashes, without a state changelog: a request's input records are
+finished (so their offsets can be committed) only when its answer and its *done marker*
+(a small record on the compacted ``<prefix>.assembler.done`` topic) are with the broker.
+A replica that takes over a partition first reads the done markers (answered requests),
+then the records it is about to replay, and looks on their reply topics for events already
+sent (an answer whose marker had not landed when the last owner died); the replay then
+rebuilds the state of the requests still open and sends only what was never sent.
+
+Bounds: at most ``max_pending`` open requests (new manifests past it are answered
+``overloaded``); parts without a manifest are kept ``orphan_ttl_ms`` at most (and never
+answered); finished requests are remembered ``retention_ms`` so late duplicates are dropped.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import replace
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
 import faust
+from aiokafka import TopicPartition
+from aiokafka.structs import ConsumerRecord
 
 from schemas.codec import DecodeError, unpack
 from schemas.errors import ErrorCode, WireError
 from schemas.events import Event, EventKind
-from schemas.jobs import DeadlineTick, Manifest, fan_in_from_wire
+from schemas.jobs import DeadlineTick, Manifest, Verdict, fan_in_from_wire
 from schemas.settings import Settings
 from schemas.trace import now_ms
-from streams import topic_reader
-from streams.app import raw_topic, topic_names
-from streams.assembly import Assembly, AssemblyPolicy, due_at, step
-from streams.lanes import install_lane_priority
+from streams.assembly import Assembly, AssemblyPolicy, Step, step
 from streams.lifecycle import RequestStatus
 from streams.metrics import Metrics, request_modality
-from streams.produce import Out, dead_letter, out_map, record_source, send_all
+from streams.produce import Out, out_map
 from streams.result_cache import ResultCache
-from streams.topics import LANES
+from streams.runtime.recovery import done_marker, recover
+from streams.runtime.stage import RecordStage
 
 log = logging.getLogger(__name__)
 
-TICK_RESEND_MS = 1000.0
-RETRY_DELAYS_S = (0.2, 1.0, 3.0)
+
+@dataclass
+class Open:
+    """One request being assembled on this replica."""
+
+    state: Assembly
+    records: list[ConsumerRecord] = field(default_factory=list)
+    """Its input records: finished together once it is answered."""
+    accepted_sent: bool = False
 
 
-def install_assembler(app: faust.App, settings: Settings, metrics: Metrics) -> None:
-    names = topic_names(settings)
-    max_record = settings.kafka.max_message_bytes
-    a = settings.assembler
-    results = ResultCache(settings.redis.url, settings.cache.ttl_result_s) \
-        if settings.cache.enabled and settings.cache.whole_result else None
-    policy = AssemblyPolicy(retention_ms=float(a.retention_ms), orphan_ttl_ms=float(a.orphan_ttl_ms))
-    table = app.Table("assembly", key_type=bytes, value_type=bytes, partitions=settings.kafka.partitions)
-    # id -> (epoch ms when a tick is due, lane). Rebuilt from the table after every
-    # rebalance; kept current by the agent in between.
-    due: dict[str, tuple[float, str]] = {}
-    source = raw_topic(app, *(names.encoded(lane) for lane in LANES))
-    install_lane_priority(app, settings.kafka.bootstrap, settings.kafka.topic_prefix, names.encoded("rt"),
-                          names.encoded("bulk"), settings.admission.rt_backlog_records)
+@dataclass
+class PartitionState:
+    open: dict[str, Open] = field(default_factory=dict)
+    done: dict[str, float] = field(default_factory=dict)
+    """Answered request id -> when (epoch ms): late duplicates are dropped."""
+    done_order: deque[tuple[float, str]] = field(default_factory=deque)
+    sent: dict[str, set[tuple[str, int]]] = field(default_factory=dict)
+    """Events a previous owner already sent for requests being replayed."""
 
-    @table.on_recover
-    async def rebuild_index() -> None:
-        due.clear()
-        for key, raw in table.items():
-            try:
-                state = Assembly.from_bytes(raw)
-            except Exception:
-                log.exception("assembler: unreadable state for %r; dropping it from the sweep", key)
+    def mark_done(self, rid: str, at: float) -> None:
+        self.done[rid] = at
+        self.done_order.append((at, rid))
+
+
+class AssemblerStage(RecordStage):
+    stage = "assemble"
+
+    def __init__(self, app: faust.App, settings: Settings, metrics: Metrics) -> None:
+        names_prefix = settings.kafka.topic_prefix
+        super().__init__(app, settings, [f"{names_prefix}.encoded.rt"], [f"{names_prefix}.encoded.bulk"])
+        a = settings.assembler
+        self.metrics = metrics
+        self.policy = AssemblyPolicy(retention_ms=float(a.retention_ms), orphan_ttl_ms=float(a.orphan_ttl_ms))
+        self.max_pending = a.max_pending
+        self.sweep_s = a.sweep_interval_ms / 1000.0
+        self.partitions: dict[TopicPartition, PartitionState] = {}
+        self.results = (ResultCache(settings.redis.url, settings.cache.ttl_result_s)
+                        if settings.cache.enabled and settings.cache.whole_result else None)
+
+    # -- records -------------------------------------------------------------------------
+
+    async def handle(self, records: list[ConsumerRecord]) -> None:
+        now = now_ms()
+        for r in records:
+            tp = TopicPartition(r.topic, r.partition)
+            part = self.partitions.get(tp)
+            if part is None:  # revoked while this batch was on its way
                 continue
-            due[key.decode()] = (due_at(state, policy), state.lane)
-        log.info("assembler: %d requests tracked after recovery", len(due))
+            try:
+                msg = fan_in_from_wire(unpack(r.value))
+            except (DecodeError, ValueError, TypeError, RecursionError) as exc:
+                self.metrics.to_dlq(self.stage)
+                self.io.deliver([self.dlq(r, f"invalid_request: undecodable fan-in message: {exc}")], [r])
+                continue
+            self._apply(part, r, msg, now)
 
-    async def handle(event: Any) -> None:
-        lane = event.message.topic.rsplit(".", 1)[-1]
-        try:
-            msg = fan_in_from_wire(unpack(event.value))
-        except (DecodeError, ValueError) as exc:
-            log.warning("assembler: to DLQ: %s", exc)
-            metrics.to_dlq("assemble")
-            await send_all(app.producer, [dead_letter(names.dlq, event.key, event.value,
-                                                      f"undecodable fan-in message: {exc}", event.headers,
-                                                      record_source(event), max_bytes=max_record)])
+    def _apply(self, part: PartitionState, r: ConsumerRecord, msg: Any, now: float) -> None:
+        rid = msg.id
+        if rid in part.done or isinstance(msg, DeadlineTick):
+            self.io.finish([r])  # a late duplicate (or a tick from an older version): nothing to do
             return
-        key = msg.id.encode()
-        raw = table.get(key)
-        state = Assembly.from_bytes(raw) if raw else None
-        if state is not None and state.pending is not None:
-            state = await finish_delivery(key, state)
-        now = now_ms()
-        if state is None and isinstance(msg, Manifest) and len(due) >= a.max_pending:
-            err = WireError(ErrorCode.OVERLOADED, "the assembler is tracking its maximum of requests")
-            await send_all(app.producer, [out_map(msg.reply_to, msg.id,
-                                                  Event(msg.id, EventKind.ERROR, 1, now, error=err.to_wire()).to_wire())])
+        if isinstance(msg, Verdict):
+            self._verdict(part, r, msg, now)
             return
-        result = step(state, msg, now, policy, lane=lane)
-        answer = None
-        if result.forward is not None:  # a generate request goes on; the generator answers it
-            answer = out_map(names.generate(result.forward.lane), msg.id, result.forward.to_wire())
-        elif result.emit is not None and result.reply_to:
-            answer = out_map(result.reply_to, msg.id, result.emit.to_wire())
-        if answer is not None and result.state is not None:
-            await deliver(key, result.state, answer)
-            if result.emit is not None:
-                _observe_terminal(metrics, result.emit, result.state)
-                m = result.state.manifest
-                if results is not None and m is not None and m.result_key and result.state.status == RequestStatus.FINISHED:
-                    await results.put(m.result_key, result.emit.payload or {})  # a complete answer only
-            else:
-                metrics.request_done("assemble", "ok")
+        entry = part.open.get(rid)
+        if entry is None:
+            if isinstance(msg, Manifest) and self._open_count() >= self.max_pending:
+                self._overloaded(part, r, msg, now)
+                return
+            entry = Open(Assembly(status=RequestStatus.ACCEPTED, first_seen_ms=now, lane=self.lane_of(r)))
+            part.open[rid] = entry
+        result = step(entry.state, msg, now, self.policy, lane=self.lane_of(r))
         if not result.changed:
+            self.io.finish([r])  # a duplicate part or manifest: the first one counts
             return
-        if result.state is None:
-            if key in table:
-                del table[key]
-            due.pop(msg.id, None)
-        else:
-            table[key] = result.state.to_bytes()
-            due[msg.id] = (due_at(result.state, policy), result.state.lane)
+        entry.records.append(r)
+        entry.state = result.state
+        if isinstance(msg, Manifest) and not entry.accepted_sent:
+            entry.accepted_sent = True
+            m = msg
+            accepted = Event(m.id, EventKind.ACCEPTED, 0, m.accepted_at_ms,
+                             payload={"task": m.task, "parts": m.n_parts, "deadline_at_ms": m.deadline_at_ms})
+            if ("accepted", 0) not in part.sent.get(rid, ()):
+                self.io.deliver([out_map(m.reply_to, m.id, accepted.to_wire())])
+        if result.emit is not None or result.forward is not None:
+            self._answer(part, rid, entry, result)
 
-    async def deliver(key: bytes, state: Assembly, answer: Out) -> None:
-        """Exactly one answer per request, through crashes: record the intent and flush it
-        to the changelog, then send, then (in the caller) record the tombstone."""
-        table[key] = replace(state, pending=(answer.topic, answer.value)).to_bytes()
-        await app.producer.flush()  # the intent is durable before the answer exists
-        await send_all(app.producer, [answer])
+    def _answer(self, part: PartitionState, rid: str, entry: Open, result: Step) -> None:
+        state = result.state
+        assert state is not None and state.manifest is not None
+        m = state.manifest
+        outs: list[Out] = []
+        if result.forward is not None:  # a generate request goes on; the generator answers it
+            outs.append(out_map(self.names.generate(result.forward.lane), m.id, result.forward.to_wire()))
+            self.metrics.request_done(self.stage, "ok")
+        elif result.emit is not None:
+            if ("terminal", result.emit.seq) not in part.sent.get(rid, ()):
+                outs.append(out_map(m.reply_to, m.id, result.emit.to_wire()))
+            _observe_terminal(self.metrics, result.emit, state)
+            if self.results is not None and m.result_key and state.status == RequestStatus.FINISHED:
+                asyncio.ensure_future(self.results.put(m.result_key, result.emit.payload or {}))  # complete answers only
+        outs.append(self._done_marker(rid, m.reply_to, state.done_at_ms or now_ms()))
+        self.io.deliver(outs, entry.records)
+        part.open.pop(rid, None)
+        part.sent.pop(rid, None)
+        part.mark_done(rid, state.done_at_ms or now_ms())
 
-    async def finish_delivery(key: bytes, state: Assembly) -> Assembly:
-        """A request found mid-delivery (the assembler died between sending and recording):
-        send its answer only if the topic does not hold it already."""
-        topic, value = state.pending
-        since = (state.done_at_ms or state.first_seen_ms) - 5_000.0  # clock skew margin
-        if await topic_reader.contains(settings.kafka.bootstrap, topic, key, value, since):
-            log.info("assembler: %s was answered before a restart; not answering again", key.decode())
-        else:
-            log.info("assembler: %s was not answered before a restart; answering now", key.decode())
-            await send_all(app.producer, [Out(topic, key, value, out_map(topic, key, {}).headers)])
-        done = replace(state, pending=None)
-        table[key] = done.to_bytes()
-        return done
-
-    async def give_up(event: Any, exc: Exception) -> None:
-        """A message that keeps failing: park it in the DLQ and, if it is a manifest,
-        answer its client with `internal` so the request does not hang unanswered."""
-        metrics.to_dlq("assemble")
-        outs = [dead_letter(names.dlq, event.key, event.value, f"{ErrorCode.INTERNAL}: assembler failed: {exc!r}",
-                            event.headers, record_source(event), max_bytes=max_record)]
-        try:
-            msg = fan_in_from_wire(unpack(event.value))
-            if isinstance(msg, Manifest):
-                err = WireError(ErrorCode.INTERNAL, "the assembler could not track this request")
-                outs.append(out_map(msg.reply_to, msg.id,
-                                    Event(msg.id, EventKind.ERROR, 1, now_ms(), error=err.to_wire()).to_wire()))
-        except (DecodeError, ValueError):
-            pass
-        await send_all(app.producer, outs)
-
-    @app.agent(source, name="assemble")
-    async def assemble(stream: Any) -> None:
-        async for event in stream.events():
-            where = record_source(event)
-            for delay in (*RETRY_DELAYS_S, None):
-                try:
-                    await handle(event)
-                    break
-                except Exception as exc:  # infrastructure trouble: retry, then never silently drop
-                    if delay is None:
-                        log.exception("assembler: giving up on %s", where)
-                        await give_up(event, exc)
-                    else:
-                        log.warning("assembler: %s failed (%r); retrying in %.1fs", where, exc, delay)
-                        await asyncio.sleep(delay)
-
-    @app.timer(a.sweep_interval_ms / 1000.0, name="sweep")
-    async def sweep() -> None:
-        now = now_ms()
+    def _verdict(self, part: PartitionState, r: ConsumerRecord, v: Verdict, now: float) -> None:
+        sent = part.sent.pop(v.id, set())
         outs = []
-        for rid, (at, lane) in list(due.items()):
-            if at <= now:
-                outs.append(out_map(names.encoded(lane), rid, DeadlineTick(rid).to_wire()))
-                due[rid] = (now + TICK_RESEND_MS, lane)
-        if outs:
-            await send_all(app.producer, outs)
+        for ev in v.events:
+            mark = ("terminal", ev.get("seq")) if ev.get("kind") in ("result", "error") else (ev.get("kind"), ev.get("seq"))
+            if mark not in sent:
+                outs.append(out_map(v.reply_to, v.id, ev))
+        outs.append(self._done_marker(v.id, v.reply_to, now))
+        self.io.deliver(outs, [r])
+        stray = part.open.pop(v.id, None)  # parts of a request the router answered itself
+        if stray is not None:
+            self.io.finish(stray.records)
+        part.mark_done(v.id, now)
+
+    def _overloaded(self, part: PartitionState, r: ConsumerRecord, m: Manifest, now: float) -> None:
+        err = WireError(ErrorCode.OVERLOADED, "the assembler is tracking its maximum of requests")
+        ev = Event(m.id, EventKind.ERROR, 0, now, error=err.to_wire())
+        self.io.deliver([out_map(m.reply_to, m.id, ev.to_wire()), self._done_marker(m.id, m.reply_to, now)], [r])
+        part.mark_done(m.id, now)
+        self.metrics.request_done(self.stage, "error", str(ErrorCode.OVERLOADED))
+
+    def _done_marker(self, rid: str, reply_to: str, at: float) -> Out:
+        return done_marker(self.names.assembler_done, rid, reply_to, at)
+
+    def _open_count(self) -> int:
+        return sum(sum(1 for e in p.open.values() if e.state.manifest is not None) for p in self.partitions.values())
+
+    # -- time ----------------------------------------------------------------------------
+
+    async def on_started(self) -> None:
+        await super().on_started()
+        self.add_future(self._sweep_forever())
+
+    async def _sweep_forever(self) -> None:
+        while not self.should_stop:
+            await asyncio.sleep(self.sweep_s)
+            try:
+                self.sweep(now_ms())
+            except Exception:  # the sweep must outlive its own bugs: deadlines depend on it
+                log.exception("assembler: sweep failed; next one in %.1fs", self.sweep_s)
+
+    def sweep(self, now: float) -> None:
+        """Deadlines, expired orphans and expired tombstones. Orphans (parts without a
+        manifest) are finished unanswered: forged or stale, they never complete a request."""
+        for part in list(self.partitions.values()):
+            for rid, entry in list(part.open.items()):
+                state = entry.state
+                if state.manifest is None:
+                    if now - state.first_seen_ms >= self.policy.orphan_ttl_ms:
+                        part.open.pop(rid, None)
+                        self.io.finish(entry.records)
+                    continue
+                if now >= state.manifest.deadline_at_ms:
+                    result = step(state, DeadlineTick(rid), now, self.policy, lane=state.lane)
+                    if result.emit is not None or result.forward is not None:
+                        entry.state = result.state
+                        self._answer(part, rid, entry, result)
+            while part.done_order and now - part.done_order[0][0] >= self.policy.retention_ms:
+                at, rid = part.done_order.popleft()
+                if part.done.get(rid) == at:
+                    del part.done[rid]
+        self.metrics.set_inflight(self.stage, self._open_count())
+
+    # -- ownership -----------------------------------------------------------------------
+
+    async def on_assigned(self, tps: set[TopicPartition]) -> None:
+        started = now_ms()
+        for tp in tps:
+            self.partitions[tp] = PartitionState()
+        assert self.io.consumer is not None
+        k = self.settings.kafka
+        try:
+            found = await recover(self.io.consumer, k.bootstrap, self.io.settings.client_kwargs, k.max_message_bytes,
+                                  self.names.assembler_done, tps, _opens, started, self.policy.retention_ms)
+        except Exception:
+            log.exception("assembler: recovery of %s failed; replayed requests may be answered again", tps)
+            return
+        for tp, done in found.done.items():
+            part = self.partitions[tp]
+            for rid, at in sorted(done.items(), key=lambda kv: kv[1]):
+                part.mark_done(rid, at)
+            part.sent.update(found.sent)  # ids are unique to their partition; extra keys are harmless
+        log.info("assembler: took over %s in %.0f ms", sorted(f"{t.topic}[{t.partition}]" for t in tps),
+                 now_ms() - started)
+
+    async def on_revoked(self, tps: set[TopicPartition]) -> None:
+        for tp in tps:
+            self.partitions.pop(tp, None)  # the next owner replays what was open here
+
+
+def _opens(rec: ConsumerRecord) -> tuple[str, str] | None:
+    """(id, reply topic) of a record that opens a request the assembler answers."""
+    msg = fan_in_from_wire(unpack(rec.value))
+    return (msg.id, msg.reply_to) if isinstance(msg, (Manifest, Verdict)) else None
+
+
+def _where(r: ConsumerRecord) -> str:
+    return f"{r.topic}[{r.partition}]@{r.offset}"
 
 
 def _observe_terminal(metrics: Metrics, event: Event, state: Assembly | None) -> None:
@@ -185,3 +274,7 @@ def _observe_terminal(metrics: Metrics, event: Event, state: Assembly | None) ->
         metrics.request_done("assemble", "error", event.error.get("code"))
     else:
         metrics.request_done("assemble", "ok")
+
+
+def install_assembler(app: faust.App, settings: Settings, metrics: Metrics) -> None:
+    AssemblerStage(app, settings, metrics).install()

@@ -1,133 +1,179 @@
-"""The encoder stage: consume one modality's encode topics (rt and bulk), micro-batch,
-run the engine off the event loop, and send one encoded part per job to the assembler.
+"""The encoder stage: one modality's encode jobs in, one encoded part per job out, with the
+engine kept busy.
 
-Intake agents only queue jobs (bounded, and without acknowledging them); one batching
-loop asks the pure ``MicroBatcher`` what to run next, runs it in a single engine thread so
-the consumer keeps polling and heartbeating while a batch runs, sends the outputs, and only
-then acknowledges the inputs. A crash therefore repeats jobs (the assembler ignores
-duplicates) but never loses one.
+Three hands work at once, so the engine never waits for I/O:
+
+- the record loop (``handle``) decodes jobs, answers expired ones, and hands the rest to
+- the prep thread, which fetches claim-checked bytes, does the CPU work before the model
+  (tokenize, decode and resize) and asks the reuse cache (one MGET per polled batch): hits
+  are answered at once, misses are queued by lane with their real cost (tokens);
+- the engine thread, which runs the batch the pure ``MicroBatcher`` picks (rt first,
+  length-aware, its budget in milliseconds predicted by a ``BatchCostModel`` that learns
+  from every batch). Its outputs are handed to the producer without waiting: the next
+  batch starts while the broker acknowledges the last one; the job records are finished
+  (committable) once their outputs are acknowledged.
+
+Intake is bounded: past ``max_queue`` jobs held (preparing, queued or running) the stage's
+topics are paused until it is back under three quarters of that. A few times a second the
+stage reports its queued work (ms, per partition) and what one more item costs it, for the
+router's admission (``streams.load``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
-from collections import deque
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import faust
-import numpy as np
+import redis.asyncio
+from aiokafka.structs import ConsumerRecord
 
-from schemas.codec import ERROR_HEADER, DecodeError, unpack
+from schemas.codec import DecodeError, unpack
 from schemas.errors import ErrorCode, WireError
 from schemas.jobs import EncodedPart, EncodeJob
 from schemas.settings import Settings
 from schemas.tensor import to_wire
 from schemas.trace import Span, now_ms
 from streams import costs
-from streams.app import raw_topic, topic_names
+from streams.load import merge_item_costs
 from streams.metrics import Metrics
 from streams.policies.batching import Batch, BatchLimits, MicroBatcher, Pending, Wait
-from streams.produce import Out, out_map, send_all
-from streams.topics import LANES
-from workers.outputs import Encoded
+from streams.policies.cost_model import BatchCostModel, Observation
+from streams.produce import Out, out_map
+from streams.runtime.stage import RecordStage
+from workers.outputs import Encoded, EncoderRunner, Prepared
 
 log = logging.getLogger(__name__)
 
-SEND_RETRY_S = (0.1, 0.5, 1.0, 2.0, 5.0)
-COST_PUBLISH_S = 2.0
+REPORT_S = 0.25
+TEXT_LENGTHS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
 @dataclass(frozen=True, slots=True)
-class Job:
-    job: EncodeJob
-    event: Any
+class Held:
+    """A job between its record and its output."""
+
+    prepared: Prepared
+    record: ConsumerRecord
+    key: str | None
+    """Its reuse-cache key (None: not cached)."""
 
 
-# run_batch(items) -> one output (or the item's exception) per item, in order.
-BatchFn = Callable[[Sequence[EncodeJob]], list["Encoded | np.ndarray | Exception"]]
-
-
-class EncoderLoop:
-    """The batching loop of one encoder worker (any modality)."""
-
-    def __init__(self, app: faust.App, settings: Settings, metrics: Metrics, modality: str, run_batch: BatchFn,
-                 cost: Callable[[EncodeJob], float], wire_dtype: str = "float16") -> None:
+class EncoderStage(RecordStage):
+    def __init__(self, app: faust.App, settings: Settings, metrics: Metrics, modality: str, runner: EncoderRunner,
+                 wire_dtype: str = "float16") -> None:
+        names_prefix = settings.kafka.topic_prefix
+        super().__init__(app, settings, [f"{names_prefix}.encode.{modality}.rt"], [f"{names_prefix}.encode.{modality}.bulk"])
         e = settings.encoder
-        self.app = app
-        self.metrics = metrics
-        self.names = topic_names(settings)
-        self.modality = modality
         self.stage = f"encode.{modality}"
-        self.run_batch = run_batch
-        self.cost = cost
+        self.modality = modality
+        self.metrics = metrics
+        self.runner = runner
         self.wire_dtype = wire_dtype
-        self.batcher: MicroBatcher[Job] = MicroBatcher(
-            BatchLimits(e.max_batch_size, e.max_wait_ms / 1000.0, float(e.max_batch_tokens)))
-        self.queues: dict[str, deque[Pending[Job]]] = {str(lane): deque() for lane in LANES}
-        self.space = asyncio.Semaphore(e.max_queue)
+        self.lengths = TEXT_LENGTHS if runner.variable_length else (1,)
+        self.model = BatchCostModel(runner.cost_prior, max_batch_size=e.max_batch_size, max_batch_ms=e.max_batch_ms)
+        self.batcher: MicroBatcher[Held] = MicroBatcher(
+            BatchLimits(e.max_batch_size, e.max_wait_ms / 1000.0, e.max_batch_ms,
+                        grouping=e.grouping if runner.variable_length else "fifo"),
+            batch_cost=lambda cs: self.model.predict(len(cs), max(cs)))
+        self.queues: dict[str, list[Pending[Held]]] = {"rt": [], "bulk": []}
+        self.held = 0
+        self.max_queue = e.max_queue
+        self.paused = False
         self.wake = asyncio.Event()
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"engine-{modality}")
-        self.cost_observer = costs.CostObserver()
-        self.identity = ""
-        """name/version/precision/preprocessing of the model, published for the result cache."""
-        self.redis_url = settings.redis.url
-        self._redis: Any = None
+        self.engine = ThreadPoolExecutor(1, thread_name_prefix=f"engine-{modality}")
+        self.prep = ThreadPoolExecutor(1, thread_name_prefix=f"prep-{modality}")
+        self.running_ms = 0.0
+        self.replica = f"{self.stage}/{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.redis = redis.asyncio.Redis.from_url(settings.redis.url, socket_timeout=0.2, socket_connect_timeout=0.2)
 
-    def install(self) -> None:
-        for lane in LANES:
-            self._install_intake(str(lane))
+    # -- intake --------------------------------------------------------------------------
 
-        @self.app.task
-        async def batches() -> None:
-            await self.run_forever()
+    async def handle(self, records: list[ConsumerRecord]) -> None:
+        now = now_ms()
+        jobs: list[tuple[EncodeJob, ConsumerRecord]] = []
+        for r in records:
+            try:
+                job = EncodeJob.from_wire(unpack(r.value))
+            except (DecodeError, ValueError, TypeError, RecursionError) as exc:
+                self.metrics.to_dlq(self.stage)
+                self.metrics.request_done(self.stage, "dlq")
+                self.io.deliver([self.dlq(r, f"invalid_request: undecodable encode job: {exc}")], [r])
+                continue
+            if job.deadline_at_ms <= now:
+                self.io.deliver([self._failed(job, _deadline_error())], [r])
+                continue
+            jobs.append((job, r))
+        if not jobs:
+            return
+        self.held += len(jobs)
+        self._flow()
+        asyncio.ensure_future(self._prepare(jobs))
 
-        @self.app.timer(COST_PUBLISH_S, name=f"costs-{self.modality}")
-        async def publish_costs() -> None:
-            if self._redis is None:
-                import redis.asyncio
-
-                self._redis = redis.asyncio.Redis.from_url(self.redis_url, socket_timeout=0.2,
-                                                           socket_connect_timeout=0.2)
-            await costs.publish(self._redis, self.names.prefix, self.modality, self.cost_observer)
-            if self.identity:
-                await costs.publish_identity(self._redis, self.names.prefix, self.modality, self.identity)
-
-    def _install_intake(self, lane: str) -> None:
-        topic = raw_topic(self.app, self.names.encode(self.modality, lane))
-
-        @self.app.agent(topic, name=f"intake-{self.modality}-{lane}")
-        async def intake(stream: Any) -> None:
-            async for event in stream.noack().events():
-                await self.space.acquire()
-                try:
-                    await self._admit(event, lane)
-                except Exception:
-                    log.exception("%s: intake failed on offset %s", self.stage, event.message.offset)
-                    self.space.release()
-                    event.ack()
-
-    async def _admit(self, event: Any, lane: str) -> None:
+    async def _prepare(self, jobs: list[tuple[EncodeJob, ConsumerRecord]]) -> None:
+        """Prep thread: bytes, preprocessing and the cache lookup for one polled batch."""
+        loop = asyncio.get_running_loop()
         try:
-            job = EncodeJob.from_wire(unpack(event.value))
-        except (DecodeError, ValueError) as exc:
-            self.metrics.to_dlq(self.stage)
-            self.metrics.request_done(self.stage, "dlq")
-            await self._finish([Out(self.names.dlq, event.key, bytes(event.value or b""),
-                                    [(ERROR_HEADER, f"undecodable encode job: {exc}".encode()[:1000])])], [event])
-            return
-        if job.deadline_at_ms <= now_ms():
-            await self._finish([self._failed(job, _deadline_error())], [event])
-            return
-        self.queues[lane].append(Pending(Job(job, event), self.cost(job), time.monotonic()))
-        self.metrics.set_queue_depth(self.stage, lane, len(self.queues[lane]))
+            ready = await loop.run_in_executor(self.prep, self.runner.prepare_many, [j for j, _ in jobs])
+        except Exception as exc:  # the runner isolates items; this is a bug
+            log.exception("%s: preparing %d jobs failed", self.stage, len(jobs))
+            ready = [exc] * len(jobs)
+        now = time.monotonic()
+        for (job, record), item in zip(jobs, ready):
+            if isinstance(item, Exception):
+                self._answer_one(job, record, item)
+            elif isinstance(item, Encoded):  # a reuse-cache hit
+                self._answer_one(job, record, item)
+            else:
+                prepared, key = item
+                lane = "bulk" if record.topic in self.bulk_topics else "rt"
+                self.queues[lane].append(Pending(Held(prepared, record, key), prepared.length, now))
+        for lane, q in self.queues.items():
+            self.metrics.set_queue_depth(self.stage, lane, len(q))
         self.wake.set()
 
-    async def run_forever(self) -> None:
-        while True:
+    def _answer_one(self, job: EncodeJob, record: ConsumerRecord, result: Any, span: list[Any] | None = None) -> None:
+        self.io.deliver([self._output(job, result, span)], [record])
+        self.held -= 1
+        self._flow()
+
+    def _flow(self) -> None:
+        """Pause every input topic while too many jobs are held; resume under 3/4 of it."""
+        if not self.paused and self.held >= self.max_queue:
+            self.paused = True
+            for t in (*self.rt_topics, *self.bulk_topics):
+                self.io.pause(t)
+        elif self.paused and self.held < self.max_queue * 3 // 4:
+            self.paused = False
+            for t in (*self.rt_topics, *self.bulk_topics):
+                self.io.resume(t)
+            self.bulk_paused = False  # the loop re-applies the rt-first gate
+
+    def should_take_bulk(self) -> bool:
+        return not self.paused and self.backlog_rt() <= self.rt_backlog_records and not self.queues["rt"]
+
+    # -- the engine ----------------------------------------------------------------------
+
+    async def on_started(self) -> None:
+        await super().on_started()
+        loop = asyncio.get_running_loop()
+        try:
+            timed = await loop.run_in_executor(self.engine, self.runner.calibrate)
+            self.model.calibrate([Observation(n, length, ms) for n, length, ms in timed])
+            log.info("%s: batch cost model %s", self.stage, tuple(round(c, 5) for c in self.model.coef))
+        except Exception:
+            log.exception("%s: calibration failed; starting from the prior cost model", self.stage)
+        self.add_future(self._batches_forever())
+        self.add_future(self._report_forever())
+
+    async def _batches_forever(self) -> None:
+        while not self.should_stop:
             decision = self.batcher.next_batch(self.queues["rt"], self.queues["bulk"], time.monotonic())
             if decision is None or isinstance(decision, Wait):
                 self.wake.clear()
@@ -142,47 +188,62 @@ class EncoderLoop:
             except Exception:
                 log.exception("%s: batch failed", self.stage)
 
-    async def _run(self, batch: Batch[Job]) -> None:
+    async def _run(self, batch: Batch[Held]) -> None:
+        chosen = {id(p) for p in batch.items}
         queue = self.queues[batch.lane]
-        for _ in batch.items:
-            queue.popleft()
+        queue[:] = [p for p in queue if id(p) not in chosen]
         self.metrics.set_queue_depth(self.stage, batch.lane, len(queue))
         now = now_ms()
-        live = [p.item for p in batch.items if p.item.job.deadline_at_ms > now]
-        outs = [self._failed(p.item.job, _deadline_error()) for p in batch.items if p.item.job.deadline_at_ms <= now]
-        if live:
-            started = now_ms()
-            loop = asyncio.get_running_loop()
-            try:
-                results = await loop.run_in_executor(self.executor, self.run_batch, [j.job for j in live])
-            except Exception as exc:  # the batch function isolates items; this is a bug
-                log.exception("%s: engine call failed", self.stage)
-                results = [exc] * len(live)
-            finished = now_ms()
-            if len(results) != len(live):
-                log.error("%s: engine returned %d outputs for %d inputs", self.stage, len(results), len(live))
-                results = [RuntimeError("engine returned a wrong number of outputs")] * len(live)
-            self.metrics.observe_batch(self.stage, len(live))
-            self.cost_observer.observe(sum(self.cost(j.job) for j in live), finished - started)
-            for j, r in zip(live, results):
-                span = Span(self.stage, j.job.sent_at_ms, started, finished).to_wire()
-                self.metrics.observe_span(self.stage, self._modality(j.job), j.job.lane, started - j.job.sent_at_ms,
-                                          finished - started)
-                if isinstance(r, Exception):
-                    err = r if isinstance(r, WireError) else WireError(ErrorCode.INTERNAL, f"{self.stage} failed: {r}")
-                    outs.append(self._failed(j.job, err, span))
-                else:
-                    self.metrics.request_done(self.stage, "ok")
-                    out = r if isinstance(r, Encoded) else Encoded(r, {})
-                    outs.append(out_map(self.names.encoded(j.job.lane), j.job.id, EncodedPart(
-                        id=j.job.id, part=j.job.part, modality=self._modality(j.job), sent_at_ms=now_ms(),
-                        embedding=to_wire(out.embedding, self.wire_dtype), extras=out.extras,
-                        trace=j.job.trace + [span], chunk=j.job.chunk, cache=out.cache).to_wire()))
-        await self._finish(outs, [p.item.event for p in batch.items])
+        live = [p.item for p in batch.items if p.item.prepared.job.deadline_at_ms > now]
+        for p in batch.items:
+            if p.item.prepared.job.deadline_at_ms <= now:
+                self._answer_one(p.item.prepared.job, p.item.record, _deadline_error())
+        if not live:
+            return
+        rows, length = len(live), max(h.prepared.length for h in live)
+        self.running_ms = self.model.predict(rows, length)
+        started = now_ms()
+        try:
+            results = await asyncio.get_running_loop().run_in_executor(
+                self.engine, self.runner.run, [h.prepared for h in live])
+        except Exception as exc:  # the runner isolates items; this is a bug
+            log.exception("%s: engine call failed", self.stage)
+            results = [exc] * len(live)
+        finished = now_ms()
+        self.running_ms = 0.0
+        if len(results) != len(live):
+            log.error("%s: engine returned %d outputs for %d inputs", self.stage, len(results), len(live))
+            results = [RuntimeError("engine returned a wrong number of outputs")] * len(live)
+        self.metrics.observe_batch(self.stage, rows)
+        self.model.observe(rows, length, finished - started)
+        writes = []
+        for h, r in zip(live, results):
+            job = h.prepared.job
+            span = Span(self.stage, job.sent_at_ms, started, finished).to_wire()
+            self.metrics.observe_span(self.stage, self._modality(job), job.lane, started - job.sent_at_ms, finished - started)
+            if isinstance(r, Encoded) and h.key is not None:
+                writes.append((h.key, r))
+                r = Encoded(r.embedding, r.extras, cache="miss")
+            self._answer_one(job, h.record, r, span)
+        if writes:
+            asyncio.get_running_loop().run_in_executor(self.prep, self.runner.store, writes)
+
+    # -- outputs -------------------------------------------------------------------------
 
     def _modality(self, job: EncodeJob) -> str:
         """The part's modality (a generic pool, ``any``, serves several)."""
         return job.modality if self.modality == "any" else self.modality
+
+    def _output(self, job: EncodeJob, result: Any, span: list[Any] | None) -> Out:
+        if isinstance(result, Exception):
+            err = result if isinstance(result, WireError) else WireError(ErrorCode.INTERNAL, f"{self.stage} failed: {result}")
+            return self._failed(job, err, span)
+        self.metrics.request_done(self.stage, "ok")
+        out = result if isinstance(result, Encoded) else Encoded(result, {})
+        part = EncodedPart(id=job.id, part=job.part, modality=self._modality(job), sent_at_ms=now_ms(),
+                           embedding=to_wire(out.embedding, self.wire_dtype), extras=out.extras,
+                           trace=job.trace + ([span] if span else []), chunk=job.chunk, cache=out.cache)
+        return out_map(self.names.encoded(job.lane), job.id, part.to_wire())
 
     def _failed(self, job: EncodeJob, err: WireError, span: list[Any] | None = None) -> Out:
         self.metrics.request_done(self.stage, "error", str(err.code))
@@ -192,26 +253,38 @@ class EncoderLoop:
                            error=err.to_wire(), trace=job.trace + ([span] if span else []), chunk=job.chunk)
         return out_map(self.names.encoded(job.lane), job.id, part.to_wire())
 
-    async def _finish(self, outs: list[Out], events: list[Any]) -> None:
-        """Deliver outputs, then acknowledge their inputs and free their queue slots."""
-        for delay in (*SEND_RETRY_S, None):
+    # -- load reports --------------------------------------------------------------------
+
+    def report(self) -> dict[str, Any]:
+        """What this replica holds and what one more item costs it (see ``streams.load``)."""
+        parts: dict[str, float] = {}
+        queued = self.running_ms
+        for q in self.queues.values():
+            for p in q:
+                ms = self.model.per_item_ms(p.cost)
+                queued += ms
+                key = f"{p.item.record.topic}:{p.item.record.partition}"
+                parts[key] = parts.get(key, 0.0) + ms
+        typical = self.model.per_item_ms(self.lengths[len(self.lengths) // 2])
+        for topic in (*self.rt_topics, *self.bulk_topics):
+            unfetched = self.io.backlog(topic)
+            queued += unfetched * typical
+        return {"stage": self.stage, "at": now_ms(), "queued_ms": round(queued, 3),
+                "partitions": {k: round(v, 3) for k, v in parts.items()},
+                "item_ms": merge_item_costs((length, self.model.per_item_ms(length)) for length in self.lengths)}
+
+    async def _report_forever(self) -> None:
+        prefix = self.settings.kafka.topic_prefix
+        published_identity = False
+        while not self.should_stop:
+            await asyncio.sleep(REPORT_S)
             try:
-                await send_all(self.app.producer, outs)
-                break
-            except Exception as exc:
-                if delay is None:
-                    # Leave the inputs unacknowledged: they are delivered again after a
-                    # restart or rebalance rather than lost.
-                    log.error("%s: could not deliver %d outputs, leaving inputs for redelivery: %r",
-                              self.stage, len(outs), exc)
-                    for _ in events:
-                        self.space.release()
-                    return
-                log.warning("%s: send failed (%r); retrying in %.1fs", self.stage, exc, delay)
-                await asyncio.sleep(delay)
-        for ev in events:
-            ev.ack()
-            self.space.release()
+                await costs.publish_load(self.redis, prefix, self.replica, self.report())
+                if not published_identity and self.runner.identity:
+                    await costs.publish_identity(self.redis, prefix, self.modality, self.runner.identity)
+                    published_identity = True
+            except Exception as exc:  # best effort: the router keeps its last numbers
+                log.debug("%s: load report failed: %r", self.stage, exc)
 
 
 def _deadline_error() -> WireError:

@@ -20,13 +20,16 @@ from typing import Any
 
 import faust
 
-from schemas.codec import ERROR_HEADER, DecodeError, unpack
+from aiokafka import TopicPartition
+from aiokafka.structs import ConsumerRecord
+
+from schemas.codec import DecodeError, unpack
 from schemas.errors import ErrorCode, WireError
 from schemas.events import Event, EventKind
 from schemas.jobs import GenerateJob
 from schemas.settings import Settings
 from schemas.trace import now_ms
-from streams.app import raw_topic, topic_names
+from streams.app import topic_names
 from streams.metrics import Metrics
 from streams.policies.scheduler import (
     ContinuousBatchScheduler,
@@ -35,8 +38,9 @@ from streams.policies.scheduler import (
     StaticBatchScheduler,
     StepOutput,
 )
-from streams.produce import Out, out_map, send_all
-from streams.topics import LANES
+from streams.produce import Out, out_map
+from streams.runtime.recovery import done_marker, recover
+from streams.runtime.stage import RecordStage
 from workers import modalities
 from workers import prompt as P
 from workers.engines import EngineOptions, load_engine
@@ -46,6 +50,8 @@ from workers.repository import ModelRepository
 
 log = logging.getLogger(__name__)
 STAGE = "generate"
+DONE_MEMORY_MS = 600_000.0
+"""How long finished generations are remembered, so a repeated job is dropped."""
 
 
 def prompt_parts(parts: list[dict[str, Any]]) -> list[Any]:
@@ -63,7 +69,7 @@ def prompt_parts(parts: list[dict[str, Any]]) -> list[Any]:
 @dataclass
 class Active:
     job: GenerateJob
-    event: Any
+    record: ConsumerRecord
     seq: Any
     started_ms: float
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
@@ -74,52 +80,54 @@ class Active:
     token_times: list[float] = field(default_factory=list)
 
 
-class GeneratorLoop:
+class GeneratorStage(RecordStage):
+    """Generate jobs in; token events and one terminal event per job out, exactly once.
+
+    A job's record is finished when its terminal event and done marker are with the broker,
+    in whatever order generations end (the commit point waits for the oldest unfinished one).
+    Taking over a partition, it reads the done markers and the events already sent for the
+    jobs it will replay (``streams.runtime.recovery``): a job marked done is dropped; a job
+    cut off midway is generated again (greedy fp32 decoding gives the same tokens) and only
+    the token events not yet on the reply topic are sent.
+    """
+
+    stage = STAGE
+
     def __init__(self, app: faust.App, settings: Settings, metrics: Metrics, engine: Any, tokenizer: Any,
                  scheduler: Any, stops: Any) -> None:
-        self.app, self.settings, self.metrics = app, settings, metrics
-        self.names = topic_names(settings)
+        names = topic_names(settings)
+        super().__init__(app, settings, [names.generate("rt")], [names.generate("bulk")])
+        self.metrics = metrics
         self.engine, self.tokenizer, self.scheduler, self.stops = engine, tokenizer, scheduler, stops
         self.active: dict[str, Active] = {}
+        self.done: dict[str, float] = {}
+        self.sent: dict[str, set[tuple[str, int]]] = {}
         self.wake = asyncio.Event()
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="engine-lm")
         self.every = max(1, settings.generator.stream_every_tokens)
+        self.max_active = settings.generator.max_queued
 
-    def install(self) -> None:
-        for lane in LANES:
-            self._install_intake(str(lane))
+    # -- intake --------------------------------------------------------------------------
 
-        @self.app.task
-        async def steps() -> None:
-            await self.run_forever()
+    async def handle(self, records: list[ConsumerRecord]) -> None:
+        for r in records:
+            self._admit(r)
+        self._flow()
+        self.wake.set()
 
-    def _install_intake(self, lane: str) -> None:
-        topic = raw_topic(self.app, self.names.generate(lane))
-
-        @self.app.agent(topic, name=f"intake-generate-{lane}")
-        async def intake(stream: Any) -> None:
-            async for event in stream.noack().events():
-                try:
-                    await self._admit(event)
-                except Exception:
-                    log.exception("generate: intake failed on offset %s", event.message.offset)
-                    event.ack()
-
-    async def _admit(self, event: Any) -> None:
+    def _admit(self, r: ConsumerRecord) -> None:
         try:
-            job = GenerateJob.from_wire(unpack(event.value))
-        except (DecodeError, ValueError) as exc:
+            job = GenerateJob.from_wire(unpack(r.value))
+        except (DecodeError, ValueError, TypeError, RecursionError) as exc:
             self.metrics.to_dlq(STAGE)
-            await send_all(self.app.producer, [Out(self.names.dlq, event.key, bytes(event.value or b""),
-                                                   [(ERROR_HEADER, f"undecodable generate job: {exc}".encode()[:1000])])])
-            event.ack()
+            self.io.deliver([self.dlq(r, f"invalid_request: undecodable generate job: {exc}")], [r])
             return
-        if job.id in self.active:  # a redelivery of a job that is still running
-            event.ack()
+        if job.id in self.active or job.id in self.done:  # a repeat of a job running or answered
+            self.io.finish([r])
             return
         now = now_ms()
         if job.deadline_at_ms <= now:
-            await self._fail(job, event, WireError(ErrorCode.DEADLINE_EXCEEDED, "the request reached the generator after its deadline"))
+            self._fail(job, r, WireError(ErrorCode.DEADLINE_EXCEEDED, "the request reached the generator after its deadline"))
             return
         params = job.params or {}
         try:
@@ -129,18 +137,31 @@ class GeneratorLoop:
                                       temperature=float(params.get("temperature", 0.0)),
                                       stop=tuple(params.get("stop") or ()))
             seq = self.engine.new_sequence(job.id, ids, sampling)
-        except (LMError, ValueError) as exc:
-            await self._fail(job, event, WireError(ErrorCode.INVALID_REQUEST, str(exc)))
+        except (LMError, ValueError, TypeError) as exc:
+            self._fail(job, r, WireError(ErrorCode.INVALID_REQUEST, str(exc)))
             return
-        self.active[job.id] = Active(job, event, seq, now, cached_tokens=seq.num_cached)
+        self.active[job.id] = Active(job, r, seq, now, cached_tokens=seq.num_cached)
         deadline = time.monotonic() + (job.deadline_at_ms - now) / 1000.0
         self.scheduler.add(SequenceRequest(job.id, len(ids), sampling.max_tokens, job.lane, arrived_at=time.monotonic(),
                                            deadline=deadline, num_cached_tokens=seq.num_cached))
-        self.wake.set()
 
-    async def run_forever(self) -> None:
+    def _flow(self) -> None:
+        """Bounded intake: stop fetching while ``max_queued`` jobs are held."""
+        hold = len(self.active) >= self.max_active
+        for t in (*self.rt_topics, *self.bulk_topics):
+            (self.io.pause if hold else self.io.resume)(t)
+        if not hold:
+            self.bulk_paused = False
+
+    # -- the step loop -------------------------------------------------------------------
+
+    async def on_started(self) -> None:
+        await super().on_started()
+        self.add_future(self._steps_forever())
+
+    async def _steps_forever(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
+        while not self.should_stop:
             if not self.scheduler.has_work:
                 self.wake.clear()
                 await self.wake.wait()
@@ -151,7 +172,6 @@ class GeneratorLoop:
                                                   {k: a.seq for k, a in self.active.items()}, self.stops)
             except Exception as exc:  # a failed step fails the sequences in it, not the stage
                 log.exception("generate: step failed")
-                step = None
                 failed = set(out.decode) | {c.seq_id for c in out.prefill}
                 for seq_id in failed:
                     self.scheduler.abort(seq_id, time.monotonic())
@@ -160,14 +180,15 @@ class GeneratorLoop:
                     a = self.active.pop(seq_id, None)
                     if a:
                         self.engine.release(a.seq)
-                        await self._fail(a.job, a.event, WireError(ErrorCode.INTERNAL, f"generation failed: {exc!r}"))
+                        self._fail(a.job, a.record, WireError(ErrorCode.INTERNAL, f"generation failed: {exc!r}"), a)
                 continue
             finished = self.scheduler.update(step)
-            await self._stream(step.tokens, {f.seq_id for f in finished})
+            self._stream(step.tokens, {f.seq_id for f in finished})
             for fin in finished:
-                await self._finish(fin)
+                self._finish(fin)
+            self._flow()
 
-    async def _stream(self, tokens: dict[str, int], ending: set[str]) -> None:
+    def _stream(self, tokens: dict[str, int], ending: set[str]) -> None:
         outs: list[Out] = []
         now = now_ms()
         for seq_id in tokens:
@@ -180,15 +201,16 @@ class GeneratorLoop:
             if delta and due:
                 ev = Event(a.job.id, EventKind.TOKEN, a.next_seq, now,
                            payload={"text": delta, "tokens": len(a.seq.generated)})
-                outs.append(out_map(a.job.reply_to, a.job.id, ev.to_wire()))
+                if ("token", a.next_seq) not in self.sent.get(a.job.id, ()):  # not sent before a takeover
+                    outs.append(out_map(a.job.reply_to, a.job.id, ev.to_wire()))
                 a.next_seq += 1
                 a.sent_text = a.seq.text
                 if a.first_token_ms is None:
                     a.first_token_ms = now
         if outs:
-            await send_all(self.app.producer, outs)
+            self.io.deliver(outs)
 
-    async def _finish(self, fin: Any) -> None:
+    def _finish(self, fin: Any) -> None:
         a = self.active.pop(fin.seq_id, None)
         if a is None:
             return
@@ -196,7 +218,7 @@ class GeneratorLoop:
         job, now = a.job, now_ms()
         if fin.reason in ("deadline_exceeded", "aborted"):
             code = ErrorCode.DEADLINE_EXCEEDED if fin.reason == "deadline_exceeded" else ErrorCode.INTERNAL
-            await self._fail(job, a.event, WireError(code, f"generation ended: {fin.reason}"), a)
+            self._fail(job, a.record, WireError(code, f"generation ended: {fin.reason}"), a)
             return
         n = len(a.token_times)
         ttft = (a.first_token_ms or now) - job.accepted_at_ms
@@ -207,8 +229,7 @@ class GeneratorLoop:
             "task": "generate", "text": a.seq.text, "finish_reason": fin.reason,
             "tokens": {"prompt": a.seq.prompt_len, "completion": len(fin.tokens), "cached": a.cached_tokens},
             "parts": job.parts})
-        await send_all(self.app.producer, [out_map(job.reply_to, job.id, ev.to_wire())])
-        a.event.ack()
+        self._terminal(job, a.record, ev)
         self.metrics.request_done(STAGE, "ok")
         self.metrics.observe_e2e("generate", job.lane, timings["e2e_ms"])
         self.metrics.observe_ttft(job.lane, ttft)
@@ -223,12 +244,71 @@ class GeneratorLoop:
         return {"e2e_ms": round(now - job.client_sent_at_ms, 3), "accepted_at_ms": job.accepted_at_ms,
                 "stages": stages}
 
-    async def _fail(self, job: GenerateJob, event: Any, err: WireError, a: Active | None = None) -> None:
+    def _fail(self, job: GenerateJob, record: ConsumerRecord, err: WireError, a: Active | None = None) -> None:
         seq = a.next_seq if a else 1
         ev = Event(job.id, EventKind.ERROR, seq, now_ms(), error=err.to_wire(), timings=self._timings(job, a, now_ms()))
-        await send_all(self.app.producer, [out_map(job.reply_to, job.id, ev.to_wire())])
-        event.ack()
+        self._terminal(job, record, ev)
         self.metrics.request_done(STAGE, "error", str(err.code))
+
+    def _terminal(self, job: GenerateJob, record: ConsumerRecord, ev: Event) -> None:
+        """The job's last event and its done marker; the job record is finished with them."""
+        outs = [] if ("terminal", ev.seq) in self.sent.pop(job.id, set()) else [out_map(job.reply_to, job.id, ev.to_wire())]
+        outs.append(done_marker(self.names.generator_done, job.id, job.reply_to, now_ms()))
+        self.io.deliver(outs, [record])
+        self.done[job.id] = now_ms()
+
+    def on_failed_output(self, out: Out, exc: BaseException) -> Out | None:
+        """An event the reply topic refuses (too large for it, topic gone): the client gets a
+        short error event in its place if that fits; the stage goes on either way."""
+        if out.topic in (self.names.dlq, self.names.generator_done) or out.key is None:
+            return super().on_failed_output(out, exc)
+        err = WireError(ErrorCode.INTERNAL, f"the answer could not be written to {out.topic}: {type(exc).__name__}")
+        try:
+            kind = unpack(out.value).get("kind")
+        except Exception:
+            kind = None
+        if kind not in ("result", "error"):
+            return None  # a token event: the result still carries the whole text
+        ev = Event(out.key.decode(), EventKind.ERROR, 10**6, now_ms(), error=err.to_wire())
+        return out_map(out.topic, out.key, ev.to_wire())
+
+    # -- ownership -----------------------------------------------------------------------
+
+    async def on_assigned(self, tps: set[TopicPartition]) -> None:
+        assert self.io.consumer is not None
+        k = self.settings.kafka
+        try:
+            found = await recover(self.io.consumer, k.bootstrap, self.io.settings.client_kwargs, k.max_message_bytes,
+                                  self.names.generator_done, tps, _opens, now_ms(), DONE_MEMORY_MS)
+        except Exception:
+            log.exception("generate: recovery of %s failed; replayed generations may repeat events", tps)
+            return
+        for done in found.done.values():
+            self.done.update(done)
+        self.sent.update(found.sent)
+
+    async def on_revoked(self, tps: set[TopicPartition]) -> None:
+        """Generations of revoked partitions stop here; the next owner runs them again."""
+        gone = {(tp.topic, tp.partition) for tp in tps}
+        for seq_id, a in list(self.active.items()):
+            if (a.record.topic, a.record.partition) in gone:
+                self.scheduler.abort(seq_id, time.monotonic())
+        # The aborted sequences end at the next update without an answer from here.
+        for seq_id, a in list(self.active.items()):
+            if (a.record.topic, a.record.partition) in gone:
+                self.active.pop(seq_id)
+                self.engine.release(a.seq)
+
+    async def idle(self) -> None:
+        cutoff = now_ms() - DONE_MEMORY_MS
+        for rid, at in list(self.done.items()):
+            if at < cutoff:
+                del self.done[rid]
+
+
+def _opens(rec: ConsumerRecord) -> tuple[str, str] | None:
+    job = GenerateJob.from_wire(unpack(rec.value))
+    return job.id, job.reply_to
 
 
 def install_generator(app: faust.App, settings: Settings, metrics: Metrics) -> None:
@@ -251,4 +331,4 @@ def install_generator(app: faust.App, settings: Settings, metrics: Metrics) -> N
     scheduler = cls(limits, engine.eos_token_ids)
     log.info("generate: %s/%s %s on %s, %s batching, prefix cache %s", info.model, info.version, info.precision,
              info.provider, g.scheduler, "on" if engine.prefix_cache else "off")
-    GeneratorLoop(app, settings, metrics, engine, tokenizer, scheduler, StopChecker(tokenizer, engine.eos_token_ids)).install()
+    GeneratorStage(app, settings, metrics, engine, tokenizer, scheduler, StopChecker(tokenizer, engine.eos_token_ids)).install()

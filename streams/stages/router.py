@@ -8,6 +8,7 @@ request that breaks the schema gets an ``error`` event when its id can be read (
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -16,29 +17,32 @@ from typing import Any, Awaitable, Callable
 import faust
 import redis.asyncio
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.structs import ConsumerRecord
 
 from schemas.codec import CONTENT_TYPE_HEADER, JSON, DecodeError, header, unpack
 from schemas.errors import ErrorCode, WireError
 from schemas.events import Event, EventKind
+from schemas.jobs import Verdict
 from schemas.request import Limits, peek_reply, validate_request
 from schemas.settings import Settings
 from schemas.trace import now_ms
 from streams import costs
-from streams.app import raw_topic, topic_names
-from streams.lagmon import LagReader
 from streams.load import LoadView
 from streams.metrics import Metrics
 from streams.policies.admission import AdmissionLimits, Admit, Backpressure, Reject, admit
 from streams.policies.partitioning import Partitioner
-from streams.produce import Out, dead_letter, out_map, record_source, send_all
+from streams.produce import Out, dead_letter, out_map
 from streams.result_cache import ResultCache
 from streams.split import split_request
-from streams.topics import LANES, TopicNames
+from streams.runtime.stage import RecordStage
+from streams.topics import TopicNames
 from workers import modalities
 from workers.cache_keys import content_digest, result_key
 from workers.text import normalize
 
 log = logging.getLogger(__name__)
+
+TEXT_MAX_TOKENS = 256.0
 
 def limits_from(settings: Settings) -> Limits:
     lim = settings.limits
@@ -112,13 +116,13 @@ class Router:
             if reply_to and reply_to != self.topics.results and not await self.topic_exists(reply_to):
                 reply_to = None
             event = Event(rid, EventKind.ERROR, 0, now_ms(), error=err.to_wire())
-            return Routed([out_map(reply_to or self.topics.results, rid, event.to_wire())], "error", str(err.code))
+            return Routed([self._verdict(rid, obj.get("tenant"), "rt", reply_to, [event])], "error", str(err.code))
         client_sent = record_ts_ms if record_ts_ms else started
         decision = self._admit(req)
         if isinstance(decision, Reject):
             err = WireError(decision.code, decision.message, None, decision.retry_after_ms)
             event = Event(req.id, EventKind.ERROR, 0, now_ms(), error=err.to_wire())
-            return Routed([out_map(req.reply_to or self.topics.results, req.id, event.to_wire())], "error",
+            return Routed([self._verdict(req.id, req.tenant, str(req.lane), req.reply_to, [event])], "error",
                           str(err.code), lane=str(req.lane), admission="reject")
         key = self._result_key(req)
         if key is not None:
@@ -133,12 +137,14 @@ class Router:
             started_at_ms=started, now_ms=now_ms(), default_deadline_ms=self.settings.limits.default_deadline_ms,
         )
         m = plan.manifest
-        accepted = Event(req.id, EventKind.ACCEPTED, 0, m.accepted_at_ms,
-                         payload={"task": m.task, "parts": m.n_parts, "deadline_at_ms": m.deadline_at_ms})
         encoded = self.topics.encoded(req.lane)
-        outs = [out_map(m.reply_to, req.id, accepted.to_wire()), out_map(encoded, req.id, m.to_wire())]
+        # The jobs first: the manifest (which makes the assembler send `accepted`) follows
+        # them into the same producer batch; encoders start on the parts at once.
+        outs = [out_map(encoded, req.id, m.to_wire())]
         outs += [out_map(encoded, req.id, p.to_wire()) for p in plan.failed_parts]
         outs += [out_map(j.topic, j.key, j.job.to_wire(), j.partition) for j in plan.jobs]
+        for j, part in ((j, req.parts[j.job.part]) for j in plan.jobs):
+            self.load.note_sent(j.topic, j.partition, self._part_cost(part))
         modalities = set(m.modalities)
         return Routed(outs, "ok", modality=modalities.pop() if len(modalities) == 1 else "mixed", lane=str(req.lane),
                       queued_ms=max(0.0, started - client_sent), service_ms=m.accepted_at_ms - started,
@@ -168,16 +174,29 @@ class Router:
                        timings={"e2e_ms": round(now - client_sent, 3), "stages": [span], "parts": []},
                        cache={"hits": len(req.parts), "misses": 0, "result": "hit"})
         modalities = {str(p.modality) for p in req.parts}
-        return Routed([out_map(reply_to, req.id, accepted.to_wire()), out_map(reply_to, req.id, result.to_wire())],
+        return Routed([self._verdict(req.id, req.tenant, str(req.lane), reply_to, [accepted, result])],
                       "ok", modality=modalities.pop() if len(modalities) == 1 else "mixed", lane=str(req.lane),
                       queued_ms=span["queued_ms"], service_ms=span["service_ms"], admission="admit")
 
-    def _part_cost(self, part: Any) -> float:
-        """Estimated engine ms of one part, from what the router sees without decoding."""
-        m = str(part.modality)
-        cost = self.load.cost
+    def _part_stage(self, part: Any) -> tuple[str, float] | None:
+        """(the encode stage whose engine a part loads, its predicted ms there); None for a
+        modality not served here. A video's frames load the image pool."""
+        spec = modalities.get(str(part.modality))
+        if spec is None or spec.name not in self.served_modalities:
+            return None
+        stage = spec.admission_stage
         size = len(part.text) if part.text is not None else len(part.data or b"")
-        return cost.cost_ms(m, cost.units(m, size, self.settings.video.max_frames))
+        units = spec.units(size, self.settings.video.max_frames)
+        if spec.cost_unit == "token":  # cost depends on the length: ask for that length
+            tokens = min(TEXT_MAX_TOKENS, units)
+            reported = self.load.item_ms(stage, tokens)
+            return stage, reported if reported is not None else spec.ms_per_unit * tokens
+        reported = self.load.item_ms(stage, 1)
+        return stage, units * (reported if reported is not None else spec.ms_per_unit)
+
+    def _part_cost(self, part: Any) -> float:
+        found = self._part_stage(part)
+        return found[1] if found is not None else 0.0
 
     def _admit(self, req: Any) -> Admit | Reject | None:
         """The admission decision for a valid request (None when admission is off)."""
@@ -185,19 +204,25 @@ class Router:
             return None
         stages: dict[str, float] = {}
         for part in req.parts:
-            spec = modalities.get(str(part.modality))
-            if spec is None or spec.name not in self.served_modalities:
+            found = self._part_stage(part)
+            if found is None:
                 continue
-            # The pool that does the work carries the cost (a video's frames: the image pool).
-            stage = spec.admission_stage
-            stages[stage] = stages.get(stage, 0.0) + self._part_cost(part)
+            stage, ms = found
+            stages[stage] = stages.get(stage, 0.0) + ms
         deadline = req.deadline_ms or self.settings.limits.default_deadline_ms
         return admit(lane=str(req.lane), stages=stages, queued_ms=self.load.queued_ms, deadline_ms=deadline,
                      limits=self.admission)
 
+    def _verdict(self, rid: str, tenant: Any, lane: str, reply_to: str | None, events: list[Event]) -> Out:
+        """The router's own answer, sent through the assembler (which sends each client
+        event exactly once), on the lane's encoded topic keyed like the request's parts."""
+        v = Verdict(id=rid, tenant=tenant if isinstance(tenant, str) else "default", lane=lane,
+                    reply_to=reply_to or self.topics.results, events=[e.to_wire() for e in events], sent_at_ms=now_ms())
+        return out_map(self.topics.encoded(lane if lane in ("rt", "bulk") else "rt"), rid, v.to_wire())
+
     def _dlq(self, raw: bytes, headers: Any, source: str, reason: str) -> Out:
         log.warning("router: to DLQ from %s: %s", source, reason)
-        return dead_letter(self.topics.dlq, None, raw, reason, headers, source,
+        return dead_letter(self.topics.dlq, None, raw, reason, headers=headers, source=source,
                            max_bytes=self.settings.kafka.max_message_bytes)
 
 
@@ -223,78 +248,81 @@ class TopicCache:
         return topic in self._known
 
 
-def _record_ts_ms(event: Any) -> float | None:
-    ts = getattr(event.message, "timestamp", None)
-    return ts * 1000.0 if ts else None
+class RouterStage(RecordStage):
+    """The router's record loop: each polled batch is routed concurrently (their result-cache
+    lookups overlap), and each record is finished when its outputs are with the broker."""
+
+    stage = "route"
+
+    def __init__(self, app: faust.App, settings: Settings, metrics: Metrics) -> None:
+        names = TopicNames(settings.kafka.topic_prefix)
+        super().__init__(app, settings, [names.ingress("rt")], [names.ingress("bulk")])
+        self.metrics = metrics
+        self.topic_cache = TopicCache(settings.kafka.bootstrap, settings.router.topic_cache_s)
+        self.load = LoadView()
+        results = ResultCache(settings.redis.url, settings.cache.ttl_result_s) \
+            if settings.cache.enabled and settings.cache.whole_result else None
+        self.router = Router(settings, self.topic_cache.exists, self.load, results)
+        adm = settings.admission
+        self.backpressure = Backpressure(adm.backpressure_high_ms, adm.backpressure_low_ms)
+        self.redis = redis.asyncio.Redis.from_url(settings.redis.url, socket_timeout=0.2, socket_connect_timeout=0.2)
+
+    async def handle(self, records: list[ConsumerRecord]) -> None:
+        routed = await asyncio.gather(*(self._route(r) for r in records))
+        for r, result in zip(records, routed):
+            self.io.deliver(result.outs, [r])
+            self._observe(result)
+
+    async def _route(self, r: ConsumerRecord) -> Routed:
+        origin = f"{r.topic}[{r.partition}]@{r.offset}"
+        try:
+            return await self.router.handle(r.value, r.headers, float(r.timestamp) if r.timestamp else None, origin)
+        except Exception as exc:  # a bug must cost one message, not the stage
+            log.exception("router: failed on %s", origin)
+            return Routed([self.dlq(r, f"{ErrorCode.INTERNAL}: {exc!r}")], "dlq")
+
+    def _observe(self, routed: Routed) -> None:
+        m = self.metrics
+        if routed.outcome == "dlq":
+            m.to_dlq("route")
+            m.request_done("route", "dlq")
+            return
+        m.request_done("route", routed.outcome, routed.code)
+        if routed.admission:
+            m.admission(routed.lane, routed.admission)
+        if routed.outcome == "ok":
+            m.observe_span("route", routed.modality, routed.lane, routed.queued_ms, routed.service_ms)
+
+    def should_take_bulk(self) -> bool:
+        """Bulk ingress waits while the rt backlog is large or the pool's queued work is over
+        the backpressure watermark (with hysteresis)."""
+        if not self.settings.admission.enabled:
+            return True
+        over = self.backlog_rt() > self.rt_backlog_records
+        change = self.backpressure.update(max(self.load.total_ms, self.backpressure.high_ms + 1) if over
+                                          else self.load.total_ms)
+        if change == "pause":
+            self.metrics.admission("bulk", "defer")
+            log.warning("router: holding bulk ingress (queued work %.0f ms; high %.0f, low %.0f)",
+                        self.load.total_ms, self.backpressure.high_ms, self.backpressure.low_ms)
+        return not self.backpressure.paused
+
+    async def on_started(self) -> None:
+        await super().on_started()
+        self.add_future(self._refresh_forever())
+
+    async def _refresh_forever(self) -> None:
+        interval = self.settings.admission.refresh_ms / 1000.0
+        prefix = self.settings.kafka.topic_prefix
+        while not self.should_stop:
+            try:
+                self.load.update_reports(await costs.read_loads(self.redis, prefix), now_ms())
+                self.router.models = await costs.read_identities(self.redis, prefix)
+                self.router.partitioner.refresh(self.load.partition_ms)
+            except Exception as exc:  # keep the last estimate; admission must not stop routing
+                log.warning("router: could not read the encoders' load: %r", exc)
+            await asyncio.sleep(interval)
 
 
 def install_router(app: faust.App, settings: Settings, metrics: Metrics) -> None:
-    names = topic_names(settings)
-    cache = TopicCache(settings.kafka.bootstrap, settings.router.topic_cache_s)
-    load = LoadView()
-    results = ResultCache(settings.redis.url, settings.cache.ttl_result_s) \
-        if settings.cache.enabled and settings.cache.whole_result else None
-    router = Router(settings, cache.exists, load, results)
-    source = raw_topic(app, *(names.ingress(lane) for lane in LANES))
-    adm = settings.admission
-    backpressure = Backpressure(adm.backpressure_high_ms, adm.backpressure_low_ms)
-    reader = LagReader(settings.kafka.bootstrap)
-    # Encoders publish what a unit of work really costs them; admission follows it.
-    cost_redis = redis.asyncio.Redis.from_url(settings.redis.url, socket_timeout=0.2, socket_connect_timeout=0.2)
-
-    @app.timer(adm.refresh_ms / 1000.0, name="load")
-    async def refresh_load() -> None:
-        """Re-read lag, re-estimate queued work, and pause or resume bulk ingress."""
-        if not adm.enabled and router.partitioner.strategy != "least-loaded" and results is None:
-            return
-        try:
-            observed = await costs.read(cost_redis, settings.kafka.topic_prefix)
-            load.cost.ms_per_unit.update({m: v for m, v in observed.items() if m != "any"})
-            router.models = await costs.read_identities(cost_redis, settings.kafka.topic_prefix)
-            await reader.start()
-            rows = await reader.measure(settings.kafka.topic_prefix)
-            load.update(rows, settings.kafka.topic_prefix)
-            rt_backlog = sum(r.lag for r in rows if r.topic == names.ingress("rt") and r.group == app.conf.id)
-            router.partitioner.refresh(load.partition_ms)
-        except Exception as exc:  # keep the last estimate; admission must not stop routing
-            log.warning("router: could not read consumer lag: %r", exc)
-            await reader.close()
-            return
-        if not adm.enabled:
-            return
-        # rt first at the router too: a backlog of rt requests counts as queued work over the
-        # high watermark, so bulk ingress waits until the rt backlog is worked off.
-        over = rt_backlog > adm.rt_backlog_records
-        change = backpressure.update(max(load.total_ms, backpressure.high_ms + 1) if over else load.total_ms)
-        bulk = [tp for tp in app.consumer.assignment() if tp.topic == names.ingress("bulk")]
-        if change == "pause" or (backpressure.paused and bulk):
-            app.consumer.pause_partitions(bulk)
-        elif change == "resume":
-            app.consumer.resume_partitions(bulk)
-        if change == "pause":
-            metrics.admission("bulk", "defer")
-        if change:
-            log.warning("router: %s bulk ingress (queued work %.0f ms; high %.0f, low %.0f)", change,
-                        load.total_ms, backpressure.high_ms, backpressure.low_ms)
-
-    @app.agent(source, name="route")
-    async def route(stream: Any) -> None:
-        async for event in stream.events():
-            origin = record_source(event)
-            try:
-                routed = await router.handle(event.value, event.headers, _record_ts_ms(event), origin)
-                outs = routed.outs
-            except Exception as exc:  # a bug must cost one message, not the stage
-                log.exception("router: failed on %s", origin)
-                routed = None
-                outs = [dead_letter(names.dlq, None, event.value, f"{ErrorCode.INTERNAL}: {exc!r}", event.headers,
-                                    origin, max_bytes=settings.kafka.max_message_bytes)]
-            await send_all(app.producer, outs)
-            if routed is None or routed.outcome == "dlq":
-                metrics.to_dlq("route")  # counts the record as done with outcome dlq, too
-            else:
-                metrics.request_done("route", routed.outcome, routed.code)
-                if routed.admission:
-                    metrics.admission(routed.lane, routed.admission)
-                if routed.outcome == "ok":
-                    metrics.observe_span("route", routed.modality, routed.lane, routed.queued_ms, routed.service_ms)
+    RouterStage(app, settings, metrics).install()

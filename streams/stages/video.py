@@ -10,17 +10,18 @@ from typing import Any
 
 import faust
 
-from schemas.codec import ERROR_HEADER, DecodeError, unpack
+from aiokafka.structs import ConsumerRecord
+
+from schemas.codec import DecodeError, unpack
 from schemas.errors import ErrorCode, WireError
 from schemas.jobs import EncodedPart, EncodeJob
 from schemas.settings import Settings
 from schemas.trace import Span, now_ms
-from streams.app import raw_topic, topic_names
-from streams.lanes import install_lane_priority
+from streams.app import topic_names
 from streams.metrics import Metrics
-from streams.produce import Out, out_map, send_all
+from streams.produce import Out, out_map
+from streams.runtime.stage import RecordStage
 from streams.split import spread_partitions
-from streams.topics import LANES
 from workers import modalities
 from workers.encoders import claim_resolver
 from workers.video import FRAMES_MIME, chunk_frames, decode_video, extract_audio_wav
@@ -79,32 +80,43 @@ def plan_fanout(job: EncodeJob, settings: Settings, decode: Any = decode_video, 
     return outs
 
 
-def install_video_fanout(app: faust.App, settings: Settings, metrics: Metrics) -> None:
-    names = topic_names(settings)
+class VideoStage(RecordStage):
+    """Video jobs in, fan-out records out. Decoding runs in one thread, one video at a time,
+    while the record loop keeps fetching; each job record is finished once its fan-out is
+    with the broker."""
 
-    executor = ThreadPoolExecutor(1, thread_name_prefix="video-decode")
-    resolver = claim_resolver(settings)
-    source = raw_topic(app, *(names.encode("video", lane) for lane in LANES))
-    install_lane_priority(app, settings.kafka.bootstrap, settings.kafka.topic_prefix, names.encode("video", "rt"),
-                          names.encode("video", "bulk"), max(1, settings.admission.rt_backlog_records // 10))
+    stage = STAGE
 
-    @app.agent(source, name="fanout-video")
-    async def fanout(stream: Any) -> None:
-        async for event in stream.events():
+    def __init__(self, app: faust.App, settings: Settings, metrics: Metrics) -> None:
+        names = topic_names(settings)
+        super().__init__(app, settings, [names.encode("video", "rt")], [names.encode("video", "bulk")],
+                         rt_backlog_records=max(1, settings.admission.rt_backlog_records // 10))
+        self.metrics = metrics
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="video-decode")
+        self.resolver = claim_resolver(settings)
+
+    async def handle(self, records: list[ConsumerRecord]) -> None:
+        for r in records:
             try:
-                job = EncodeJob.from_wire(unpack(event.value))
-            except (DecodeError, ValueError) as exc:
-                metrics.to_dlq(STAGE)
-                await send_all(app.producer, [Out(names.dlq, event.key, bytes(event.value or b""),
-                                                  [(ERROR_HEADER, f"undecodable encode job: {exc}".encode()[:1000])])])
+                job = EncodeJob.from_wire(unpack(r.value))
+            except (DecodeError, ValueError, TypeError, RecursionError) as exc:
+                self.metrics.to_dlq(STAGE)
+                self.io.deliver([self.dlq(r, f"invalid_request: undecodable encode job: {exc}")], [r])
                 continue
-            try:
-                outs = await asyncio.get_running_loop().run_in_executor(
-                    executor, plan_fanout, job, settings, decode_video, resolver)
-            except Exception as exc:  # a bug must cost this part, not the stage
-                log.exception("%s: failed on %s part %d", STAGE, job.id, job.part)
-                err = WireError(ErrorCode.INTERNAL, f"video stage failed: {exc!r}", f"parts.{job.part}")
-                outs = [out_map(names.encoded(job.lane), job.id, EncodedPart(
-                    id=job.id, part=job.part, modality="video", sent_at_ms=now_ms(), error=err.to_wire()).to_wire())]
-            await send_all(app.producer, outs)
-            metrics.request_done(STAGE, "ok" if len(outs) > 1 else "error")
+            asyncio.ensure_future(self._fan_out(job, r))
+
+    async def _fan_out(self, job: EncodeJob, record: ConsumerRecord) -> None:
+        try:
+            outs = await asyncio.get_running_loop().run_in_executor(
+                self.executor, plan_fanout, job, self.settings, decode_video, self.resolver)
+        except Exception as exc:  # a bug must cost this part, not the stage
+            log.exception("%s: failed on %s part %d", STAGE, job.id, job.part)
+            err = WireError(ErrorCode.INTERNAL, f"video stage failed: {exc!r}", f"parts.{job.part}")
+            outs = [out_map(self.names.encoded(job.lane), job.id, EncodedPart(
+                id=job.id, part=job.part, modality="video", sent_at_ms=now_ms(), error=err.to_wire()).to_wire())]
+        self.io.deliver(outs, [record])
+        self.metrics.request_done(STAGE, "ok" if len(outs) > 1 else "error")
+
+
+def install_video_fanout(app: faust.App, settings: Settings, metrics: Metrics) -> None:
+    VideoStage(app, settings, metrics).install()

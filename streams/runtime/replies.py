@@ -1,0 +1,105 @@
+"""What a stage that answers clients finds on the broker when it takes over partitions.
+
+A stage that owns a request's answer (the assembler, the generator) keeps its requests in
+memory and finishes their input records only once they are answered. After a crash or a
+rebalance, the new owner reads again every record past the committed offset, which rebuilds
+the state — and would answer again what the last owner had answered but not yet committed.
+Before it does anything, it asks this module two questions:
+
+- ``read_range``: the records of a partition between two offsets (to learn which requests
+  the replay will bring back, before the replay starts);
+- ``events_on_replies``: which events (kind, seq) of those requests are on their reply
+  topics already, reading each reply partition once from a time before the oldest of them.
+
+Both read with a consumer of their own (no group, no commits). Reply partitions are found
+the way the producer chose them: the default partitioner over the topic's partitions.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.structs import ConsumerRecord
+
+from schemas.codec import DecodeError, unpack
+from schemas.events import Event
+
+log = logging.getLogger(__name__)
+
+_partitioner = DefaultPartitioner()
+CLOCK_SKEW_MS = 5_000.0
+
+
+class BrokerReader:
+    """A group-less consumer for one-off reads (recovery)."""
+
+    def __init__(self, bootstrap: str, client_kwargs: dict[str, Any], max_bytes: int = 8 * 1024 * 1024) -> None:
+        self.consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
+                                         max_partition_fetch_bytes=max_bytes, fetch_max_wait_ms=50, **client_kwargs)
+
+    async def __aenter__(self) -> "BrokerReader":
+        await self.consumer.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.consumer.stop()
+
+    async def read_range(self, tp: TopicPartition, start: int, end: int) -> list[ConsumerRecord]:
+        """Records of ``tp`` with ``start <= offset < end``."""
+        if end <= start:
+            return []
+        self.consumer.assign([tp])
+        self.consumer.seek(tp, start)
+        out: list[ConsumerRecord] = []
+        while True:
+            batch = await self.consumer.getmany(tp, timeout_ms=500, max_records=2000)
+            records = batch.get(tp, [])
+            out.extend(r for r in records if r.offset < end)
+            position = await self.consumer.position(tp)
+            if position >= end or (not records and position >= (await self.consumer.end_offsets([tp]))[tp]):
+                return out
+
+    async def read_all(self, tp: TopicPartition) -> list[ConsumerRecord]:
+        self.consumer.assign([tp])
+        begin = (await self.consumer.beginning_offsets([tp]))[tp]
+        end = (await self.consumer.end_offsets([tp]))[tp]
+        return await self.read_range(tp, begin, end)
+
+    async def reply_partition(self, topic: str, key: bytes) -> TopicPartition | None:
+        parts = self.consumer.partitions_for_topic(topic)
+        if parts is None:
+            await self.consumer._client.force_metadata_update()  # noqa: SLF001 - first contact
+            parts = self.consumer.partitions_for_topic(topic)
+        if not parts:
+            return None
+        ordered = sorted(parts)
+        return TopicPartition(topic, _partitioner(key, ordered, ordered))
+
+    async def events_on_replies(self, wanted: Iterable[tuple[str, bytes, float]]) -> dict[bytes, set[tuple[str, int]]]:
+        """For (reply topic, request key, earliest ms it can have been answered) triples:
+        the (kind, seq) of every event of those keys now on their reply topics."""
+        by_tp: dict[TopicPartition, tuple[set[bytes], float]] = {}
+        for topic, key, since in wanted:
+            tp = await self.reply_partition(topic, key)
+            if tp is None:
+                continue
+            keys, earliest = by_tp.get(tp, (set(), since))
+            keys.add(key)
+            by_tp[tp] = (keys, min(earliest, since))
+        found: dict[bytes, set[tuple[str, int]]] = {}
+        for tp, (keys, since) in by_tp.items():
+            self.consumer.assign([tp])
+            start = (await self.consumer.offsets_for_times({tp: max(0, int(since - CLOCK_SKEW_MS))}))[tp]
+            end = (await self.consumer.end_offsets([tp]))[tp]
+            for r in await self.read_range(tp, start.offset if start else end, end):
+                if r.key not in keys:
+                    continue
+                try:
+                    ev = Event.from_wire(unpack(r.value))
+                except (DecodeError, ValueError, TypeError):
+                    continue
+                found.setdefault(r.key, set()).add(("terminal" if ev.terminal else str(ev.kind), ev.seq))
+        return found
