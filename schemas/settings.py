@@ -44,6 +44,7 @@ LmPrecision = Literal["fp32", "int8"]
 """The LM and Whisper engines serve fp32 or int8 weights."""
 Partitioner = Literal["least-loaded", "spread", "hash", "round-robin"]
 Scheduler = Literal["continuous", "static"]
+Grouping = Literal["length", "fifo"]
 TASKS = ("embed", "generate")
 
 
@@ -91,6 +92,13 @@ class KafkaSettings(_Section):
     max_message_bytes: int = setting(
         8 * 1024 * 1024, "Largest record the producers send; payloads above go by claim check.", ge=1024
     )
+    fetch_max_wait_ms: int = setting(
+        5, "How long the broker holds a stage's fetch open waiting for records: the idle floor of each hop's latency."
+    )
+    linger_ms: int = setting(1, "How long a stage's producer waits to fill a batch: a little latency for fewer requests.")
+    commit_interval_ms: int = setting(
+        200, "How often stages commit finished offsets: more often repeats less work after a crash, costs more requests."
+    )
 
 
 class RedisSettings(_Section):
@@ -129,8 +137,13 @@ class EncoderSettings(_Section):
     max_wait_ms: float = setting(
         4.0, "How long the first item of a batch waits for company before the batch runs anyway.", ge=0
     )
-    max_batch_tokens: int = setting(
-        4096, "Token budget of one text batch (padded length x rows): keeps long texts from inflating a batch.", ge=1
+    max_batch_ms: float = setting(
+        60.0, "Engine time one batch may take, predicted by the stage's learned batch cost model: bounds how long a "
+        "batch holds the engine (and so the wait of what arrives meanwhile).", gt=0
+    )
+    grouping: Grouping = setting(
+        "length", "Which queued items ride together: length (similar padded lengths, so a long text never pads short "
+        "ones) or fifo (arrival order, as a generic server)."
     )
     intra_op_threads: int = setting(0, "ONNX Runtime intra-op threads; 0 lets the runtime choose.", ge=0)
     allow_spinning: bool = setting(
@@ -251,6 +264,9 @@ class GeneratorSettings(_Section):
     stream_every_tokens: int = setting(1, "Send a token event every N tokens (fewer events, coarser streaming).", ge=1)
     prefix_cache_mb: int = setting(
         64, "Memory for reused prompt-prefix KV blocks; 0 turns the prefix cache off.", ge=0
+    )
+    max_queued: int = setting(
+        64, "Most generate jobs one generator holds (running or waiting): past it, it stops fetching.", ge=1
     )
 
 

@@ -1,27 +1,29 @@
 """The Faust app factory. Nothing happens at import time: a stage builds its app, installs
-its agents on it, and the worker runs it.
+its record loop on it (``streams.runtime.stage.RecordStage``), and the worker runs it.
+
+Faust hosts every worker — the app, ``faust.Worker``'s lifecycle and signal handling, timers,
+logging — while the stages read and write Kafka through their own aiokafka clients
+(``streams.runtime.io`` says why). So the app starts without Faust's own consumer,
+producer, web server and sensors (its ``BootStrategy``).
 
 Every app reports into a ``WorkerHealth`` (the process's unless one is given): ready once
-Faust has fully started it (tables recovered, agents running; engines load before that)
-and while it is neither stopping nor crashed, live unless it crashed, and the number of
-records it holds (consumed, not yet acknowledged), counted once a second for
-``mmstream_inflight``.
+Faust has fully started it (the stage's clients started, engines loaded before that) and
+while it is neither stopping nor crashed, live unless it crashed. The records it holds
+(taken, not yet finished) are the stage's to report (``RecordStage``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import threading
-import weakref
 from typing import Any
 
 import faust
+from faust.app.base import BootStrategy
 
 from schemas.settings import Settings
 from streams.health import WorkerHealth, process_health
 from streams.topics import TopicNames
 
-INFLIGHT_EVERY_S = 1.0
 
 
 def create_app(settings: Settings, stage: str, replica: int = 0, health: WorkerHealth | None = None) -> faust.App:
@@ -55,49 +57,19 @@ def create_app(settings: Settings, stage: str, replica: int = 0, health: WorkerH
         value_serializer="raw",
         logging_config=None,
     )
+    app.boot_strategy = BootStrategy(app, enable_kafka_consumer=False, enable_kafka_producer=False,
+                                     enable_web=False, enable_sensors=False)
     watch_health(app, stage, process_health() if health is None else health)
     return app
 
 
-class _HeldRecords(faust.Sensor):
-    """Remembers each record handed to a stream; those not yet acknowledged are in flight.
-
-    Stages acknowledge records themselves (``event.ack()``, after their outputs are sent),
-    which skips the sensor's ``on_message_out``: the count reads ``Message.acked`` instead."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: weakref.WeakSet = weakref.WeakSet()
-
-    def on_message_in(self, tp: Any, offset: int, message: Any) -> None:
-        self.records.add(message)
-
-    def held(self) -> int | None:
-        """Records handed in and not acknowledged; None if the set changed while counting
-        (then the caller keeps the last count and tries again on its next round)."""
-        try:
-            done = [m for m in self.records if m.acked]
-        except RuntimeError:  # "set changed size during iteration"
-            return None
-        for m in done:
-            self.records.discard(m)
-        return len(self.records)
-
-
 def watch_health(app: faust.App, stage: str, health: WorkerHealth) -> None:
-    """Report ``app``'s readiness, liveness and in-flight records into ``health``."""
-    sensor = _HeldRecords()
-    app.sensors.add(sensor)
+    """Report ``app``'s readiness and liveness into ``health``."""
     running = threading.Event()  # set on the loop, read by the metrics server's thread
 
     @app.task
     async def report_health() -> None:  # tasks start once the app is fully started
         running.set()
-        while True:
-            held = sensor.held()
-            if held is not None:
-                health.set_inflight(stage, held)
-            await asyncio.sleep(INFLIGHT_EVERY_S)
 
     health.stage = stage
     health.require(f"faust:{stage}", ready=lambda: running.is_set() and not app.should_stop and not app.crashed,

@@ -1,8 +1,8 @@
-"""The Redis reuse cache of encoder outputs, used from the engine thread.
+"""The Redis reuse cache of encoder outputs, used from the encode stage's prep thread.
 
-``CachingBatch`` wraps an encoder's batch function: it looks every cacheable job up with
-one MGET, runs only the misses (identical misses in one batch run once: single-flight
-within a worker), and writes the new outputs back with one pipelined SET ... EX. Redis
+``CacheFront`` looks every cacheable job of a polled batch up with one MGET before the job
+is queued (hits never reach the engine), and writes new outputs back with one pipelined
+SET ... EX after their batch ran. Redis
 being slow or down only costs time: a short socket timeout, then a circuit breaker that
 skips the cache for a cool-down; every such failure is counted and logged, never shown
 to the client.
@@ -17,7 +17,6 @@ from typing import Any, Callable, Sequence
 import msgpack
 import numpy as np
 
-from schemas.jobs import EncodeJob
 from schemas.tensor import from_wire, to_wire
 from workers.breaker import CircuitBreaker
 from workers.outputs import Encoded, Observer
@@ -99,19 +98,19 @@ def unpack_output(raw: bytes) -> tuple[np.ndarray, dict[str, Any]]:
     return from_wire(m["e"]), dict(m.get("x") or {})
 
 
-class CachingBatch:
-    """``run_batch`` with the reuse cache in front. ``key_of(job)`` gives a job's cache key,
-    or None for jobs that are not cached.
+class CacheFront:
+    """The reuse cache in front of an encoder, in two halves that run off the engine thread:
+    ``lookup`` before a job is queued (hits never reach the engine) and ``store`` after its
+    batch ran. Keys come from the caller (None for an item that is not cached).
 
-    Single-flight: identical misses in one batch compute once; across replicas, a miss that
-    another worker is computing right now (its ``:inflight`` claim) is waited for, up to
-    ``wait_ms``, and computed here only if it does not appear."""
+    Single-flight across replicas: a miss that another worker is computing right now (its
+    ``:inflight`` claim) is waited for, up to ``wait_ms``, and computed here only if it does
+    not appear. (Identical misses of one batch run once: ``workers.encoders.EncoderFront``.)
+    Every lookup is counted: ``hit``, ``miss``, or ``error`` when the cache is unavailable."""
 
-    def __init__(self, run_batch: Callable[[list[EncodeJob]], list[Any]], key_of: Callable[[EncodeJob], str | None],
-                 cache: EncoderCache, metrics: Observer, modality: str, wire_dtype: str = "float16",
-                 wait_ms: float = 500.0, poll_ms: float = 10.0, sleep: Callable[[float], None] = time.sleep) -> None:
-        self.run_batch = run_batch
-        self.key_of = key_of
+    def __init__(self, cache: EncoderCache, metrics: Observer, modality: str,
+                 wire_dtype: str = "float16", wait_ms: float = 500.0, poll_ms: float = 10.0,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.cache = cache
         self.metrics = metrics
         self.modality = modality
@@ -119,6 +118,37 @@ class CachingBatch:
         self.wait_ms = wait_ms
         self.poll_ms = poll_ms
         self.sleep = sleep
+
+    def lookup(self, keys: list[str | None]) -> list[Encoded | None]:
+        """Per key: the cached output (``cache="hit"``), or None (a miss, or not cached)."""
+        cacheable = sorted({k for k in keys if k is not None})
+        values = self.cache.get_many(cacheable) if cacheable else None
+        found: dict[str, tuple[np.ndarray, dict[str, Any]]] = {}
+        for key, raw in zip(cacheable, values or []):
+            if raw is not None:
+                try:
+                    found[key] = unpack_output(raw)
+                except Exception:  # a corrupt entry is a miss
+                    log.warning("reuse cache: unreadable entry %s; recomputing", key)
+        missing = [k for k in cacheable if k not in found]
+        if values is not None and missing:
+            self._wait_for_others(missing, found)
+        out: list[Encoded | None] = []
+        for k in keys:
+            if k is None:
+                out.append(None)
+            elif k in found:
+                emb, extras = found[k]
+                out.append(Encoded(emb, extras, cache="hit"))
+                self.metrics.cache_lookup(self.modality, "hit")
+            else:
+                out.append(None)
+                self.metrics.cache_lookup(self.modality, "miss" if values is not None else "error")
+        return out
+
+    def store(self, writes: list[tuple[str, Encoded]]) -> None:
+        if writes:
+            self.cache.set_many([(k, pack_output(e.embedding, e.extras, self.wire_dtype)) for k, e in writes])
 
     def _wait_for_others(self, missing: list[str], found: dict[str, tuple[np.ndarray, dict[str, Any]]]) -> None:
         """Claim the missing keys; for those another worker claimed first, poll for its
@@ -138,52 +168,3 @@ class CachingBatch:
                     except Exception:
                         continue
                     theirs.remove(key)
-
-    def __call__(self, jobs: list[EncodeJob]) -> list[Any]:
-        keys = [self.key_of(j) for j in jobs]
-        cacheable = sorted({k for k in keys if k is not None})
-        values = self.cache.get_many(cacheable) if cacheable else None
-        found: dict[str, tuple[np.ndarray, dict[str, Any]]] = {}
-        for key, raw in zip(cacheable, values or []):
-            if raw is not None:
-                try:
-                    found[key] = unpack_output(raw)
-                except Exception:  # a corrupt entry is a miss
-                    log.warning("reuse cache: unreadable entry %s; recomputing", key)
-        missing = [k for k in cacheable if k not in found]
-        if values is not None and missing:
-            self._wait_for_others(missing, found)
-        # Each missing key runs once (single-flight within the batch); uncached jobs run as they are.
-        todo: list[EncodeJob] = []
-        runs_at: dict[str, int] = {}
-        slots: list[int | str] = []  # per job: its index in `todo`, or its key when it is a hit
-        for j, k in zip(jobs, keys):
-            if k is not None and k in found:
-                slots.append(k)
-            elif k is not None and k in runs_at:
-                slots.append(runs_at[k])
-            else:
-                if k is not None:
-                    runs_at[k] = len(todo)
-                slots.append(len(todo))
-                todo.append(j)
-        computed = [r if isinstance(r, (Encoded, Exception)) else Encoded(r, {})
-                    for r in (self.run_batch(todo) if todo else [])]
-        writes = [(k, pack_output(computed[i].embedding, computed[i].extras, self.wire_dtype))
-                  for k, i in runs_at.items() if isinstance(computed[i], Encoded)]
-        if writes:
-            self.cache.set_many(writes)
-        out: list[Any] = []
-        for k, slot in zip(keys, slots):
-            if isinstance(slot, str):
-                emb, extras = found[slot]
-                out.append(Encoded(emb, extras, cache="hit"))
-                self.metrics.cache_lookup(self.modality, "hit")
-                continue
-            r = computed[slot]
-            if k is not None:
-                self.metrics.cache_lookup(self.modality, "miss" if values is not None else "error")
-                if isinstance(r, Encoded):
-                    r = Encoded(r.embedding, r.extras, cache="miss")
-            out.append(r)
-        return out

@@ -17,12 +17,12 @@ from schemas.errors import ErrorCode, WireError
 from schemas.jobs import EncodeJob
 from schemas.settings import Settings
 from workers.breaker import CircuitBreaker
-from workers.cache import CachingBatch, EncoderCache
+from workers.cache import CacheFront, EncoderCache
 from workers.cache_keys import cache_key, content_digest
 from workers.claims import ClaimResolver
 from workers import engines
 from workers.engines import EngineOptions
-from workers.outputs import Observer
+from workers.outputs import Encoded, Observer, Prepared
 from workers.repository import ModelRepository
 
 log = logging.getLogger(__name__)
@@ -30,15 +30,94 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Runner:
-    run_batch: Callable[[list[EncodeJob]], list[Any]]
-    """One output (``Encoded``, an embedding, or that job's exception) per job, in order."""
-    cost: Callable[[EncodeJob], float]
-    """Work units of one job, for the batcher's budget and the cost observer."""
-    calibrate: Callable[[], tuple[float, float]] | None = None
-    """Times one representative batch on the engine itself (no cache): (units, ms). The
-    router's cost model starts from it before any real traffic has been observed."""
+    """A modality's compute, in the two halves the encode stage overlaps."""
+
+    prepare: Callable[[EncodeJob], Prepared]
+    """The CPU work before the model for one job with bytes (decode, resize, tokenize);
+    raises that job's own error (a ``WireError`` for input it refuses)."""
+    run: Callable[[list[Prepared]], list[Any]]
+    """The engine call: one output (``Encoded``, an embedding, or that item's exception) per
+    prepared item, in order; one bad item must not fail the others."""
+    calibrate: Callable[[], list[tuple[int, float, float]]] | None = None
+    """Times a few batches on the engine itself (no cache): (rows, length, ms) each. The
+    batch cost model starts from them before any real traffic has been observed."""
     identity: str = ""
     """name/version/precision/preprocessing: what the whole-result cache keys on."""
+    variable_length: bool = False
+    """Items differ in length and a batch pads to its longest (text): group by length."""
+    cost_prior: tuple[float, float, float] = (1.0, 10.0, 0.0)
+    """(c0, c1, c2) of ``c0 + c1·n·L + c2·n·L²`` ms before calibration (see
+    ``streams.policies.cost_model``)."""
+    config: Any = None
+    """The model's ``ModelConfig`` (its name and version key the reuse cache)."""
+    precision: str = ""
+    """The variant that serves (``engine.precision``: after a fidelity fallback, not always
+    the one asked for); it keys the reuse cache."""
+
+
+class EncoderFront:
+    """What an encode stage drives (``workers.outputs.EncoderRunner``): a ``Runner`` with
+    claim checks resolved and the reuse cache in front, one method per hand of the stage."""
+
+    def __init__(self, runner: Runner, resolver: "ClaimResolver | None", cache: CacheFront | None,
+                 cache_content: Callable[[EncodeJob], bytes | None] | None = None,
+                 key_of: Callable[[EncodeJob, bytes], str] | None = None) -> None:
+        self.runner = runner
+        self.resolver = resolver
+        self.cache = cache
+        self.cache_content = cache_content
+        self.key_of = key_of
+        self.identity = runner.identity
+        self.variable_length = runner.variable_length
+        self.cost_prior = runner.cost_prior
+
+    def prepare_many(self, jobs: list[EncodeJob]) -> list[Any]:
+        """Prep thread: per job its exception, a cache hit (``Encoded``), or its ``Prepared``."""
+        prepared: list[Any] = []
+        for job in jobs:
+            try:
+                if job.data is None:
+                    if job.ref is None or self.resolver is None:
+                        raise refs_not_served(job)
+                    job = dataclasses.replace(job, data=self.resolver.fetch(job.ref, f"parts.{job.part}.ref"), ref=None)
+                item = self.runner.prepare(job)
+                prepared.append(dataclasses.replace(item, key=self._key(item)))
+            except Exception as exc:
+                prepared.append(exc)
+        if self.cache is None:
+            return prepared
+        hits = self.cache.lookup([p.key if isinstance(p, Prepared) else None for p in prepared])
+        return [hit if hit is not None else p for p, hit in zip(prepared, hits)]
+
+    def _key(self, item: Prepared) -> str | None:
+        if self.cache is None or self.key_of is None:
+            return None
+        content = item.content if item.content is not None else (
+            self.cache_content(item.job) if self.cache_content is not None else None)
+        return self.key_of(item.job, content) if content else None
+
+    def run(self, items: list[Prepared]) -> list[Any]:
+        """Engine thread: identical cache keys in one batch run once."""
+        todo: list[Prepared] = []
+        runs_at: dict[str, int] = {}
+        slots: list[int] = []
+        for item in items:
+            if item.key is not None and item.key in runs_at:
+                slots.append(runs_at[item.key])
+                continue
+            if item.key is not None:
+                runs_at[item.key] = len(todo)
+            slots.append(len(todo))
+            todo.append(item)
+        computed = [r if isinstance(r, (Encoded, Exception)) else Encoded(r, {}) for r in self.runner.run(todo)]
+        return [computed[s] for s in slots]
+
+    def store(self, writes: list[tuple[str, Encoded]]) -> None:
+        if self.cache is not None:
+            self.cache.store(writes)
+
+    def calibrate(self) -> list[tuple[int, float, float]]:
+        return self.runner.calibrate() if self.runner.calibrate is not None else []
 
 
 def timed(fn: Callable[[], Any]) -> float:
@@ -84,25 +163,54 @@ def load_engine(settings: Settings, metrics: Observer, model: str, stage: str, e
     return config, engine
 
 
-def with_cache(settings: Settings, metrics: Observer, modality: str, run_batch: Any,
-               content: Callable[[EncodeJob], bytes | None], config: Any, preprocessing: str, ttl_s: int,
-               precision: str | None = None) -> Any:
-    """``run_batch`` behind the Redis reuse cache, or as it is when the cache is off.
-    ``precision`` is the variant that serves (after a fallback it is not the one asked for);
-    None: the encoder setting."""
+def cache_front(settings: Settings, metrics: Observer, modality: str, config: Any, preprocessing: str,
+                ttl_s: int, precision: str) -> tuple[CacheFront | None, Callable[[EncodeJob, bytes], str] | None]:
+    """The reuse cache for ``modality`` and how a job's content becomes its key; (None,
+    None) when the cache is off. ``precision`` is the variant that serves (after a fidelity
+    fallback it is not the one asked for), so a fallback never answers from another
+    variant's entries."""
     if not settings.cache.enabled:
-        return run_batch
-
+        return None, None
     c = settings.cache
     cache = EncoderCache(settings.redis.url, ttl_s, c.timeout_ms / 1000.0,
                          CircuitBreaker(c.breaker_failures, c.breaker_cooldown_s))
 
-    def key_of(job: EncodeJob) -> str | None:
-        data = content(job)
-        if not data:
-            return None
-        return cache_key(modality=modality, digest=content_digest(data), model=config.name, version=config.version,
-                         precision=precision or settings.encoder.precision, preprocessing=preprocessing,
+    def key_of(job: EncodeJob, content: bytes) -> str:
+        return cache_key(modality=modality, digest=content_digest(content), model=config.name, version=config.version,
+                         precision=precision, preprocessing=preprocessing,
                          tenant=None if c.cross_tenant else job.tenant)
 
-    return CachingBatch(run_batch, key_of, cache, metrics, modality)
+    return CacheFront(cache, metrics, modality), key_of
+
+
+def run_isolated(items: list[Any], run: Callable[[list[Any]], list[Any]]) -> list[Any]:
+    """``run`` the batch; if that fails, each item alone, so one bad item (or one that makes
+    the batch too large) fails only itself. One output or exception per item."""
+    if not items:
+        return []
+    try:
+        return list(run(items))
+    except Exception as batch_error:
+        if len(items) == 1:
+            return [batch_error]
+        log.warning("batch of %d failed (%s); retrying one by one", len(items), batch_error)
+    out: list[Any] = []
+    for item in items:
+        try:
+            out.extend(run([item]))
+        except Exception as item_error:
+            out.append(item_error)
+    return out
+
+
+def front_for(runner: Runner, settings: Settings, observer: Observer, modality: str,
+              cache_content: Callable[[EncodeJob, Settings], bytes | None] | None, preprocessing: str,
+              ttl_s: int) -> EncoderFront:
+    """``runner`` with claim checks resolved and, when the modality is cached and the cache
+    is on, the reuse cache in front."""
+    cache, key_of = (None, None)
+    if cache_content is not None and runner.config is not None:
+        cache, key_of = cache_front(settings, observer, modality, runner.config, preprocessing, ttl_s,
+                                    runner.precision or settings.encoder.precision)
+    content = (lambda job: cache_content(job, settings)) if cache_content is not None else None
+    return EncoderFront(runner, claim_resolver(settings), cache, content, key_of)

@@ -169,6 +169,19 @@ def _resize_and_crop(image: Image.Image) -> Image.Image:
     return resized.crop((left, top, left + INPUT_SIZE, top + INPUT_SIZE))
 
 
+def model_input(data: bytes, mime: str | None, max_pixels: int) -> tuple[np.ndarray, bytes]:
+    """One image's model input ([1, 3, 224, 224], as ``preprocess``) and the pixels it came
+    from as bytes (what the cache keys on, as ``normalized_pixels``), decoding once. Raises
+    ``WireError`` for bytes it refuses."""
+    image = decode_image(data, mime, max_pixels, min_shorter_side=RESIZE_SHORTER_SIDE)
+    rgb = image if image.mode == "RGB" else image.convert("RGB")
+    pixels = np.asarray(_resize_and_crop(rgb), dtype=np.uint8)
+    batch = pixels.transpose(2, 0, 1)[None].astype(np.float32)
+    batch *= 1.0 / 127.5
+    batch -= 1.0
+    return batch, pixels.tobytes()
+
+
 def normalized_pixels(data: bytes, mime: str | None, max_pixels: int) -> bytes | None:
     """The exact pixels the model sees (decoded, resized, cropped, RGB uint8) as bytes: what
     the reuse cache keys an image by, so the same picture hits however it was encoded. None
@@ -228,9 +241,15 @@ class ImageEncoder:
         """
         if not images:
             return []
-        outputs = self.engine.run({"pixels": preprocess(images)})
+        return self.encode_pixels(preprocess(images))
+
+    def encode_pixels(self, pixels: np.ndarray) -> list[ImageOutput]:
+        """Like ``encode`` from model input already made (``preprocess``): [N, 3, 224, 224]."""
+        n = int(pixels.shape[0])
+        if n == 0:
+            return []
+        outputs = self.engine.run({"pixels": pixels})
         embeddings, logits = outputs["embedding"], outputs["logits"]
-        n = len(images)
         if embeddings.shape != (n, self.embedding_dim) or logits.shape != (n, len(self.labels)):
             raise EncoderOutputError(
                 f"engine returned embedding {embeddings.shape} and logits {logits.shape} for {n} images, "

@@ -34,3 +34,42 @@ class Observer(Protocol):
 
     def engine_fallback(self, stage: str, from_: str, to: str, reason: str) -> None:
         """``stage`` refused engine variant ``from_`` and went on to ``to`` (``workers.engines.gate``)."""
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """One job after the CPU work that comes before the model (bytes fetched, decoded,
+    tokenized): what the engine thread batches."""
+
+    job: Any
+    """The ``schemas.jobs.EncodeJob`` it came from."""
+    length: float
+    """Its cost units: tokens for text (the batch pads to the longest), frames for a frame
+    chunk, 1 for one image or clip."""
+    data: Any
+    """What the modality's ``run`` needs: token ids, a pixel array, decoded samples."""
+    content: bytes | None = None
+    """The bytes its cache key hashes, when preparing already produced them (else the
+    modality's own ``cache_content`` is asked)."""
+    key: str | None = None
+    """Its reuse-cache key (None: not cached); set by ``workers.encoders.EncoderFront``."""
+
+
+class EncoderRunner(Protocol):
+    """What an encode stage drives (``workers.encoders.EncoderFront`` is the one). Every
+    method but the attributes runs in a worker thread, never on the event loop."""
+
+    identity: str
+    variable_length: bool
+    cost_prior: tuple[float, float, float]
+
+    def prepare_many(self, jobs: list[Any]) -> list[Any]:
+        """Per job: its exception, an ``Encoded`` (a cache hit), or (``Prepared``, cache key or None)."""
+
+    def run(self, items: list[Prepared]) -> list[Any]:
+        """One ``Encoded`` or exception per item, in order (the engine call)."""
+
+    def store(self, writes: list[tuple[str, Encoded]]) -> None:
+        """Put computed outputs in the reuse cache (best effort)."""
+
+    def calibrate(self) -> list[tuple[int, float, float]]:
+        """(rows, length, ms) of batches timed on the engine at start-up."""

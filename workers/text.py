@@ -59,6 +59,7 @@ class TextPreprocessor:
         # 128); that makes a 10-token text cost as much as a 128-token one. Keep its pad
         # token, drop the fixed length: `length=None` pads to the longest of each batch.
         padding = self._tokenizer.padding or {}
+        self._pad_id = int(padding.get("pad_id", 0))
         self._tokenizer.enable_padding(
             pad_id=padding.get("pad_id", 0),
             pad_type_id=padding.get("pad_type_id", 0),
@@ -81,6 +82,23 @@ class TextPreprocessor:
             "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
             "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
         }
+
+    def ids(self, text: str) -> list[int]:
+        """Token ids of one text as it is (call ``normalize`` first): special tokens
+        included, truncation applied, no padding."""
+        return list(self._tokenizer.encode(text, add_special_tokens=True).ids)
+
+    def pad(self, rows: Sequence[Sequence[int]]) -> dict[str, np.ndarray]:
+        """``input_ids`` and ``attention_mask`` of ``rows`` padded to the longest of them."""
+        if not rows:
+            raise ValueError("empty batch")
+        longest = max(len(r) for r in rows)
+        ids = np.full((len(rows), longest), self._pad_id, dtype=np.int64)
+        mask = np.zeros((len(rows), longest), dtype=np.int64)
+        for i, r in enumerate(rows):
+            ids[i, :len(r)] = r
+            mask[i, :len(r)] = 1
+        return {"input_ids": ids, "attention_mask": mask}
 
     def count_tokens(self, text: str) -> int:
         """Tokens the engine will see for ``text``: special tokens included, truncation applied."""
@@ -130,14 +148,22 @@ class TextEncoder:
         """
         if not texts:
             return []
-        feeds = self.preprocessor.tokenize_batch([normalize(t) for t in texts])
-        wanted = self.engine.input_names
-        outputs = self.engine.run({name: feeds[name] for name in wanted})
+        return self._run(self.preprocessor.tokenize_batch([normalize(t) for t in texts]), len(texts))
+
+    def embed_ids(self, rows: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """Like ``embed`` from token ids already made (``TextPreprocessor.ids`` of normalized
+        texts): the stage tokenizes while the engine runs the batch before."""
+        if not rows:
+            return []
+        return self._run(self.preprocessor.pad(rows), len(rows))
+
+    def _run(self, feeds: dict[str, np.ndarray], n: int) -> list[np.ndarray]:
+        outputs = self.engine.run({name: feeds[name] for name in self.engine.input_names})
         rows = outputs[self.output_name]
-        if rows.shape != (len(texts), self.embedding_dim):
+        if rows.shape != (n, self.embedding_dim):
             raise EncoderOutputError(
                 f"engine returned {self.output_name} of shape {rows.shape} for "
-                f"{len(texts)} texts, expected ({len(texts)}, {self.embedding_dim})"
+                f"{n} texts, expected ({n}, {self.embedding_dim})"
             )
         # Copy each row so one result does not keep the whole batch's buffer alive.
         return [np.array(row, dtype=np.float32) for row in rows]

@@ -83,5 +83,8 @@ class OffsetTracker:
         p = self._parts.get(tp)
         return 0 if p is None else len(p.open)
 
+    def total_unfinished(self) -> int:
+        return sum(len(p.open) for p in self._parts.values())
+
     def partitions(self) -> list[Hashable]:
         return list(self._parts)

@@ -26,6 +26,7 @@ from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
 from schemas.settings import Settings
+from streams.health import process_health
 from streams.produce import Out, dead_letter
 from streams.runtime.io import IOSettings, StageIO
 from streams.topics import TopicNames
@@ -61,6 +62,7 @@ class RecordStage(mode.Service):
         self.rt_backlog_records = (settings.admission.rt_backlog_records if rt_backlog_records is None
                                    else rt_backlog_records)
         self.bulk_paused = False
+        self.health = process_health()
         self.io = StageIO(io_settings(settings, app.conf.id), [*self.rt_topics, *self.bulk_topics],
                           on_assigned=self.on_assigned, on_revoked=self.on_revoked,
                           on_failed_output=self.on_failed_output)
@@ -140,6 +142,7 @@ class RecordStage(mode.Service):
                 log.warning("%s: poll failed: %r", self.stage, exc)
                 await asyncio.sleep(0.5)
                 continue
+            self.health.set_inflight(self.stage, self.io.tracker.total_unfinished())
             if not records:
                 await self.idle()
                 continue

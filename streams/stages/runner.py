@@ -6,7 +6,7 @@ metrics on its own port and writes the bound port next to its pid file.
 
 Modality plugins (``MMSTREAM_MODALITIES_PLUGINS``) are loaded first, so the topics, the
 stage names and every table read from the modality registry include them. An encode stage
-runs its modality's runner (``ModalitySpec.runner``) in an ``EncoderLoop``; a modality that
+runs its modality's compute (``ModalitySpec.front``) in an ``EncoderStage``; a modality that
 fans out runs its fan-out loop from ``FANOUT_STAGES``.
 """
 
@@ -24,21 +24,21 @@ from streams.lagmon import run_lag_monitor
 from streams.metrics import Metrics, serve
 from streams.stages import BASELINE_POOL, stage_names
 from streams.stages.assembler import install_assembler
-from streams.stages.encoder import EncoderLoop
+from streams.stages.encoder import EncoderStage
 from streams.stages.generator import install_generator
 from streams.stages.router import install_router
 from streams.stages.video import install_video_fanout
 from streams.topics import ensure_topics, topic_specs
 from workers import modalities
-from workers.claims import with_claims
-from workers.encoders import Runner, claim_resolver
+from workers.encoders import EncoderFront, claim_resolver
 from workers.modalities.generic import generic_runner
+from workers.outputs import EncoderRunner
 
 log = logging.getLogger(__name__)
 
 
 Installer = Callable[[faust.App, Settings, Metrics], None]
-Build = Callable[[Settings, Metrics], Runner]
+Build = Callable[[Settings, Metrics], EncoderRunner]
 
 FANOUT_STAGES: dict[str, Installer] = {"video": install_video_fanout}
 """Fan-out loops by modality: the stage of a modality whose spec fans out instead of encoding."""
@@ -46,28 +46,26 @@ FANOUT_STAGES: dict[str, Installer] = {"video": install_video_fanout}
 
 def _encoder_installer(modality: str, build: Build) -> Installer:
     def install(app: faust.App, settings: Settings, metrics: Metrics) -> None:
-        runner = build(settings, metrics)
-        loop = EncoderLoop(app, settings, metrics, modality, with_claims(runner.run_batch, claim_resolver(settings)),
-                           cost=runner.cost)
-        if runner.calibrate is not None:  # the cost model's first numbers, before real traffic
-            loop.cost_observer.observe(*runner.calibrate())
-        loop.identity = runner.identity
-        loop.install()
+        EncoderStage(app, settings, metrics, modality, build(settings, metrics)).install()
 
     return install
 
 
+def _generic(settings: Settings, metrics: Metrics) -> EncoderRunner:
+    # The no-routing baseline: claim checks, no reuse cache (its parts have no one model).
+    return EncoderFront(generic_runner(settings, metrics), claim_resolver(settings), None)
+
+
 def _installer(stage: str) -> Installer:
     fixed = {"router": install_router, "assembler": install_assembler, "generate": install_generator,
-             BASELINE_POOL: _encoder_installer("any", generic_runner)}
+             BASELINE_POOL: _encoder_installer("any", _generic)}
     if stage in fixed:
         return fixed[stage]
     spec = modalities.get(stage.removeprefix("encode.")) if stage.startswith("encode.") else None
     if spec is None:
         raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(stage_names())}")
     if spec.runner is not None:
-        build = spec.runner
-        return _encoder_installer(spec.name, lambda settings, metrics: build(settings, metrics, spec.stage))
+        return _encoder_installer(spec.name, lambda settings, metrics: spec.front(settings, metrics, spec.stage))
     if spec.name not in FANOUT_STAGES:
         raise ValueError(f"modality {spec.name!r} fans out to {spec.fanout} but no fan-out stage is written for it")
     return FANOUT_STAGES[spec.name]

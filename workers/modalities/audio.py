@@ -9,35 +9,30 @@ from schemas.jobs import EncodeJob
 from schemas.settings import Settings
 from workers import audio
 from workers import prompt as P
-from workers.audio import AudioEncoder, normalized_speech
-from workers.encoders import Runner, load_engine, refs_not_served
-from workers.engines.ctranslate2 import WhisperEngine
+from workers.audio import AudioEncoder, decode_audio, normalized_speech
+from workers.encoders import Runner, load_engine, run_isolated
 from workers.modalities.spec import ModalitySpec
-from workers.outputs import Encoded, Observer
+from workers.outputs import Encoded, Observer, Prepared
 
 
 def build_runner(settings: Settings, observer: Observer, stage: str) -> Runner:
-    config, engine = load_engine(settings, observer, SPEC.model_name(settings) or "", stage, WhisperEngine,
-                                 settings.models.audio_precision)
+    config, engine = load_engine(settings, observer, SPEC.model_name(settings) or "", stage,
+                                 precision=settings.models.audio_precision)
     encoder = AudioEncoder(engine, max_seconds=settings.limits.max_audio_seconds)
     encoder.warmup()
+    max_s = settings.limits.max_audio_seconds
 
-    def run_batch(jobs: list[EncodeJob]) -> list[Any]:
-        inline = [j for j in jobs if j.data is not None]
-        results = iter(encoder.run_batch([(j.data, j.mime) for j in inline]))
-        out: list[Any] = []
-        for j in jobs:
-            if j.data is None:
-                out.append(refs_not_served(j))
-                continue
-            r = next(results)
-            out.append(r if isinstance(r, Exception) else Encoded(r.embedding, {
-                "transcript": r.transcript, "speech_seconds": round(r.speech_seconds, 3), "language": r.language}))
-        return out
+    def prepare(job: EncodeJob) -> Prepared:
+        return Prepared(job, 1.0, decode_audio(job.data or b"", job.mime, max_s))
 
-    run = SPEC.cached(settings, observer, run_batch, config)
-    identity = f"{config.name}/{config.version}/{settings.models.audio_precision}/{audio.PREPROCESSING_VERSION}"
-    return Runner(run, lambda job: 1.0, identity=identity)
+    def run(items: list[Prepared]) -> list[Any]:
+        return [r if isinstance(r, Exception) else Encoded(r.embedding, {
+            "transcript": r.transcript, "speech_seconds": round(r.speech_seconds, 3), "language": r.language})
+            for r in run_isolated([item.data for item in items], encoder.encode)]
+
+    identity = f"{config.name}/{config.version}/{engine.precision}/{audio.PREPROCESSING_VERSION}"
+    return Runner(prepare, run, identity=identity, cost_prior=(0.0, 300.0, 0.0), config=config,
+                  precision=engine.precision)
 
 
 def _content(job: EncodeJob, settings: Settings) -> bytes | None:

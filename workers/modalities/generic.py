@@ -12,9 +12,9 @@ from PIL import Image
 from schemas.errors import ErrorCode, WireError
 from schemas.jobs import EncodeJob
 from schemas.settings import Settings
-from workers.encoders import Runner, refs_not_served
+from workers.encoders import Runner, run_isolated
 from workers.modalities import image, text
-from workers.outputs import Encoded, Observer
+from workers.outputs import Encoded, Observer, Prepared
 from workers.video import decode_video
 
 STAGE = "encode.any"
@@ -25,33 +25,35 @@ def generic_runner(settings: Settings, observer: Observer) -> Runner:
     image_run, image_encoder = image.image_runner(settings, observer, STAGE)
     v = settings.video
 
-    def video(job: EncodeJob) -> Any:
-        try:
-            if job.data is None:
-                raise refs_not_served(job)
-            clip = decode_video(job.data, v.max_seconds, v.max_frames, v.fps)
-            outs = image_encoder.encode([Image.fromarray(f) for f in clip.frames])
-        except Exception as exc:
-            return exc
+    def prepare(job: EncodeJob) -> Prepared:
+        if job.modality == "text":
+            return text_run.prepare(job)
+        if job.modality == "image":
+            return image_run.prepare(job)
+        if job.modality == "video":
+            clip = decode_video(job.data or b"", v.max_seconds, v.max_frames, v.fps)
+            return Prepared(job, 1.0, clip)
+        raise WireError(ErrorCode.UNSUPPORTED_MEDIA, f"no {job.modality} encoder in the generic pool", f"parts.{job.part}")
+
+    def video(item: Prepared) -> Any:
+        clip = item.data
+        outs = image_encoder.encode([Image.fromarray(f) for f in clip.frames])
         pooled = np.mean([o.embedding for o in outs], axis=0)
         pooled /= max(float(np.linalg.norm(pooled)), 1e-12)
         return Encoded(pooled, {"duration_s": round(clip.duration_s, 3), "frames_sampled": len(outs),
                                 "frames_encoded": len(outs), "complete": True, "has_audio": clip.has_audio,
                                 "frame_labels": [o.top5[0][0] for o in outs]})
 
-    def run_batch(jobs: list[EncodeJob]) -> list[Any]:
-        out: list[Any] = [None] * len(jobs)
-        for modality, runner in (("text", text_run.run_batch), ("image", image_run.run_batch)):
-            idx = [i for i, j in enumerate(jobs) if j.modality == modality]
-            for i, r in zip(idx, runner([jobs[i] for i in idx]) if idx else []):
+    def run(items: list[Prepared]) -> list[Any]:
+        out: list[Any] = [None] * len(items)
+        for modality, runner in (("text", text_run.run), ("image", image_run.run)):
+            idx = [i for i, item in enumerate(items) if item.job.modality == modality]
+            for i, r in zip(idx, runner([items[i] for i in idx]) if idx else []):
                 out[i] = r
-        for i, j in enumerate(jobs):
-            if j.modality == "video":
-                out[i] = video(j)
-            elif out[i] is None:
-                out[i] = WireError(ErrorCode.UNSUPPORTED_MEDIA, f"no {j.modality} encoder in the generic pool",
-                                   f"parts.{j.part}")
+        for i, item in enumerate(items):
+            if item.job.modality == "video":
+                out[i] = run_isolated([item], lambda one: [video(one[0])])[0]
         return out
 
-    # One queue for everything: a job is a job.
-    return Runner(run_batch, lambda job: 1.0)
+    # One queue for everything, FIFO: a job is a job (what makes text wait behind video).
+    return Runner(prepare, run, cost_prior=(1.0, 10.0, 0.0))

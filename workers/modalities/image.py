@@ -15,11 +15,11 @@ from schemas.jobs import EncodeJob
 from schemas.settings import Settings
 from workers import image
 from workers import prompt as P
-from workers.encoders import Runner, load_engine, refs_not_served, timed
-from workers.image import ImageEncoder, _warmup_image, load_labels, normalized_pixels
+from workers.encoders import Runner, load_engine, run_isolated, timed
+from workers.image import ImageEncoder, _warmup_image, load_labels, model_input, normalized_pixels, preprocess
 from workers.modalities.spec import ModalitySpec
-from workers.outputs import Encoded, Observer
-from workers.video import FRAME_BYTES, FRAMES_MIME, frames_from_bytes
+from workers.outputs import Encoded, Observer, Prepared
+from workers.video import FRAMES_MIME, frames_from_bytes
 
 
 def image_runner(settings: Settings, observer: Observer, stage: str) -> tuple[Runner, ImageEncoder]:
@@ -29,41 +29,41 @@ def image_runner(settings: Settings, observer: Observer, stage: str) -> tuple[Ru
                            max_pixels=settings.limits.max_image_pixels)
     encoder.warmup()
 
-    def frame_chunk(job: EncodeJob) -> Any:
-        """A video's frame chunk: the SUM of its frames' embeddings (the assembler pools)."""
-        try:
-            outputs = encoder.encode(frames_from_bytes(job.data or b""))
-        except Exception as exc:
-            return exc
-        return Encoded(np.sum([o.embedding for o in outputs], axis=0),
-                       {"frames": len(outputs), "labels": [o.top5[0][0] for o in outputs],
-                        "top": [[[label, round(p, 4)] for label, p in o.top5[:3]] for o in outputs]})
+    def prepare(job: EncodeJob) -> Prepared:
+        if job.mime == FRAMES_MIME:  # a video's frame chunk: raw frames already, one unit each
+            frames = preprocess(frames_from_bytes(job.data or b""))
+            return Prepared(job, float(len(frames)), frames, content=job.data)
+        pixels, content = model_input(job.data or b"", job.mime, settings.limits.max_image_pixels)
+        return Prepared(job, 1.0, pixels, content=content)
 
-    def run_batch(jobs: list[EncodeJob]) -> list[Any]:
-        photos = [j for j in jobs if j.data is not None and j.mime != FRAMES_MIME]
-        results = iter(encoder.run_batch([(j.data, j.mime) for j in photos]))
-        out: list[Any] = []
-        for j in jobs:
-            if j.data is None:
-                out.append(refs_not_served(j))
-            elif j.mime == FRAMES_MIME:
-                out.append(frame_chunk(j))
+    def run_together(items: list[Prepared]) -> list[Any]:
+        """One engine call for every photo and frame of the batch, split back per item."""
+        outputs = encoder.encode_pixels(np.concatenate([item.data for item in items]))
+        out, at = [], 0
+        for item in items:
+            mine, at = outputs[at:at + len(item.data)], at + len(item.data)
+            if item.job.mime == FRAMES_MIME:  # the SUM of the frames' embeddings: the assembler pools
+                out.append(Encoded(np.sum([o.embedding for o in mine], axis=0),
+                                   {"frames": len(mine), "labels": [o.top5[0][0] for o in mine],
+                                    "top": [[[label, round(p, 4)] for label, p in o.top5[:3]] for o in mine]}))
             else:
-                r = next(results)
-                out.append(r if isinstance(r, Exception) else
-                           Encoded(r.embedding, {"top5": [[label, round(p, 5)] for label, p in r.top5]}))
+                out.append(Encoded(mine[0].embedding, {"top5": [[label, round(p, 5)] for label, p in mine[0].top5]}))
         return out
 
-    def cost(job: EncodeJob) -> float:
-        return max(1.0, len(job.data or b"") / FRAME_BYTES) if job.mime == FRAMES_MIME else 1.0
+    def run(items: list[Prepared]) -> list[Any]:
+        return run_isolated(items, run_together)
 
-    def calibrate() -> tuple[float, float]:
-        images = [_warmup_image(seed) for seed in range(4)]
-        return 4.0, timed(lambda: encoder.encode(images))
+    def calibrate() -> list[tuple[int, float, float]]:
+        pixels = preprocess([_warmup_image(seed) for seed in range(8)])
+        rows = []
+        for n in (1, 2, 4, 8):
+            encoder.encode_pixels(pixels[:n])
+            rows.append((n, 1.0, min(timed(lambda: encoder.encode_pixels(pixels[:n])) for _ in range(2))))
+        return rows
 
-    run = SPEC.cached(settings, observer, run_batch, config)
-    identity = f"{config.name}/{config.version}/{settings.encoder.precision}/{image.PREPROCESSING_VERSION}"
-    return Runner(run, cost, calibrate, identity), encoder
+    identity = f"{config.name}/{config.version}/{engine.precision}/{image.PREPROCESSING_VERSION}"
+    return Runner(prepare, run, calibrate, identity, cost_prior=(1.0, 8.0, 0.0), config=config,
+                  precision=engine.precision), encoder
 
 
 def build_runner(settings: Settings, observer: Observer, stage: str) -> Runner:

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 from schemas.jobs import EncodeJob
 from schemas.request import MODALITY_NAME_RE
 from schemas.settings import Settings
-from workers.encoders import Runner, with_cache
+from workers.encoders import EncoderFront, Runner, front_for
 from workers.outputs import Observer
 
 RunnerBuilder = Callable[[Settings, Observer, str], Runner]
@@ -122,13 +122,13 @@ class ModalitySpec:
             return int(getattr(settings.cache, self.ttl_setting))
         return self.cache_ttl_s
 
-    def cached(self, settings: Settings, observer: Observer, run_batch: Any, config: Any) -> Any:
-        """``run_batch`` behind the reuse cache, keyed by this spec's content and versions."""
-        content = self.cache_content
-        if content is None:
-            return run_batch
-        return with_cache(settings, observer, self.name, run_batch, lambda job: content(job, settings), config,
-                          self.preprocessing, self.cache_ttl(settings))
+    def front(self, settings: Settings, observer: Observer, stage: str) -> EncoderFront:
+        """The encode stage's compute for this modality: its runner with claim checks and
+        the reuse cache (keyed by this spec's content and versions) in front."""
+        assert self.runner is not None, f"modality {self.name!r} fans out; it has no encoder"
+        runner = self.runner(settings, observer, stage)
+        return front_for(runner, settings, observer, self.name, self.cache_content, self.preprocessing,
+                         self.cache_ttl(settings))
 
 
 def parse_overrides(raw: str) -> dict[str, int]:

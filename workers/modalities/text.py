@@ -12,10 +12,15 @@ from schemas.jobs import EncodeJob
 from schemas.settings import Settings
 from workers import prompt as P
 from workers import text
-from workers.encoders import Runner, load_engine, timed
+from workers.encoders import Runner, load_engine, run_isolated, timed
 from workers.modalities.spec import ModalitySpec
-from workers.outputs import Observer
-from workers.text import _WARMUP_TEXTS, TextEncoder, TextPreprocessor, normalize
+from workers.outputs import Observer, Prepared
+from workers.text import TextEncoder, TextPreprocessor, normalize
+
+
+# Lengths (tokens) and rows timed at start-up: enough shapes to separate the per-token and
+# the attention (length squared) terms of the batch cost model.
+CALIBRATION = ((1, 16), (8, 16), (16, 16), (1, 64), (4, 64), (1, 128), (2, 128), (1, 256))
 
 
 def build_runner(settings: Settings, observer: Observer, stage: str) -> Runner:
@@ -23,14 +28,28 @@ def build_runner(settings: Settings, observer: Observer, stage: str) -> Runner:
     pre = TextPreprocessor(config.tokenizer_path, config.max_length)
     encoder = TextEncoder(engine, pre, embedding_dim=config.embedding_dim)
     encoder.warmup()
-    run = SPEC.cached(settings, observer, lambda jobs: encoder.run_batch([j.text for j in jobs]), config)
 
-    def calibrate() -> tuple[float, float]:
-        texts = list(_WARMUP_TEXTS)
-        return float(sum(pre.count_tokens(t) for t in texts)), timed(lambda: encoder.embed(texts))
+    def prepare(job: EncodeJob) -> Prepared:
+        if not isinstance(job.text, str):
+            raise TypeError(f"text must be str, got {type(job.text).__name__}")
+        normalized = normalize(job.text)
+        ids = pre.ids(normalized)
+        return Prepared(job, float(len(ids)), ids, content=normalized.encode())
 
-    identity = f"{config.name}/{config.version}/{settings.encoder.precision}/{text.PREPROCESSING_VERSION}"
-    return Runner(run, lambda job: float(pre.count_tokens(job.text or "")), calibrate, identity)
+    def run(items: list[Prepared]) -> list[Any]:
+        return run_isolated([item.data for item in items], encoder.embed_ids)
+
+    def calibrate() -> list[tuple[int, float, float]]:
+        rows = []
+        for n, length in CALIBRATION:
+            ids = [[pre.ids("a")[0]] + [1000] * (length - 2) + [pre.ids("a")[-1]]] * n
+            encoder.embed_ids(ids)  # the first run of a shape sizes buffers: not timed
+            rows.append((n, float(length), min(timed(lambda: encoder.embed_ids(ids)) for _ in range(2))))
+        return rows
+
+    identity = f"{config.name}/{config.version}/{engine.precision}/{text.PREPROCESSING_VERSION}"
+    return Runner(prepare, run, calibrate, identity, variable_length=True, cost_prior=(1.0, 0.1, 0.0002),
+                  config=config, precision=engine.precision)
 
 
 def _content(job: EncodeJob, settings: Settings) -> bytes | None:

@@ -1,0 +1,36 @@
+"""The router's view of the load, from the encoders' reports plus what it sent since."""
+
+from streams.load import LoadView
+
+
+def report(stage, at, queued, partitions, item_ms):
+    return {"stage": stage, "at": at, "queued_ms": queued, "partitions": partitions, "item_ms": item_ms}
+
+
+def test_wait_is_the_least_loaded_replica_plus_what_was_sent_there_since() -> None:
+    view = LoadView()
+    view.update_reports({
+        "encode.text/a": report("encode.text", 1000.0, 300.0, {"mm.encode.text.rt:0": 300.0}, {"16": 1.0, "256": 20.0}),
+        "encode.text/b": report("encode.text", 1000.0, 100.0, {"mm.encode.text.rt:1": 100.0}, {"16": 1.0, "256": 20.0}),
+    }, now_ms=1500.0)
+    assert view.wait_ms("encode.text") == 100.0
+    view.note_sent("mm.encode.text.rt", 1, 250.0)
+    assert view.wait_ms("encode.text") == 300.0  # b now holds 350, a 300
+    assert view.partition_ms["mm.encode.text.rt"] == {0: 300.0, 1: 350.0}
+    assert view.item_ms("encode.text", 200) == 20.0 and view.item_ms("encode.text", 10) == 1.0
+    assert view.item_ms("encode.image", 1) is None  # no report: the caller uses the default cost
+
+
+def test_stale_reports_are_ignored() -> None:
+    view = LoadView(stale_ms=3000.0)
+    view.update_reports({"encode.image/a": report("encode.image", 0.0, 5000.0, {}, {"1": 8.0})}, now_ms=10_000.0)
+    assert view.wait_ms("encode.image") == 0.0 and view.total_ms == 0.0
+
+
+def test_a_new_report_replaces_what_was_counted_as_sent() -> None:
+    view = LoadView()
+    view.note_sent("mm.encode.image.rt", 0, 40.0)
+    assert view.wait_ms("encode.image") == 40.0
+    view.update_reports({"encode.image/a": report("encode.image", 100.0, 10.0, {"mm.encode.image.rt:0": 10.0},
+                                                  {"1": 8.0})}, now_ms=150.0)
+    assert view.wait_ms("encode.image") == 10.0
