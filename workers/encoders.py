@@ -76,10 +76,12 @@ class EncoderFront:
         prepared: list[Any] = []
         for job in jobs:
             try:
-                if job.data is None:
-                    if job.ref is None or self.resolver is None:
+                if job.ref is not None:  # a claim check: its bytes, fetched here (never on the engine's time)
+                    if self.resolver is None:
                         raise refs_not_served(job)
                     job = dataclasses.replace(job, data=self.resolver.fetch(job.ref, f"parts.{job.part}.ref"), ref=None)
+                elif job.data is None and job.text is None:
+                    raise refs_not_served(job)
                 item = self.runner.prepare(job)
                 prepared.append(dataclasses.replace(item, key=self._key(item)))
             except Exception as exc:

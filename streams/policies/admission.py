@@ -1,34 +1,22 @@
 """Cost-aware admission with priority lanes, and lag backpressure. Pure: plain data in,
 a decision out; the router measures, asks, and carries the decision out.
 
-Cost model: each part's compute in milliseconds of engine time, estimated from what the
-router can see without decoding — each modality's spec (``workers/modalities``) says how
-many units a part is (tokens ≈ characters / 4 for text, one per image, ``max_frames`` image
-units for a video, one per audio clip) and what a unit costs before anything is measured;
-the coefficients then follow observed service times (EWMA).
-
-Queued work of a stage = its consumer lag (records) x the mean cost of one of its records.
-A request is admitted when, for every stage it needs, the stage's queued work is under
-that lane's limit; bulk's limit is lower than rt's, so bulk is shed first. A request whose
-predicted wait plus own cost already exceeds its deadline is rejected early with
-``deadline_exceeded`` rather than dropped late.
+The router knows, per encode stage, what a new part would wait (``queued_ms``: the queued
+engine work the stage's replicas report, plus what the router sent since — see
+``streams.load``) and what each part of the request costs there (its length's cost from
+the same reports, or its modality's default before any report). A request is admitted when
+every stage it needs is under that lane's limit; bulk's limit is lower than rt's, so bulk is
+shed first, with ``overloaded`` and how long to wait (``retry_after_ms``: the time the
+queue needs to drain below the limit). A request whose predicted wait plus own cost already
+exceeds its deadline is rejected early with ``deadline_exceeded`` rather than dropped late.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping
 
 from schemas.errors import ErrorCode
-from workers import modalities
-
-DEFAULT_MS_PER_UNIT = 10.0
-"""Cost of one unit of a modality nobody registered (the baseline's ``any`` pool)."""
-
-
-def default_ms_per_unit() -> dict[str, float]:
-    """Each registered modality's cost of one unit before any worker has measured it."""
-    return {s.name: s.ms_per_unit for s in modalities.specs()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,31 +29,6 @@ class Reject:
     code: ErrorCode
     message: str
     retry_after_ms: int | None
-
-
-@dataclass
-class CostModel:
-    """Milliseconds of engine time per unit of each modality, kept current by ``observe``."""
-
-    ms_per_unit: dict[str, float] = field(default_factory=default_ms_per_unit)
-    alpha: float = 0.1
-    """EWMA weight of a new observation."""
-
-    def units(self, modality: str, size: int, max_frames: int = 16) -> float:
-        """Work units of one part as its modality's spec counts them (1 for an unknown one):
-        ``size`` is the text's characters or the inline bytes."""
-        spec = modalities.get(modality)
-        return spec.units(size, max_frames) if spec is not None else 1.0
-
-    def cost_ms(self, modality: str, units: float) -> float:
-        return self.ms_per_unit.get(modality, DEFAULT_MS_PER_UNIT) * units
-
-    def observe(self, modality: str, units: float, service_ms: float) -> None:
-        if units <= 0 or service_ms < 0:
-            return
-        seen = service_ms / units
-        old = self.ms_per_unit.get(modality, seen)
-        self.ms_per_unit[modality] = (1 - self.alpha) * old + self.alpha * seen
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,9 +14,9 @@ from schemas.errors import ErrorCode, WireError
 from schemas.jobs import EncodeJob
 from schemas.settings import Settings
 from workers import prompt, text
-from workers.encoders import Runner, load_engine, refs_not_served
+from workers.encoders import Runner, load_engine, refs_not_served, run_isolated
 from workers.modalities import ModalitySpec, register
-from workers.outputs import Encoded, Observer
+from workers.outputs import Encoded, Observer, Prepared
 from workers.text import TextEncoder, TextPreprocessor, normalize
 
 PREPROCESSING = f"doc-utf8+{text.PREPROCESSING_VERSION}"
@@ -43,33 +43,20 @@ def build_runner(settings: Settings, observer: Observer, stage: str) -> Runner:
     encoder = TextEncoder(engine, pre, embedding_dim=config.embedding_dim)
     encoder.warmup(1)
 
-    def run_batch(jobs: list[EncodeJob]) -> list[Any]:
-        docs: list[Any] = []
-        for job in jobs:
-            try:
-                docs.append(decode(job))
-            except WireError as err:
-                docs.append(err)
-        good = [i for i, d in enumerate(docs) if isinstance(d, str)]
-        embedded = iter(encoder.run_batch([docs[i] for i in good]))
-        out: list[Any] = []
-        for d in docs:
-            if isinstance(d, Exception):
-                out.append(d)
-                continue
-            e = next(embedded)
-            out.append(e if isinstance(e, Exception) else
-                       Encoded(e, {"chars": len(d), "excerpt": d[:EXCERPT_CHARS]}))
-        return out
+    def prepare(job: EncodeJob) -> Prepared:
+        doc = decode(job)  # raises this part's own WireError
+        ids = pre.ids(doc)
+        return Prepared(job, float(len(ids)), (doc, ids), content=doc.encode())
 
-    def cost(job: EncodeJob) -> float:
-        try:
-            return float(pre.count_tokens(decode(job)))
-        except WireError:
-            return 1.0
+    def run(items: list[Prepared]) -> list[Any]:
+        embedded = run_isolated([item.data[1] for item in items], encoder.embed_ids)
+        return [e if isinstance(e, Exception) else
+                Encoded(e, {"chars": len(item.data[0]), "excerpt": item.data[0][:EXCERPT_CHARS]})
+                for item, e in zip(items, embedded)]
 
-    identity = f"{config.name}/{config.version}/{settings.encoder.precision}/{PREPROCESSING}"
-    return Runner(SPEC.cached(settings, observer, run_batch, config), cost, identity=identity)
+    identity = f"{config.name}/{config.version}/{engine.precision}/{PREPROCESSING}"
+    return Runner(prepare, run, identity=identity, variable_length=True, cost_prior=(1.0, 0.1, 0.0002),
+                  config=config, precision=engine.precision)
 
 
 def _content(job: EncodeJob, settings: Settings) -> bytes | None:
@@ -96,7 +83,6 @@ SPEC = register(ModalitySpec(
     cost_unit="token",
     ms_per_unit=0.15,
     units=lambda size, max_frames: max(1.0, size / 4.0),  # ~4 bytes per token
-    units_per_record=100.0,
     cache_ttl_s=600,
     grounding=_grounding,
     prompt_part=_prompt_part,

@@ -14,13 +14,12 @@ def memo_spec(**over: Any) -> ModalitySpec:
     """A small extra modality for tests: documents costed by bytes, grounded by an excerpt."""
     fields: dict[str, Any] = dict(
         name="memo",
-        runner=lambda settings, observer, stage: Runner(lambda jobs: [], lambda job: 1.0),
+        runner=lambda settings, observer, stage: Runner(lambda job: None, lambda items: []),
         model="memo-model",
         recipe=None,
         cost_unit="token",
         ms_per_unit=0.5,
         units=lambda size, max_frames: max(1.0, size / 4.0),
-        units_per_record=50.0,
         cache_ttl_s=60,
         grounding=lambda extras: {"text": extras.get("excerpt", "")},
         prompt_part=lambda g: prompt.AttachmentPart("memo", "text", g.get("text", ""), failed=bool(g.get("failed"))),

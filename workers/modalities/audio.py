@@ -58,7 +58,6 @@ SPEC = ModalitySpec(
     preprocessing=f"{audio.PREPROCESSING_VERSION}+speech",
     cost_unit="clip",
     ms_per_unit=300.0,  # per clip (30 s Whisper window)
-    units_per_record=1.0,
     cache_ttl_s=3600,  # its own TTL: it used to borrow the image setting's
     grounding=_grounding,
     prompt_part=_prompt_part,

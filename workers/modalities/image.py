@@ -99,7 +99,6 @@ SPEC = ModalitySpec(
     preprocessing=f"{image.PREPROCESSING_VERSION}+pixels+{FRAMES_MIME}",
     cost_unit="image",
     ms_per_unit=8.0,  # per image at 224x224
-    units_per_record=1.0,
     ttl_setting="ttl_image_s",
     grounding=_grounding,
     prompt_part=_prompt_part,

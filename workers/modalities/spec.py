@@ -73,8 +73,6 @@ class ModalitySpec:
     units: Callable[[int, int], float] = one_unit
     """(size, max_frames) -> work units of one part, as the router sees it without decoding:
     ``size`` is the text's characters or the inline bytes (0 for a ref)."""
-    units_per_record: float = 1.0
-    """Units one queued record of this modality's encode topic stands for (load estimate)."""
     cache_ttl_s: int = 3600
     """How long a cached output stays reusable, unless a setting says otherwise."""
     ttl_setting: str | None = None
@@ -94,7 +92,7 @@ class ModalitySpec:
                              f"starting with a letter, and not one of {sorted(RESERVED_NAMES)}")
         if (self.runner is None) == (not self.fanout):
             raise ValueError(f"modality {self.name!r} needs exactly one of a runner or fan-out pools")
-        if self.replicas < 0 or self.ms_per_unit < 0 or self.units_per_record <= 0 or self.cache_ttl_s <= 0:
+        if self.replicas < 0 or self.ms_per_unit < 0 or self.cache_ttl_s <= 0:
             raise ValueError(f"modality {self.name!r}: replicas, costs and TTL must be positive")
 
     @property

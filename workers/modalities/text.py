@@ -78,7 +78,6 @@ SPEC = ModalitySpec(
     cost_unit="token",
     ms_per_unit=0.15,  # per token, padded batch on 2 CPU threads
     units=_tokens,
-    units_per_record=20.0,  # a text job is ~20 tokens
     ttl_setting="ttl_text_s",
     grounding=_grounding,
     prompt_part=_prompt_part,

@@ -33,7 +33,6 @@ SPEC = ModalitySpec(
     cost_unit="frame",
     ms_per_unit=8.0,  # per sampled frame (frames go to the image pool)
     units=_frames,
-    units_per_record=16.0,  # a video job fans out to its frames
     grounding=_grounding,
     prompt_part=_prompt_part,
 )

@@ -2,7 +2,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas.errors import ErrorCode
-from streams.policies.admission import AdmissionLimits, Admit, Backpressure, CostModel, Reject, admit
+from streams.policies.admission import AdmissionLimits, Admit, Backpressure, Reject, admit
 
 LIMITS = AdmissionLimits(max_queued_ms_rt=1000, max_queued_ms_bulk=200)
 
@@ -42,12 +42,3 @@ def test_rt_is_admitted_whenever_bulk_is(queued):
 def test_backpressure_has_hysteresis():
     bp = Backpressure(high_ms=100, low_ms=20)
     assert [bp.update(q) for q in (50, 150, 80, 30, 10, 50)] == [None, "pause", None, None, "resume", None]
-
-
-def test_cost_model_follows_observations():
-    cm = CostModel(alpha=0.5)
-    units = cm.units("text", 400)
-    assert units == 100
-    before = cm.cost_ms("text", units)
-    cm.observe("text", units, service_ms=100 * 1.15)
-    assert cm.cost_ms("text", units) > before

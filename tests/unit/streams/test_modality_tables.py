@@ -13,13 +13,11 @@ from schemas.jobs import EncodeJob, fan_in_from_wire
 from schemas.request import Modality, Part
 from schemas.settings import Settings, env_name
 from streams.assembly import _grounding
-from streams.lagmon import LagRow
-from streams.load import LoadView, units_per_record
-from streams.policies.admission import CostModel
 from streams.stages import stage_names
 from streams.stages.generator import prompt_parts
 from streams.stages.router import Router
 from streams.topics import topic_specs
+from workers import modalities
 from workers import prompt as P
 
 # What the tables said before the registry existed.
@@ -28,7 +26,6 @@ OLD_STAGES = ("router", "assembler", "encode.text", "encode.image", "encode.audi
 OLD_REPLICAS = {"router": 1, "assembler": 1, "encode.text": 1, "encode.image": 1, "encode.audio": 1,
                 "encode.video": 1, "generate": 1, "lagmon": 1}
 OLD_MS_PER_UNIT = {"text": 0.15, "image": 8.0, "video": 8.0, "audio": 300.0}
-OLD_UNITS_PER_RECORD = {"text": 20.0, "image": 1.0, "video": 16.0, "audio": 1.0}
 
 
 def make_router(**env: str) -> Router:
@@ -44,6 +41,11 @@ def handle(router: Router, obj: dict):
     return asyncio.run(router.handle(pack(obj), [], 1000.0, "test"))
 
 
+def verdict_event(out) -> Event:
+    """The first event of the router's own answer (sent through the assembler)."""
+    return Event.from_wire(fan_in_from_wire(unpack(out.value)).events[0])
+
+
 def encode_topics() -> set[str]:
     return {s.name for s in topic_specs(Settings().kafka) if ".encode." in s.name}
 
@@ -51,10 +53,9 @@ def encode_topics() -> set[str]:
 def test_built_ins_give_the_tables_that_were_written_by_hand() -> None:
     assert stage_names() == OLD_STAGES
     assert default_replicas() == OLD_REPLICAS
-    assert CostModel().ms_per_unit == OLD_MS_PER_UNIT
-    assert {m: units_per_record(m) for m in OLD_UNITS_PER_RECORD} == OLD_UNITS_PER_RECORD
-    cm = CostModel()
-    assert (cm.units("text", 400), cm.units("video", 0, 12), cm.units("image", 5000), cm.units("audio", 9)) \
+    assert {s.name: s.ms_per_unit for s in modalities.specs()} == OLD_MS_PER_UNIT
+    units = {s.name: s.units for s in modalities.specs()}
+    assert (units["text"](400, 16), units["video"](0, 12), units["image"](5000, 16), units["audio"](9, 16)) \
         == (100.0, 12.0, 1.0, 1.0)
     assert encode_topics() == {f"mm.encode.{m}.{lane}" for m in ("text", "image", "audio", "video", "any")
                                for lane in ("rt", "bulk")}
@@ -88,11 +89,10 @@ def test_a_registered_modality_appears_in_every_table(memo) -> None:
     assert stage_names() == (*OLD_STAGES[:6], "encode.memo", *OLD_STAGES[6:])
     assert default_replicas()["encode.memo"] == 2
     assert {"mm.encode.memo.rt", "mm.encode.memo.bulk"} <= encode_topics()
-    cm = CostModel()
-    assert cm.ms_per_unit["memo"] == 0.5 and cm.units("memo", 400) == 100.0
-    load = LoadView()
-    load.update([LagRow("mm-encode-memo", "mm.encode.memo.rt", 0, 10, 13, 3)], "mm")
-    assert load.queued_ms == {"encode.memo": 3 * 50.0 * 0.5}
+    spec = modalities.get("memo")
+    assert spec.ms_per_unit == 0.5 and spec.units(400, 16) == 100.0
+    # Before any report, the router prices a part from its spec: 400 bytes = 100 tokens at 0.5 ms.
+    assert make_router()._part_cost(Part("memo", data=b"y" * 400)) == 50.0
     assert _grounding({"modality": "memo", "extras": {"excerpt": "lunch at noon"}}) == \
         {"modality": "memo", "text": "lunch at noon"}
     assert prompt_parts([{"modality": "memo", "text": "lunch at noon"}, {"modality": "memo", "failed": True}]) == \
@@ -108,15 +108,15 @@ def test_the_router_routes_and_admits_a_registered_modality(memo) -> None:
     job = EncodeJob.from_wire(unpack(next(o.value for o in routed.outs if o.topic == "mm.encode.memo.rt")))
     assert job.modality == "memo" and job.data == b"y" * 400
     # Admission charges the memo pool for the part's own cost, from the spec's units.
-    r.load.queued_ms = {"encode.memo": 10_000.0}
+    r.load.note_sent("mm.encode.memo.rt", 0, 10_000.0)
     refused = handle(r, {"id": "m2", "parts": [{"modality": "memo", "data": b"y"}]})
-    assert refused.admission == "reject" and "encode.memo" in Event.from_wire(unpack(refused.outs[0].value)).error["message"]
+    assert refused.admission == "reject" and "encode.memo" in verdict_event(refused.outs[0]).error["message"]
 
 
 def test_an_unregistered_modality_fails_the_whole_request_naming_the_part(memo) -> None:
     routed = handle(make_router(), {"id": "u1", "parts": [{"modality": "text", "text": "x"},
                                                            {"modality": "smell", "data": b"y"}]})
-    event = Event.from_wire(unpack(routed.outs[0].value))
+    event = verdict_event(routed.outs[0])
     assert routed.outcome == "error" and event.error["code"] == "unsupported_media"
     assert event.error["field"] == "parts.1.modality"
     assert event.error["message"] == "modality 'smell' is not one of text, image, audio, video, memo"
@@ -132,7 +132,7 @@ def test_a_registered_modality_that_is_not_served_fails_that_part_only(memo) -> 
 
 def test_video_is_admitted_against_the_image_pool() -> None:
     r = make_router()
-    r.load.queued_ms = {"encode.image": 10_000.0, "encode.video": 0.0}
+    r.load.note_sent("mm.encode.image.rt", 0, 10_000.0)
     refused = handle(r, {"id": "v1", "parts": [{"modality": "video", "data": b"x", "mime": "video/mp4"}]})
-    assert refused.admission == "reject" and "encode.image" in Event.from_wire(unpack(refused.outs[0].value)).error["message"]
+    assert refused.admission == "reject" and "encode.image" in verdict_event(refused.outs[0]).error["message"]
     assert r._part_cost(Part(Modality.VIDEO, data=b"x")) == 8.0 * Settings().video.max_frames

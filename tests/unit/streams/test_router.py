@@ -4,7 +4,7 @@ import json
 from schemas import pack, unpack
 from schemas.codec import ERROR_HEADER
 from schemas.events import Event
-from schemas.jobs import EncodeJob, fan_in_from_wire
+from schemas.jobs import EncodeJob, Verdict, fan_in_from_wire
 from schemas.settings import Settings, env_name
 from streams.stages.router import Router
 
@@ -22,16 +22,24 @@ def handle(router, raw, headers=None):
     return asyncio.run(router.handle(raw, headers or [], 1000.0, "test")).outs
 
 
-def test_valid_request_becomes_accepted_manifest_and_one_job_per_part():
+def verdict(out):
+    """The router answers a request itself through the assembler: (where the client's events
+    go, the first of them)."""
+    v = fan_in_from_wire(unpack(out.value))
+    assert isinstance(v, Verdict) and out.topic.startswith("mm.encoded.")
+    return v.reply_to, Event.from_wire(v.events[0])
+
+
+def test_valid_request_becomes_a_manifest_and_one_job_per_part():
     r = make_router()
     raw = pack({"v": 1, "id": "a1", "parts": [{"modality": "text", "text": "x"}, {"modality": "text", "text": "y"}]})
     outs = handle(r, raw)
     topics = [o.topic for o in outs]
-    assert topics == ["mm.results", "mm.encoded.rt", "mm.encode.text.rt", "mm.encode.text.rt"]
-    assert Event.from_wire(unpack(outs[0].value)).kind == "accepted"
-    assert fan_in_from_wire(unpack(outs[1].value)).n_parts == 2
-    jobs = [EncodeJob.from_wire(unpack(o.value)) for o in outs[2:]]
-    assert [j.part for j in jobs] == [0, 1] and all(o.key == b"a1" for o in outs[:2])
+    # No event for the client from here: the assembler sends `accepted` when the manifest arrives.
+    assert topics == ["mm.encoded.rt", "mm.encode.text.rt", "mm.encode.text.rt"]
+    assert fan_in_from_wire(unpack(outs[0].value)).n_parts == 2
+    jobs = [EncodeJob.from_wire(unpack(o.value)) for o in outs[1:]]
+    assert [j.part for j in jobs] == [0, 1] and outs[0].key == b"a1"
 
 
 def test_undecodable_bytes_go_to_the_dlq_with_original_headers_and_reason():
@@ -43,8 +51,8 @@ def test_undecodable_bytes_go_to_the_dlq_with_original_headers_and_reason():
 
 def test_schema_violation_with_readable_id_gets_an_error_event():
     outs = handle(make_router(), json.dumps({"id": "b2", "parts": [{"modality": "text", "text": "x" * 70000}]}).encode())
-    ev = Event.from_wire(unpack(outs[0].value))
-    assert outs[0].topic == "mm.results" and ev.kind == "error" and ev.error["code"] == "payload_too_large"
+    reply_to, ev = verdict(outs[0])
+    assert reply_to == "mm.results" and ev.kind == "error" and ev.error["code"] == "payload_too_large"
     assert ev.error["field"] == "parts.0.text"
 
 
@@ -67,17 +75,18 @@ def test_unserved_modality_fails_that_part_only():
 def test_unserved_task_and_unknown_reply_topic_are_errors():
     r = make_router(router__served_tasks="embed")
     outs = handle(r, pack({"id": "d4", "task": "generate", "parts": [{"modality": "text", "text": "x"}]}))
-    assert Event.from_wire(unpack(outs[0].value)).error["field"] == "task"
+    assert verdict(outs[0])[1].error["field"] == "task"
     outs = handle(r, pack({"id": "d5", "reply_to": "nobody.here", "parts": [{"modality": "text", "text": "x"}]}))
-    assert outs[0].topic == "mm.results" and Event.from_wire(unpack(outs[0].value)).error["field"] == "reply_to"
+    reply_to, ev = verdict(outs[0])
+    assert reply_to == "mm.results" and ev.error["field"] == "reply_to"
     outs = handle(r, pack({"id": "d6", "reply_to": "client.replies", "parts": [{"modality": "text", "text": "x"}]}))
-    assert outs[0].topic == "client.replies"
+    assert fan_in_from_wire(unpack(outs[0].value)).reply_to == "client.replies"
 
 
 def test_bulk_lane_and_prefix_follow_settings():
     r = make_router(kafka__topic_prefix="t9")
     outs = handle(r, pack({"id": "e5", "lane": "bulk", "parts": [{"modality": "text", "text": "x"}]}))
-    assert [o.topic for o in outs] == ["t9.results", "t9.encoded.bulk", "t9.encode.text.bulk"]
+    assert [o.topic for o in outs] == ["t9.encoded.bulk", "t9.encode.text.bulk"]
 
 
 def test_outcome_says_how_the_record_went():

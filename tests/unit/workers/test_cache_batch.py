@@ -1,5 +1,5 @@
-"""The reuse-cache wrapper's bookkeeping (no Redis here: a dict stands in for the store,
-because what is tested is which jobs run and what each slot gets back)."""
+"""The reuse cache's bookkeeping around an encoder (no Redis here: a dict stands in for the
+store, because what is tested is which jobs reach the engine and what each job gets back)."""
 
 import time
 
@@ -7,7 +7,9 @@ import numpy as np
 
 from schemas.jobs import EncodeJob
 from streams.metrics import Metrics
-from workers.cache import CachingBatch, pack_output
+from workers.cache import CacheFront, pack_output
+from workers.encoders import EncoderFront, Runner
+from workers.outputs import Encoded, Prepared
 
 
 class DictCache:
@@ -33,23 +35,42 @@ def job(i, text):
                      sent_at_ms=0, text=text)
 
 
-def make(cache):
+def make(cache, **front):
     calls = []
 
-    def run(jobs):
-        calls.append([j.text for j in jobs])
-        return [np.full(4, len(j.text), dtype=np.float32) if j.text != "boom" else ValueError("bad") for j in jobs]
+    def prepare(j):
+        if j.text == "unreadable":
+            raise ValueError("cannot prepare")
+        return Prepared(j, float(len(j.text)), j.text, content=None if j.text == "nocache" else j.text.encode())
 
-    return CachingBatch(run, lambda j: None if j.text == "nocache" else f"k:{j.text}", cache, Metrics(), "text"), calls
+    def run(items):
+        calls.append([i.data for i in items])
+        return [np.full(4, len(i.data), dtype=np.float32) if i.data != "boom" else ValueError("bad") for i in items]
+
+    cache_front = CacheFront(cache, Metrics(), "text", **front)
+    return EncoderFront(Runner(prepare, run), None, cache_front, key_of=lambda j, content: f"k:{content.decode()}"), calls
+
+
+def flow(front, jobs):
+    """What the encode stage does: prepare (with lookups), run what missed, store what ran."""
+    out = front.prepare_many(jobs)
+    todo = [i for i, o in enumerate(out) if isinstance(o, Prepared)]
+    results = front.run([out[i] for i in todo]) if todo else []
+    for i, r in zip(todo, results):
+        key = out[i].key
+        if isinstance(r, Encoded) and key is not None:
+            front.store([(key, r)])
+            r = Encoded(r.embedding, r.extras, cache="miss")
+        out[i] = r
+    return out
 
 
 def test_identical_misses_run_once_and_later_hits_skip_the_engine():
-    cache = DictCache()
-    batch, calls = make(cache)
-    out = batch([job(1, "aa"), job(2, "aa"), job(3, "bbb"), job(4, "nocache")])
+    front, calls = make(DictCache())
+    out = flow(front, [job(1, "aa"), job(2, "aa"), job(3, "bbb"), job(4, "nocache")])
     assert calls == [["aa", "bbb", "nocache"]]
     assert [o.cache for o in out] == ["miss", "miss", "miss", None]
-    again = batch([job(5, "bbb"), job(6, "aa")])
+    again = flow(front, [job(5, "bbb"), job(6, "aa")])
     assert calls == [["aa", "bbb", "nocache"]]  # nothing ran
     assert [o.cache for o in again] == ["hit", "hit"]
     assert np.array_equal(again[0].embedding.astype(np.float32), out[2].embedding.astype(np.float32))
@@ -57,15 +78,15 @@ def test_identical_misses_run_once_and_later_hits_skip_the_engine():
 
 def test_errors_are_not_cached_and_stay_per_item():
     cache = DictCache()
-    batch, calls = make(cache)
-    out = batch([job(1, "boom"), job(2, "ok")])
-    assert isinstance(out[0], ValueError) and out[1].cache == "miss"
-    assert "k:boom" not in cache.store
+    front, calls = make(cache)
+    out = flow(front, [job(1, "boom"), job(2, "ok"), job(3, "unreadable")])
+    assert isinstance(out[0], ValueError) and out[1].cache == "miss" and isinstance(out[2], ValueError)
+    assert "k:boom" not in cache.store and calls == [["boom", "ok"]]
 
 
 def test_cache_down_only_costs_time():
-    batch, calls = make(DictCache(up=False))
-    out = batch([job(1, "aa"), job(2, "aa")])
+    front, calls = make(DictCache(up=False))
+    out = flow(front, [job(1, "aa"), job(2, "aa")])
     assert [float(o.embedding[0]) for o in out] == [2.0, 2.0] and calls == [["aa"]]
 
 
@@ -79,9 +100,8 @@ def test_a_miss_another_replica_is_computing_is_waited_for_not_recomputed():
         if len(polls) == 2:
             cache.store["k:aa"] = pack_output(np.full(4, 9.0, dtype=np.float32), {}, "float16")
 
-    batch, calls = make(cache)
-    batch.sleep = sleep
-    out = batch([job(1, "aa"), job(2, "bbb")])
+    front, calls = make(cache, sleep=sleep)
+    out = flow(front, [job(1, "aa"), job(2, "bbb")])
     assert calls == [["bbb"]]  # aa was not computed here
     assert out[0].cache == "hit" and float(out[0].embedding[0]) == 9.0
 
@@ -89,7 +109,6 @@ def test_a_miss_another_replica_is_computing_is_waited_for_not_recomputed():
 def test_a_claimed_miss_that_never_appears_is_computed_after_the_wait():
     cache = DictCache()
     cache.claims.add("k:aa")
-    batch, calls = make(cache)
-    batch.wait_ms, batch.poll_ms, batch.sleep = 5.0, 1.0, time.sleep
-    out = batch([job(1, "aa")])
+    front, calls = make(cache, wait_ms=5.0, poll_ms=1.0, sleep=time.sleep)
+    out = flow(front, [job(1, "aa")])
     assert calls == [["aa"]] and out[0].cache == "miss"

@@ -74,7 +74,7 @@ def test_registration_rules(registry) -> None:
     with pytest.raises(ValueError, match="exactly one of a runner or fan-out"):
         memo_spec(runner=None)
     with pytest.raises(ValueError, match="positive"):
-        memo_spec(units_per_record=0)
+        memo_spec(cache_ttl_s=0)
 
 
 PLUGIN = '''
