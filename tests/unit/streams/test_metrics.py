@@ -228,21 +228,6 @@ def test_inflight_adds_what_the_app_counts_to_what_the_stage_sets():
     assert value(m, "mmstream_inflight", stage="encode.text") == 7
 
 
-async def test_a_faust_app_reports_ready_once_started_and_counts_held_records():
-    from streams.app import _HeldRecords
-
-    sensor = _HeldRecords()
-
-    class Msg:
-        def __init__(self) -> None:
-            self.acked = False
-
-    held = [Msg() for _ in range(3)]
-    for i, msg in enumerate(held):
-        sensor.on_message_in(None, i, msg)
-    held[0].acked = True
-    assert sensor.held() == 2
-
 
 def test_the_app_factory_registers_its_checks():
     from schemas.settings import Settings

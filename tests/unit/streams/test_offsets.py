@@ -17,6 +17,8 @@ def test_out_of_order_finish_holds_the_commit_point_at_the_lowest_unfinished() -
     assert t.commit_point("p") == 102
     t.finish("p", 102)
     assert t.commit_point("p") == 103
+    t.take("q", 7)
+    assert t.total_unfinished() == 1  # what the stage reports as mmstream_inflight
 
 
 def test_a_finish_after_revoke_or_twice_changes_nothing() -> None:
