@@ -124,12 +124,11 @@ class EncoderStage(RecordStage):
         except Exception as exc:  # the runner isolates items; this is a bug
             log.exception("%s: preparing %d jobs failed", self.stage, len(jobs))
             ready = [exc] * len(jobs)
-        now = time.monotonic()
+        now, at = time.monotonic(), now_ms()
         for (job, record), item in zip(jobs, ready):
-            if isinstance(item, Exception):
-                self._answer_one(job, record, item)
-            elif isinstance(item, Encoded):  # a reuse-cache hit
-                self._answer_one(job, record, item)
+            if isinstance(item, (Exception, Encoded)):  # refused, or a reuse-cache hit: answered here
+                span = Span(self.stage, job.sent_at_ms, at, at).to_wire()
+                self._answer_one(job, record, item, span)
             else:
                 prepared, key = item
                 lane = "bulk" if record.topic in self.bulk_topics else "rt"
