@@ -93,11 +93,15 @@ class KafkaSettings(_Section):
         8 * 1024 * 1024, "Largest record the producers send; payloads above go by claim check.", ge=1024
     )
     fetch_max_wait_ms: int = setting(
-        5, "How long the broker holds a stage's fetch open waiting for records: the idle floor of each hop's latency."
+        500, "How long the broker holds a stage's idle fetch open: records that arrive meanwhile answer it at once, so "
+        "this only sets how often an idle stage asks (short waits cost CPU on every worker and the broker).", ge=1
     )
-    linger_ms: int = setting(1, "How long a stage's producer waits to fill a batch: a little latency for fewer requests.")
+    linger_ms: int = setting(
+        1, "How long a stage's producer waits to fill a batch: a little latency for fewer requests.", ge=0
+    )
     commit_interval_ms: int = setting(
-        200, "How often stages commit finished offsets: more often repeats less work after a crash, costs more requests."
+        200, "How often stages commit finished offsets: more often repeats less work after a crash, costs more requests.",
+        ge=1
     )
 
 

@@ -63,7 +63,7 @@ class EncoderRunner(Protocol):
     cost_prior: tuple[float, float, float]
 
     def prepare_many(self, jobs: list[Any]) -> list[Any]:
-        """Per job: its exception, an ``Encoded`` (a cache hit), or (``Prepared``, cache key or None)."""
+        """Per job: its exception, an ``Encoded`` (a cache hit), or its ``Prepared`` (``key`` set when cached)."""
 
     def run(self, items: list[Prepared]) -> list[Any]:
         """One ``Encoded`` or exception per item, in order (the engine call)."""

@@ -58,8 +58,8 @@ class IOSettings:
     """Security and client options shared by every client (``security_protocol``, SASL, TLS)."""
     max_records: int = 500
     """Most records one ``poll`` returns."""
-    fetch_max_wait_ms: int = 5
-    """How long the broker holds a fetch open waiting for data: the idle hop latency floor."""
+    fetch_max_wait_ms: int = 500
+    """How long the broker holds an idle fetch open (records arriving answer it at once)."""
     max_message_bytes: int = 8 * 1024 * 1024
     linger_ms: int = 1
     """How long the producer waits to fill a batch: trades a little latency for fewer requests."""

@@ -130,9 +130,8 @@ class EncoderStage(RecordStage):
                 span = Span(self.stage, job.sent_at_ms, at, at).to_wire()
                 self._answer_one(job, record, item, span)
             else:
-                prepared, key = item
                 lane = "bulk" if record.topic in self.bulk_topics else "rt"
-                self.queues[lane].append(Pending(Held(prepared, record, key), prepared.length, now))
+                self.queues[lane].append(Pending(Held(item, record, item.key), item.length, now))
         for lane, q in self.queues.items():
             self.metrics.set_queue_depth(self.stage, lane, len(q))
         self.wake.set()
@@ -257,18 +256,19 @@ class EncoderStage(RecordStage):
     def report(self) -> dict[str, Any]:
         """What this replica holds and what one more item costs it (see ``streams.load``)."""
         parts: dict[str, float] = {}
-        queued = self.running_ms
-        for q in self.queues.values():
+        lanes = {"rt": 0.0, "bulk": 0.0}
+        for lane, q in self.queues.items():
             for p in q:
                 ms = self.model.per_item_ms(p.cost)
-                queued += ms
+                lanes[lane] += ms
                 key = f"{p.item.record.topic}:{p.item.record.partition}"
                 parts[key] = parts.get(key, 0.0) + ms
         typical = self.model.per_item_ms(self.lengths[len(self.lengths) // 2])
-        for topic in (*self.rt_topics, *self.bulk_topics):
-            unfetched = self.io.backlog(topic)
-            queued += unfetched * typical
-        return {"stage": self.stage, "at": now_ms(), "queued_ms": round(queued, 3),
+        for lane, topics in (("rt", self.rt_topics), ("bulk", self.bulk_topics)):
+            lanes[lane] += sum(self.io.backlog(t) for t in topics) * typical
+        queued_rt = self.running_ms + lanes["rt"]
+        return {"stage": self.stage, "at": now_ms(), "queued_ms": round(queued_rt + lanes["bulk"], 3),
+                "queued_rt_ms": round(queued_rt, 3),
                 "partitions": {k: round(v, 3) for k, v in parts.items()},
                 "item_ms": merge_item_costs((length, self.model.per_item_ms(length)) for length in self.lengths)}
 

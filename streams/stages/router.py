@@ -144,7 +144,7 @@ class Router:
         outs += [out_map(encoded, req.id, p.to_wire()) for p in plan.failed_parts]
         outs += [out_map(j.topic, j.key, j.job.to_wire(), j.partition) for j in plan.jobs]
         for j, part in ((j, req.parts[j.job.part]) for j in plan.jobs):
-            self.load.note_sent(j.topic, j.partition, self._part_cost(part))
+            self.load.note_sent(j.topic, j.partition, self._part_cost(part), m.accepted_at_ms)
         modalities = set(m.modalities)
         return Routed(outs, "ok", modality=modalities.pop() if len(modalities) == 1 else "mixed", lane=str(req.lane),
                       queued_ms=max(0.0, started - client_sent), service_ms=m.accepted_at_ms - started,
@@ -210,7 +210,7 @@ class Router:
             stage, ms = found
             stages[stage] = stages.get(stage, 0.0) + ms
         deadline = req.deadline_ms or self.settings.limits.default_deadline_ms
-        return admit(lane=str(req.lane), stages=stages, queued_ms=self.load.queued_ms, deadline_ms=deadline,
+        return admit(lane=str(req.lane), stages=stages, queued_ms=self.load.queued_ms(str(req.lane)), deadline_ms=deadline,
                      limits=self.admission)
 
     def _verdict(self, rid: str, tenant: Any, lane: str, reply_to: str | None, events: list[Event]) -> Out:

@@ -14,7 +14,7 @@ def test_wait_is_the_least_loaded_replica_plus_what_was_sent_there_since() -> No
         "encode.text/b": report("encode.text", 1000.0, 100.0, {"mm.encode.text.rt:1": 100.0}, {"16": 1.0, "256": 20.0}),
     }, now_ms=1500.0)
     assert view.wait_ms("encode.text") == 100.0
-    view.note_sent("mm.encode.text.rt", 1, 250.0)
+    view.note_sent("mm.encode.text.rt", 1, 250.0, 1200.0)
     assert view.wait_ms("encode.text") == 300.0  # b now holds 350, a 300
     assert view.partition_ms["mm.encode.text.rt"] == {0: 300.0, 1: 350.0}
     assert view.item_ms("encode.text", 200) == 20.0 and view.item_ms("encode.text", 10) == 1.0
@@ -29,8 +29,20 @@ def test_stale_reports_are_ignored() -> None:
 
 def test_a_new_report_replaces_what_was_counted_as_sent() -> None:
     view = LoadView()
-    view.note_sent("mm.encode.image.rt", 0, 40.0)
+    view.note_sent("mm.encode.image.rt", 0, 40.0, 50.0)
     assert view.wait_ms("encode.image") == 40.0
-    view.update_reports({"encode.image/a": report("encode.image", 100.0, 10.0, {"mm.encode.image.rt:0": 10.0},
-                                                  {"1": 8.0})}, now_ms=150.0)
-    assert view.wait_ms("encode.image") == 10.0
+    view.update_reports({"encode.image/a": report("encode.image", 300.0, 10.0, {"mm.encode.image.rt:0": 10.0},
+                                                  {"1": 8.0})}, now_ms=350.0)
+    assert view.wait_ms("encode.image") == 10.0  # sent well before the report: the report holds it
+    view.note_sent("mm.encode.image.rt", 0, 40.0, 280.0)  # sent just before: maybe not fetched yet
+    assert view.wait_ms("encode.image") == 50.0
+
+
+def test_rt_waits_only_behind_rt_work_and_the_running_batch() -> None:
+    view = LoadView()
+    r = report("encode.text", 1000.0, 900.0, {"mm.encode.text.bulk:0": 850.0, "mm.encode.text.rt:0": 20.0}, {"16": 1.0})
+    r["queued_rt_ms"] = 50.0
+    view.update_reports({"encode.text/a": r}, now_ms=1000.0)
+    assert view.wait_ms("encode.text", "rt") == 50.0 and view.wait_ms("encode.text", "bulk") == 900.0
+    view.note_sent("mm.encode.text.bulk", 0, 100.0, 1010.0)
+    assert view.wait_ms("encode.text", "rt") == 50.0 and view.wait_ms("encode.text", "bulk") == 1000.0

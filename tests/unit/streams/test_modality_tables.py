@@ -108,7 +108,7 @@ def test_the_router_routes_and_admits_a_registered_modality(memo) -> None:
     job = EncodeJob.from_wire(unpack(next(o.value for o in routed.outs if o.topic == "mm.encode.memo.rt")))
     assert job.modality == "memo" and job.data == b"y" * 400
     # Admission charges the memo pool for the part's own cost, from the spec's units.
-    r.load.note_sent("mm.encode.memo.rt", 0, 10_000.0)
+    r.load.note_sent("mm.encode.memo.rt", 0, 10_000.0, 0.0)
     refused = handle(r, {"id": "m2", "parts": [{"modality": "memo", "data": b"y"}]})
     assert refused.admission == "reject" and "encode.memo" in verdict_event(refused.outs[0]).error["message"]
 
@@ -132,7 +132,7 @@ def test_a_registered_modality_that_is_not_served_fails_that_part_only(memo) -> 
 
 def test_video_is_admitted_against_the_image_pool() -> None:
     r = make_router()
-    r.load.note_sent("mm.encode.image.rt", 0, 10_000.0)
+    r.load.note_sent("mm.encode.image.rt", 0, 10_000.0, 0.0)
     refused = handle(r, {"id": "v1", "parts": [{"modality": "video", "data": b"x", "mime": "video/mp4"}]})
     assert refused.admission == "reject" and "encode.image" in verdict_event(refused.outs[0]).error["message"]
     assert r._part_cost(Part(Modality.VIDEO, data=b"x")) == 8.0 * Settings().video.max_frames
