@@ -98,7 +98,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("action", nargs="?", default="run", choices=["run", "compare"],
                    help="run a benchmark (default) or compare JSON reports")
     b.add_argument("inputs", nargs="*", type=Path, help="for compare: the JSON reports to put side by side")
-    b.add_argument("--workload", default="text", choices=["text", "mixed", "chat"], help="request mix (default: %(default)s)")
+    b.add_argument("--workload", default="text", choices=["text", "mixed", "chat", "capacity"], help="request mix (default: %(default)s; capacity: 60%% texts of 1, 4 or 15 sentences, 40%% photos of 256-1024 px)")
     b.add_argument("--scheduler", choices=["continuous", "static"],
                    help="chat: the generator's batching (runs on a pipeline of its own)")
     b.add_argument("--mode", default="pipeline", choices=["pipeline", "monolithic"],

@@ -157,8 +157,9 @@ class Monolith:
         self._closed = False
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="monolith-engine")
 
-    def submit(self, request: Request) -> Outcome:
-        out = Outcome(request, now_ms())
+    def submit(self, request: Request, due_ms: float | None = None) -> Outcome:
+        """Queue ``request``; its latency counts from ``due_ms`` (its scheduled arrival) when given."""
+        out = Outcome(request, now_ms() if due_ms is None else due_ms)
         self.outcomes.append(out)
         self.queue.append(Pending(out, REQUEST_COST, self._clock()))
         self._wake.set()

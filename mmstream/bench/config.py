@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 MODES = ("pipeline", "monolithic")
-WORKLOADS = ("text", "mixed", "chat")
+WORKLOADS = ("text", "mixed", "chat", "capacity")
 SCHEDULERS = ("continuous", "static")
 
 

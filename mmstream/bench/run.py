@@ -77,9 +77,10 @@ async def run_bench(settings: Settings, cfg: BenchConfig, progress: bool = True)
     loading a model raises.
     """
     mono = cfg.mode == "monolithic"
-    engines = await asyncio.to_thread(Engines, settings, cfg.workload == "mixed",
+    images = cfg.workload in ("mixed", "capacity")
+    engines = await asyncio.to_thread(Engines, settings, images,
                                       mono and cfg.workload == "mixed", mono and cfg.workload == "chat")
-    floor = engines.floor_ms(floor_text(), sample_images()[0] if cfg.workload == "mixed" else None,
+    floor = engines.floor_ms(floor_text(), sample_images()[0] if images else None,
                              cfg.floor_repeats)
     runs = []
     for rate in cfg.sweep:
@@ -104,16 +105,19 @@ async def run_bench(settings: Settings, cfg: BenchConfig, progress: bool = True)
 
 
 async def _send_on_schedule(offsets: Sequence[float], requests: Sequence[Request],
-                            send: Callable[[Request], Any], progress: bool) -> float:
-    """Call ``send`` for each request at its offset; returns the seconds the sending took."""
+                            send: Callable[..., Any], progress: bool) -> float:
+    """Call ``send(request, scheduled_at_ms)`` for each request at its offset (``scheduled_at_ms``:
+    the wall-clock time it was due, from which its latency counts, so a client that falls
+    behind its schedule cannot hide queueing); returns the seconds the sending took."""
     bar = _Progress(len(offsets), enabled=progress)
     start = time.monotonic()
+    wall0 = time.time() * 1000.0
     try:
         for offset, req in zip(offsets, requests):
             delay = start + offset - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            result = send(req)
+            result = send(req, wall0 + offset * 1000.0)
             if asyncio.iscoroutine(result):
                 await result
             bar.advance()
@@ -136,9 +140,10 @@ async def _run_pipeline(settings: Settings, cfg: BenchConfig, rate: float, progr
         cpu0 = {name: proc_cpu_s(pid) for name, pid in workers}
         own0 = time.process_time()
 
-        async def send(req: Request) -> None:
+        async def send(req: Request, due_ms: float) -> None:
             sent = dataclasses.replace(req, lane=Lane.RT) if "lanes" in cfg.levers_off else req
             sub = await client.submit(sent)
+            sub.sent_at_ms = due_ms  # latency counts from the scheduled arrival
             pairs.append((req, sub))
             waits.append(asyncio.create_task(_wait(sub, cfg.duration_s + cfg.drain_s)))
 

@@ -137,8 +137,58 @@ def _with_comment(jpeg: bytes, tag: int) -> bytes:
     return jpeg[:2] + b"\xff\xfe" + (len(comment) + 2).to_bytes(2, "big") + comment + jpeg[2:]
 
 
+# The capacity mix (what a generic model server holds ~60 req/s of on a 2-core box): 60% text
+# requests, 40% one JPEG photo. Texts: half one sentence (~15 tokens), 35% four sentences
+# (~60), 15% fifteen (~250); photos with a longer side of 256, 512 or 1024 px.
+CAPACITY_TEXT_SHARE = 0.6
+CAPACITY_SENTENCES = ((1, 0.5), (4, 0.35), (15, 0.15))
+CAPACITY_SIDES = (256, 512, 1024)
+
+
+def _sentence(rng: random.Random) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(10, 13))).capitalize() + "."
+
+
+def capacity_request(rng: random.Random, lane: str) -> Request:
+    """One request of the capacity mix, deterministic from ``rng``; every photo is bytes of
+    its own (a tagged JPEG comment), so the reuse cache does not answer across requests."""
+    if rng.random() < CAPACITY_TEXT_SHARE:
+        x, acc, n = rng.random(), 0.0, CAPACITY_SENTENCES[-1][0]
+        for count, share in CAPACITY_SENTENCES:
+            acc += share
+            if x < acc:
+                n = count
+                break
+        part = Part(Modality.TEXT, text=" ".join(_sentence(rng) for _ in range(n)))
+    else:
+        data, mime = sized_photos()[rng.randrange(len(sized_photos()))]
+        part = Part(Modality.IMAGE, data=_with_comment(data, rng.getrandbits(64)), mime=mime)
+    return Request(id=new_id(), parts=(part,), lane=Lane(lane))
+
+
+@functools.lru_cache(maxsize=1)
+def sized_photos() -> tuple[tuple[bytes, str], ...]:
+    """The sample photos as JPEGs (quality 90) with a longer side of each ``CAPACITY_SIDES``."""
+    from PIL import Image
+
+    out = []
+    for data, _ in sample_images():
+        image = Image.open(io.BytesIO(data)).convert("RGB")
+        for side in CAPACITY_SIDES:
+            scale = side / max(image.size)
+            resized = image.resize((max(1, round(image.size[0] * scale)), max(1, round(image.size[1] * scale))),
+                                   Image.Resampling.BICUBIC)
+            buf = io.BytesIO()
+            resized.save(buf, "JPEG", quality=90)
+            out.append((buf.getvalue(), "image/jpeg"))
+    return tuple(out)
+
+
 def request_kind(request: Request) -> str:
-    """``text``, ``text+image`` or ``text+2images`` (any other mix: its modalities joined)."""
+    """``text``, ``text+image`` or ``text+2images`` (any other mix: its modalities joined;
+    a lone photo is ``image``)."""
+    if len(request.parts) == 1 and request.parts[0].modality == Modality.IMAGE:
+        return "image"
     n_images = sum(p.modality == Modality.IMAGE for p in request.parts)
     if all(p.modality in (Modality.TEXT, Modality.IMAGE) for p in request.parts) and len(request.parts) == n_images + 1:
         return ("text", "text+image", "text+2images")[n_images] if n_images < 3 else f"text+{n_images}images"
@@ -152,7 +202,7 @@ def schedule(cfg: BenchConfig, rate: float) -> tuple[list[float], list[Request]]
     if cfg.workload == "chat":
         requests = [chat_request(rng, cfg.lane, cfg.chat_max_tokens) for _ in offsets]
     else:
-        make = text_request if cfg.workload == "text" else mixed_request
+        make = {"text": text_request, "mixed": mixed_request, "capacity": capacity_request}[cfg.workload]
         requests = [make(rng, cfg.lane) for _ in offsets]
     shape = random.Random(f"{cfg.seed}:{rate}:shape")  # lanes and repeats, independent of content
     for i, req in enumerate(requests):

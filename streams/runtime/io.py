@@ -268,4 +268,12 @@ class _Listener(ConsumerRebalanceListener):
         assigned = set(assigned)
         self.io.tracker.assign(assigned)
         if self.io.on_assigned and assigned:
-            await self.io.on_assigned(assigned)
+            # Nothing of the new partitions reaches the stage before it has taken them over
+            # (a stage that answers clients first learns what was answered: see recovery.py).
+            consumer = self.io.consumer
+            assert consumer is not None
+            consumer.pause(*assigned)
+            try:
+                await self.io.on_assigned(assigned)
+            finally:
+                consumer.resume(*[tp for tp in assigned if tp in consumer.assignment()])

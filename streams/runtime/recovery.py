@@ -64,8 +64,8 @@ async def recover(consumer: AIOKafkaConsumer, bootstrap: str, client_kwargs: dic
         wanted: list[tuple[str, bytes, float]] = []
         for tp in tps:
             committed = await consumer.committed(tp)
-            if committed is None:
-                continue
+            if committed is None:  # nothing committed yet: the replay starts at the beginning
+                committed = (await reader.consumer.beginning_offsets([tp]))[tp]
             end = (await reader.consumer.end_offsets([tp]))[tp]
             for rec in await reader.read_range(tp, committed, end):
                 opened = _safe(opens, rec)

@@ -39,6 +39,7 @@ class BrokerReader:
     def __init__(self, bootstrap: str, client_kwargs: dict[str, Any], max_bytes: int = 8 * 1024 * 1024) -> None:
         self.consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
                                          max_partition_fetch_bytes=max_bytes, fetch_max_wait_ms=50, **client_kwargs)
+        self._cluster: Any = None
 
     async def __aenter__(self) -> "BrokerReader":
         await self.consumer.start()
@@ -69,10 +70,10 @@ class BrokerReader:
         return await self.read_range(tp, begin, end)
 
     async def reply_partition(self, topic: str, key: bytes) -> TopicPartition | None:
-        parts = self.consumer.partitions_for_topic(topic)
-        if parts is None:
-            await self.consumer._client.force_metadata_update()  # noqa: SLF001 - first contact
-            parts = self.consumer.partitions_for_topic(topic)
+        if self._cluster is None or self._cluster.partitions_for_topic(topic) is None:
+            # A topic this consumer never assigned is not in its own metadata: ask for all.
+            self._cluster = await self.consumer._client.fetch_all_metadata()  # noqa: SLF001
+        parts = self._cluster.partitions_for_topic(topic)
         if not parts:
             return None
         ordered = sorted(parts)

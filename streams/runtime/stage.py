@@ -104,11 +104,12 @@ class RecordStage(mode.Service):
 
     def bulk_gate(self, hold: bool) -> None:
         """Pause (``hold``) or resume the bulk topics; idempotent."""
-        if hold and not self.bulk_paused:
+        if hold:  # paused again every time: a rebalance hands partitions back unpaused
             for t in self.bulk_topics:
                 self.io.pause(t)
-            self.bulk_paused = True
-            log.info("%s: holding bulk (rt backlog %d)", self.stage, self.backlog_rt())
+            if not self.bulk_paused:
+                self.bulk_paused = True
+                log.info("%s: holding bulk (rt backlog %d)", self.stage, self.backlog_rt())
         elif not hold and self.bulk_paused:
             for t in self.bulk_topics:
                 self.io.resume(t)

@@ -143,8 +143,8 @@ class EncoderStage(RecordStage):
 
     def _flow(self) -> None:
         """Pause every input topic while too many jobs are held; resume under 3/4 of it."""
-        if not self.paused and self.held >= self.max_queue:
-            self.paused = True
+        if self.held >= self.max_queue or (self.paused and self.held >= self.max_queue * 3 // 4):
+            self.paused = True  # paused again every time: a rebalance hands partitions back unpaused
             for t in (*self.rt_topics, *self.bulk_topics):
                 self.io.pause(t)
         elif self.paused and self.held < self.max_queue * 3 // 4:

@@ -76,18 +76,23 @@ async def test_four_images_encode_in_parallel_on_four_workers(image_pool):
     images = [photo(n) for n in ("chelsea", "coffee", "astronaut", "rocket")]
     async with Client(image_pool.bootstrap, image_pool.prefix) as client:
         for attempt in range(3):  # the first request may meet workers still joining the group
-            sub = await client.submit(Request(id=new_id(), parts=tuple(
+            # A tenant of its own: cache hits (answered without the engine) would show no overlap.
+            sub = await client.submit(Request(id=new_id(), tenant=f"parallel-{new_id()[:8]}", parts=tuple(
                 Part(Modality.IMAGE, data=d, mime="image/jpeg") for d in images)))
             event = await sub.result(timeout_s=120)
             windows = [s for p in event.timings["parts"] for s in p["spans"] if s[0] == "encode.image"]
-            if event.kind == "result" and max(s[2] for s in windows) < min(s[3] for s in windows):
+            if event.kind == "result" and _parallel(windows):
                 break
     assert event.kind == "result" and not event.payload["partial"]
-    # Each span is [stage, queued_at, started_at, finished_at] in epoch ms. With four
-    # workers the four images run at the same time: every start precedes every finish.
-    assert len(windows) == 4
-    starts, finishes = [s[2] for s in windows], [s[3] for s in windows]
-    assert max(starts) < min(finishes), windows
+    # Each span is [stage, queued_at, started_at, finished_at] in epoch ms. With four workers
+    # the four images run at the same time: together they take far less than one after another
+    # (two cores, so not a quarter; each worker decodes its photo first, so starts differ).
+    assert len(windows) == 4 and _parallel(windows), windows
+
+
+def _parallel(windows: list) -> bool:
+    wall = max(s[3] for s in windows) - min(s[2] for s in windows)
+    return wall < 0.75 * sum(s[3] - s[2] for s in windows)
 
 
 async def test_a_video_is_sampled_encoded_in_chunks_and_pooled(pipeline):

@@ -50,11 +50,15 @@ async def test_workers_expose_stage_metrics_after_traffic(pipeline):
     lag = scrape(ports["lagmon"])["mmstream_consumer_lag"]
     groups = {s.labels["group"] for s in lag}
     assert {f"{pipeline.prefix}-router", f"{pipeline.prefix}-encode-text", f"{pipeline.prefix}-assembler"} <= groups
-    # Encoders publish what a unit of work costs them, for the router's admission.
+    # Encoders report their queued work and what an item costs them, for the router's admission.
+    import json
+
     import redis
 
-    observed = redis.Redis.from_url(pipeline.settings.redis.url).hgetall(f"mm:cost:{pipeline.prefix}")
-    assert float(observed[b"text"]) > 0
+    reports = [json.loads(v) for v in
+               redis.Redis.from_url(pipeline.settings.redis.url).hgetall(f"mm:load:{pipeline.prefix}").values()]
+    text = [r for r in reports if r["stage"] == "encode.text"]
+    assert text and all(float(ms) > 0 for ms in text[0]["item_ms"].values()) and text[0]["queued_ms"] >= 0
     for family in (router, encoder, assembler):
         for name, samples in family.items():
             for s in samples:
