@@ -23,6 +23,8 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from mmstream.bench.config import WORKLOADS
+
 # -- schema ------------------------------------------------------------------------------
 
 _NUM = {"type": "number"}
@@ -43,7 +45,7 @@ RUN_SCHEMA: dict[str, Any] = {
                  "throughput", "cpu", "peak_rss_mb", "floor_ms", "overhead_ms", "samples_ms"],
     "properties": {
         "mode": {"enum": ["pipeline", "monolithic"]},
-        "workload": {"enum": ["text", "mixed", "chat"]},
+        "workload": {"enum": list(WORKLOADS)},
         "config": {"type": "object", "required": ["rate", "seed", "duration_s"]},
         "offered_rate": _NUM,
         "achieved_rate": _NUM,

@@ -44,11 +44,11 @@ class KafkaTransport:
         from aiokafka.errors import KafkaConnectionError
 
         try:
-            self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=1,
+            self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=0,
                                               max_request_size=self.max_request_bytes, acks=1)
             await self._producer.start()
             self._consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
-                                              fetch_max_wait_ms=5, auto_offset_reset="latest")
+                                              fetch_max_wait_ms=500, auto_offset_reset="latest")  # replies answer a waiting fetch at once
             await self._consumer.start()
             partitions = self._consumer.partitions_for_topic(reply_to)
             if partitions is None:

@@ -185,6 +185,18 @@ def cache_front(settings: Settings, metrics: Observer, modality: str, config: An
     return CacheFront(cache, metrics, modality), key_of
 
 
+BATCH_INVARIANT_COSINE = 0.9999
+"""A variant whose build measured rows in a batch this close to the same rows alone is
+batch-invariant (fp32, static int8); under it, a row's answer depends on its batch-mates."""
+
+
+def batch_dependent(config: Any, precision: str) -> bool:
+    """Whether ``precision``'s rows change with their batch-mates, from what its build measured."""
+    variant = config.variants.get(precision)
+    measured = (variant.fidelity or {}).get("batch_vs_alone_min_cosine") if variant is not None else None
+    return measured is not None and float(measured) < BATCH_INVARIANT_COSINE
+
+
 def run_isolated(items: list[Any], run: Callable[[list[Any]], list[Any]]) -> list[Any]:
     """``run`` the batch; if that fails, each item alone, so one bad item (or one that makes
     the batch too large) fails only itself. One output or exception per item."""

@@ -18,8 +18,10 @@ import logging
 import os
 import resource
 import time
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from mmstream import localstack
 from mmstream.bench.config import BenchConfig, config_dict
 from mmstream.bench.results import Record, build_run, overhead
 from mmstream.bench.workloads import floor_text, request_kind, sample_images, schedule
@@ -61,8 +63,19 @@ def proc_peak_rss_mb(pid: int) -> float | None:
     return None
 
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
 def _workers(settings: Settings) -> list[tuple[str, int]]:
-    return [(f"{w.stage}[{w.replica}]", w.pid) for w in Supervisor(settings).workers() if w.alive]
+    """Every process the pipeline runs on this machine, named: its workers, and the local
+    broker and Redis when this machine runs them (their CPU per request counts too)."""
+    procs = [(f"{w.stage}[{w.replica}]", w.pid) for w in Supervisor(settings).workers() if w.alive]
+    try:
+        kafka, redis = localstack.status(settings, REPO_ROOT)
+    except Exception:  # external services, or none: the workers alone
+        return procs
+    procs += [(name, st.pid) for name, st in (("broker", kafka), ("redis", redis)) if st.pid]
+    return procs
 
 
 # -- running ---------------------------------------------------------------------------
@@ -129,7 +142,8 @@ async def _send_on_schedule(offsets: Sequence[float], requests: Sequence[Request
 async def _run_pipeline(settings: Settings, cfg: BenchConfig, rate: float, progress: bool) -> dict[str, Any]:
     offsets, requests = schedule(cfg, rate)
     tenant = cfg.tenant or f"bench-{new_id()[:12]}"
-    requests = [dataclasses.replace(r, tenant=tenant) for r in requests]
+    # Requests of the run share a fresh tenant, unless the workload gives each its own.
+    requests = [dataclasses.replace(r, tenant=tenant) if r.tenant == "default" else r for r in requests]
     workers = _workers(settings)
     if not workers:
         log.warning("no local workers for topic prefix %r: CPU and RSS will be empty (pipeline elsewhere?)",
@@ -158,7 +172,8 @@ async def _run_pipeline(settings: Settings, cfg: BenchConfig, rate: float, progr
     worker_cpu = {n: round(cpu1[n] - cpu0[n], 3) for n in cpu0 if cpu0[n] is not None and cpu1.get(n) is not None}
     ok = sum(r.outcome == "ok" for r in records)
     cpu = {
-        "scope": "sum of the pipeline workers' processes (broker and client excluded)",
+        "scope": "sum of the pipeline's processes on this machine: workers, and the broker and Redis when local "
+                 "(the client apart)",
         "total_s": round(sum(worker_cpu.values()), 3),
         "per_process_s": worker_cpu,
         "client_s": round(own_cpu_s, 3),

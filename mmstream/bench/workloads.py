@@ -150,8 +150,9 @@ def _sentence(rng: random.Random) -> str:
 
 
 def capacity_request(rng: random.Random, lane: str) -> Request:
-    """One request of the capacity mix, deterministic from ``rng``; every photo is bytes of
-    its own (a tagged JPEG comment), so the reuse cache does not answer across requests."""
+    """One request of the capacity mix, deterministic from ``rng``, as a tenant of its own: the
+    reuse caches key on the tenant, so no request is answered from another's work (what the
+    capacity numbers measure is compute and hops, not reuse)."""
     if rng.random() < CAPACITY_TEXT_SHARE:
         x, acc, n = rng.random(), 0.0, CAPACITY_SENTENCES[-1][0]
         for count, share in CAPACITY_SENTENCES:
@@ -163,7 +164,7 @@ def capacity_request(rng: random.Random, lane: str) -> Request:
     else:
         data, mime = sized_photos()[rng.randrange(len(sized_photos()))]
         part = Part(Modality.IMAGE, data=_with_comment(data, rng.getrandbits(64)), mime=mime)
-    return Request(id=new_id(), parts=(part,), lane=Lane(lane))
+    return Request(id=new_id(), parts=(part,), lane=Lane(lane), tenant=f"capacity-{rng.getrandbits(48):012x}")
 
 
 @functools.lru_cache(maxsize=1)

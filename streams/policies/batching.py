@@ -89,15 +89,19 @@ class MicroBatcher(Generic[T]):
         self.batch_cost = batch_cost
         self._rt_streak = 0
 
-    def next_batch(self, rt: Sequence[Pending[T]], bulk: Sequence[Pending[T]], now: float) -> Batch[T] | Wait | None:
+    def next_batch(self, rt: Sequence[Pending[T]], bulk: Sequence[Pending[T]], now: float,
+                   max_wait_s: float | None = None) -> Batch[T] | Wait | None:
         """Return the batch to run now, a ``Wait`` until the next one is due, or None when idle.
 
-        The caller removes the returned items from that lane's queue.
+        ``max_wait_s`` overrides the limits' wait for this decision (0: a batch goes at once
+        with what is there, for an engine that company does not make cheaper). The caller
+        removes the returned items from that lane's queue.
         """
         lane, queue = self._pick_lane(rt, bulk)
         if queue is None:
             return None
-        due_at = queue[0].enqueued_at + self.limits.max_wait_s
+        wait = self.limits.max_wait_s if max_wait_s is None else max_wait_s
+        due_at = queue[0].enqueued_at + wait
         if self.limits.grouping == "fifo":
             items, full = self._fill(queue, list(range(len(queue))))
             chosen = items if full or now >= due_at else None

@@ -12,6 +12,8 @@ It answers the questions the stage and the router ask:
 - ``predict(n, L)``: ms of one batch (the batcher's budget is in these ms);
 - ``per_item_ms(L)``: ms one item of length ``L`` costs when it rides in the batch it
   would get (as many peers as the budget allows): what queued work is worth;
+- ``batching_gain(L)``: how much a full batch saves per item over items alone (an engine
+  whose batches save nothing should not keep an item waiting for company);
 - ``rows_within(L, max_ms)``: how many rows of length ``L`` fit in ``max_ms``.
 """
 
@@ -68,6 +70,13 @@ class BatchCostModel:
         while rows < self.max_batch_size and self.predict(rows + 1, length) <= limit:
             rows += 1
         return rows
+
+    def batching_gain(self, length: float) -> float:
+        """How much cheaper per item a full batch of ``length`` is than items alone (0: none,
+        so waiting for company only adds latency)."""
+        rows = self.rows_within(length)
+        alone = self.predict(1, length)
+        return 0.0 if rows < 2 or alone <= 0 else max(0.0, 1.0 - self.predict(rows, length) / (rows * alone))
 
     def per_item_ms(self, length: float) -> float:
         rows = self.rows_within(length)

@@ -61,7 +61,7 @@ class IOSettings:
     fetch_max_wait_ms: int = 500
     """How long the broker holds an idle fetch open (records arriving answer it at once)."""
     max_message_bytes: int = 8 * 1024 * 1024
-    linger_ms: int = 1
+    linger_ms: int = 0
     """How long the producer waits to fill a batch: trades a little latency for fewer requests."""
     commit_interval_s: float = 0.2
     session_timeout_ms: int = 30_000
@@ -102,7 +102,10 @@ class StageIO:
             auto_offset_reset="earliest", fetch_max_wait_ms=s.fetch_max_wait_ms,
             max_partition_fetch_bytes=s.max_message_bytes, fetch_max_bytes=max(s.max_message_bytes, 52_428_800),
             session_timeout_ms=s.session_timeout_ms, heartbeat_interval_ms=s.heartbeat_interval_ms,
-            max_poll_interval_ms=s.max_poll_interval_ms, client_id=f"{s.group_id}-consumer", **s.client_kwargs)
+            max_poll_interval_ms=s.max_poll_interval_ms, client_id=f"{s.group_id}-consumer",
+            # A topic created a moment before the stage joined may not be in the first metadata:
+            # look again every few seconds, not every five minutes (the client's default).
+            metadata_max_age_ms=5_000, **s.client_kwargs)
         await self.consumer.start()
         self.consumer.subscribe(self.topics, listener=_Listener(self))
         self._commit_task = asyncio.create_task(self._commit_loop(), name=f"{s.group_id}-commits")

@@ -52,6 +52,7 @@ from workers.outputs import Encoded, EncoderRunner, Prepared
 log = logging.getLogger(__name__)
 
 REPORT_S = 0.25
+MIN_BATCHING_GAIN = 0.1
 TEXT_LENGTHS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
@@ -82,6 +83,7 @@ class EncoderStage(RecordStage):
             BatchLimits(e.max_batch_size, e.max_wait_ms / 1000.0, e.max_batch_ms,
                         grouping=e.grouping if runner.variable_length else "fifo"),
             batch_cost=lambda cs: self.model.predict(len(cs), max(cs)))
+        self.max_wait_s = e.max_wait_ms / 1000.0
         self.queues: dict[str, list[Pending[Held]]] = {"rt": [], "bulk": []}
         self.held = 0
         self.max_queue = e.max_queue
@@ -172,7 +174,8 @@ class EncoderStage(RecordStage):
 
     async def _batches_forever(self) -> None:
         while not self.should_stop:
-            decision = self.batcher.next_batch(self.queues["rt"], self.queues["bulk"], time.monotonic())
+            decision = self.batcher.next_batch(self.queues["rt"], self.queues["bulk"], time.monotonic(),
+                                               self._wait_s())
             if decision is None or isinstance(decision, Wait):
                 self.wake.clear()
                 timeout = None if decision is None else max(0.0, decision.until - time.monotonic())
@@ -185,6 +188,12 @@ class EncoderStage(RecordStage):
                 await self._run(decision)
             except Exception:
                 log.exception("%s: batch failed", self.stage)
+
+    def _wait_s(self) -> float:
+        """How long an item waits for company: the setting, when the learned cost model says
+        batches of the typical length are cheaper per item (by MIN_BATCHING_GAIN); else 0."""
+        typical = self.lengths[len(self.lengths) // 2]
+        return self.max_wait_s if self.model.batching_gain(typical) >= MIN_BATCHING_GAIN else 0.0
 
     async def _run(self, batch: Batch[Held]) -> None:
         chosen = {id(p) for p in batch.items}

@@ -12,7 +12,7 @@ from schemas.jobs import EncodeJob
 from schemas.settings import Settings
 from workers import prompt as P
 from workers import text
-from workers.encoders import Runner, load_engine, run_isolated, timed
+from workers.encoders import Runner, batch_dependent, load_engine, run_isolated, timed
 from workers.modalities.spec import ModalitySpec
 from workers.outputs import Observer, Prepared
 from workers.text import TextEncoder, TextPreprocessor, normalize
@@ -36,7 +36,15 @@ def build_runner(settings: Settings, observer: Observer, stage: str) -> Runner:
         ids = pre.ids(normalized)
         return Prepared(job, float(len(ids)), ids, content=normalized.encode())
 
+    # A variant whose rows change with their batch-mates (dynamic int8 picks its activation
+    # scales per call) runs each text alone: the same text then always gets the same answer
+    # (and one closer to fp32: 0.993 vs 0.991 mean cosine on real sentences). On a CPU that
+    # costs nothing measurable: this model's batches save no time per token there.
+    alone = batch_dependent(config, engine.precision)
+
     def run(items: list[Prepared]) -> list[Any]:
+        if alone:
+            return [run_isolated([item.data], encoder.embed_ids)[0] for item in items]
         return run_isolated([item.data for item in items], encoder.embed_ids)
 
     def calibrate() -> list[tuple[int, float, float]]:

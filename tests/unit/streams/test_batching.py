@@ -106,3 +106,9 @@ def test_length_groups_stay_within_limits_and_take_the_oldest_when_due(costs, si
     assert max(cs) <= ratio * min(cs) + 1e-9
     if now >= 0.5:
         assert items[0] == 0  # the oldest is never left behind once its wait is up
+
+
+def test_a_zero_wait_sends_what_is_there_at_once():
+    b = MicroBatcher(BatchLimits(max_batch_size=8, max_wait_s=0.05))
+    assert isinstance(b.next_batch([pend(1, at=0.0)], [], now=0.001), Wait)
+    assert [p.item for p in b.next_batch([pend(1, at=0.0)], [], now=0.001, max_wait_s=0.0).items] == [1]

@@ -36,3 +36,9 @@ def test_images_fit_per_row() -> None:
     for n in (1, 2, 4, 8, 1, 3, 6, 8, 2, 5, 7, 4):
         m.observe(n, 1, 1.5 + 4.0 * n)
     assert abs(m.predict(8, 1) - 33.5) < 0.5
+
+
+def test_batching_gain_says_when_waiting_for_company_pays() -> None:
+    batched = BatchCostModel(prior=(4.0, 0.05, 0.0))  # a fixed cost per call: company amortizes it
+    alone = BatchCostModel(prior=(0.0, 0.1, 0.0))  # rows run one by one: company saves nothing
+    assert batched.batching_gain(16) > 0.5 and alone.batching_gain(16) == 0.0
