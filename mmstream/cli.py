@@ -101,8 +101,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--workload", default="text", choices=["text", "mixed", "chat", "capacity"], help="request mix (default: %(default)s; capacity: 60%% texts of 1, 4 or 15 sentences, 40%% photos of 256-1024 px)")
     b.add_argument("--scheduler", choices=["continuous", "static"],
                    help="chat: the generator's batching (runs on a pipeline of its own)")
-    b.add_argument("--mode", default="pipeline", choices=["pipeline", "monolithic"],
-                   help="the pipeline, or one process doing every stage (the baseline) (default: %(default)s)")
+    b.add_argument("--mode", default="pipeline", choices=["pipeline", "monolithic", "server"],
+                   help="the pipeline; monolithic: one process, one FIFO for every model; server: one process, a queue and engine thread per model (a generic model server) (default: %(default)s)")
     b.add_argument("--rate", type=float, default=20.0, help="offered requests per second (default: %(default)s)")
     b.add_argument("--rates", help="sweep these rates, e.g. 5,10,20 (one run each)")
     b.add_argument("--duration", type=float, default=20.0, help="seconds of arrivals (default: %(default)s)")

@@ -33,6 +33,7 @@ from streams.policies.scheduler import SchedulerLimits, SequenceRequest, StaticB
 from streams.stages.generator import prompt_parts
 from workers import prompt as P
 from workers.audio import AudioEncoder
+from workers.encoders import batch_dependent
 from workers.engines import EngineOptions, load_engine
 from workers.engines.lm import SamplingParams, StopChecker, execute_step
 from workers.image import ImageEncoder, load_labels
@@ -82,6 +83,8 @@ class Engines:
         self.info = {"encode.text": _info(tengine.info)}
         self.text = TextEncoder(tengine, TextPreprocessor(tcfg.tokenizer_path, tcfg.max_length),
                                 embedding_dim=tcfg.embedding_dim)
+        # As the pipeline's text stage: a variant whose rows depend on their batch-mates runs rows alone.
+        self.text_alone = batch_dependent(tcfg, tengine.precision)
         self.text.warmup()
         self.image = None
         if need_image:
@@ -229,6 +232,8 @@ class Monolith:
     def _encode(self, modality: Modality, parts: list[Any]) -> list[Any]:
         e = self.engines
         if modality == Modality.TEXT:
+            if getattr(e, "text_alone", False):
+                return [e.text.run_batch([p.text])[0] for p in parts]
             return e.text.run_batch([p.text for p in parts])
         if e.image is None or (modality in (Modality.VIDEO, Modality.AUDIO) and getattr(e, "audio", None) is None):
             return [RuntimeError(f"no {modality} engine loaded")] * len(parts)
@@ -319,3 +324,37 @@ def _grounding(modality: Modality, r: Any) -> dict[str, Any]:
     if modality == Modality.VIDEO:
         return {"modality": "video", "frames": r["frames"], "transcript": r["transcript"]}
     return {"modality": str(modality)}
+
+
+class ModelServer:
+    """The generic model server a new user compares against: one queue, one batcher and one
+    engine thread per model (dynamic batching: up to ``max_batch_size`` items or
+    ``max_wait_s``, padded to the longest), each model's requests served apart from the
+    others', in this one process (no network ingress: its numbers are an upper bound on such
+    a server here). It serves requests of one modality each (the text and capacity
+    workloads); the same ``submit``/``run``/``close``/``outcomes`` as ``Monolith``.
+    """
+
+    def __init__(self, engines: Engines, limits: BatchLimits, clock: Callable[[], float] = time.monotonic) -> None:
+        self.models = {m: Monolith(engines, limits, clock) for m in (Modality.TEXT, Modality.IMAGE)}
+
+    def submit(self, request: Request, due_ms: float | None = None) -> Outcome:
+        modalities = {p.modality for p in request.parts}
+        if len(modalities) != 1 or next(iter(modalities)) not in self.models:
+            raise ValueError("the model server serves requests of one modality, text or image")
+        return self.models[next(iter(modalities))].submit(request, due_ms)
+
+    def close(self) -> None:
+        for m in self.models.values():
+            m.close()
+
+    async def run(self) -> None:
+        await asyncio.gather(*(m.run() for m in self.models.values()))
+
+    @property
+    def outcomes(self) -> list[Outcome]:
+        return [o for m in self.models.values() for o in m.outcomes]
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        return [n for m in self.models.values() for n in m.batch_sizes]

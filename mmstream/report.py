@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from mmstream.bench.config import WORKLOADS
+from mmstream.bench.config import MODES, WORKLOADS
 
 # -- schema ------------------------------------------------------------------------------
 
@@ -44,7 +44,7 @@ RUN_SCHEMA: dict[str, Any] = {
     "required": ["mode", "workload", "config", "offered_rate", "achieved_rate", "requests", "latency_ms",
                  "throughput", "cpu", "peak_rss_mb", "floor_ms", "overhead_ms", "samples_ms"],
     "properties": {
-        "mode": {"enum": ["pipeline", "monolithic"]},
+        "mode": {"enum": list(MODES)},
         "workload": {"enum": list(WORKLOADS)},
         "config": {"type": "object", "required": ["rate", "seed", "duration_s"]},
         "offered_rate": _NUM,

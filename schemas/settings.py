@@ -237,11 +237,13 @@ class VideoSettings(_Section):
 class AdmissionSettings(_Section):
     enabled: bool = setting(True, "Admit by queued work per stage and lane; off, everything valid is accepted.")
     max_queued_ms_rt: float = setting(
-        5_000.0, "Queued engine work (ms) at a stage past which new rt requests get overloaded.", ge=0
+        500.0, "The most an admitted rt request waits at a stage (ms of engine work ahead of it: the rt work queued "
+        "there and the batch running; rt goes before bulk). Past it, new rt requests get overloaded with retry_after_ms.",
+        ge=0
     )
     max_queued_ms_bulk: float = setting(
-        1_000.0, "Queued engine work (ms) past which new bulk requests get overloaded: lower than rt, so bulk is shed first.",
-        ge=0,
+        2_000.0, "The most an admitted bulk request waits at a stage (ms of all the work queued there). Past it, new "
+        "bulk requests get overloaded; bulk is shed first because it waits behind every rt request.", ge=0,
     )
     refresh_ms: int = setting(1_000, "How often the router re-reads consumer lag to estimate queued work.", ge=1)
     backpressure_high_ms: float = setting(

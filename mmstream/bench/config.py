@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-MODES = ("pipeline", "monolithic")
+MODES = ("pipeline", "monolithic", "server")
 WORKLOADS = ("text", "mixed", "chat", "capacity")
 SCHEDULERS = ("continuous", "static")
 
@@ -32,7 +32,8 @@ class BenchConfig:
     """Seeds arrivals and requests: the same seed gives both modes the same schedule."""
     lane: str = "rt"
     mode: str = "pipeline"
-    """``pipeline`` (the running workers, over Kafka) or ``monolithic`` (``mmstream.monolith``)."""
+    """``pipeline`` (the running workers, over Kafka), ``monolithic`` (``mmstream.monolith``: one
+    FIFO for every model) or ``server`` (``ModelServer``: a queue and engine thread per model)."""
     rates: tuple[float, ...] = ()
     """A sweep: one run per rate, in order. Empty: just ``rate``."""
     max_batch_size: int | None = None
@@ -64,6 +65,8 @@ class BenchConfig:
             raise ValueError(f"unknown workload {self.workload!r}; workloads: {', '.join(WORKLOADS)}")
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}; modes: {', '.join(MODES)}")
+        if self.mode == "server" and self.workload not in ("text", "capacity"):
+            raise ValueError("server mode serves requests of one modality each: workload text or capacity")
         if any(r <= 0 for r in self.sweep) or self.duration_s <= 0:
             raise ValueError("rates and duration must be positive")
         if self.scheduler is not None and self.scheduler not in SCHEDULERS:

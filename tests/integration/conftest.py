@@ -76,6 +76,8 @@ def pipeline(infra: Settings) -> Pipeline:
     pipe = start_pipeline(infra, {"router": 1, "assembler": 1, "encode.text": 1, "encode.image": 1,
                                   "encode.video": 1, "lagmon": 1},
                           MMSTREAM_VIDEO_FRAMES_PER_CHUNK="2",  # several chunks per test clip
+                          # These tests send bursts to test answers, not shedding (test_admission does).
+                          MMSTREAM_ADMISSION_MAX_QUEUED_MS_RT="60000",
                           # Audio runs in its own pipeline (test_audio_pipeline.py), so this one
                           # also shows how an undeployed modality is answered.
                           MMSTREAM_ROUTER_SERVED_MODALITIES="text,image,video")

@@ -14,7 +14,7 @@ from schemas.errors import ErrorCode, WireError
 from schemas.jobs import EncodeJob
 from schemas.settings import Settings
 from workers import prompt, text
-from workers.encoders import Runner, load_engine, refs_not_served, run_isolated
+from workers.encoders import Runner, batch_dependent, load_engine, refs_not_served, run_isolated
 from workers.modalities import ModalitySpec, register
 from workers.outputs import Encoded, Observer, Prepared
 from workers.text import TextEncoder, TextPreprocessor, normalize
@@ -48,8 +48,12 @@ def build_runner(settings: Settings, observer: Observer, stage: str) -> Runner:
         ids = pre.ids(doc)
         return Prepared(job, float(len(ids)), (doc, ids), content=doc.encode())
 
+    alone = batch_dependent(config, engine.precision)  # as the text modality: rows alone when batches change them
+
     def run(items: list[Prepared]) -> list[Any]:
-        embedded = run_isolated([item.data[1] for item in items], encoder.embed_ids)
+        rows = [item.data[1] for item in items]
+        embedded = ([run_isolated([r], encoder.embed_ids)[0] for r in rows] if alone
+                    else run_isolated(rows, encoder.embed_ids))
         return [e if isinstance(e, Exception) else
                 Encoded(e, {"chars": len(item.data[0]), "excerpt": item.data[0][:EXCERPT_CHARS]})
                 for item, e in zip(items, embedded)]
