@@ -272,6 +272,9 @@ class GeneratorSettings(_Section):
     max_queued: int = setting(
         64, "Most generate jobs one generator holds (running or waiting): past it, it stops fetching.", ge=1
     )
+    done_retention_ms: int = setting(
+        600_000, "How long a finished generation is remembered so a repeated job is not answered again.", ge=0
+    )
 
 
 class AssemblerSettings(_Section):
@@ -284,6 +287,10 @@ class AssemblerSettings(_Section):
     orphan_ttl_ms: int = setting(600_000, "How long parts that never got a manifest are kept.", ge=1)
     max_pending: int = setting(
         100_000, "Most requests one assembler tracks; past it new manifests are answered overloaded.", ge=1
+    )
+    max_orphans: int = setting(
+        10_000, "Most parts without a manifest (forged or stale) one assembler keeps; past it the oldest are dropped.",
+        ge=1
     )
 
 
