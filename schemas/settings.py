@@ -103,6 +103,14 @@ class KafkaSettings(_Section):
         200, "How often stages commit finished offsets: more often repeats less work after a crash, costs more requests.",
         ge=1
     )
+    session_timeout_ms: int = setting(
+        30_000, "How long the broker keeps a silent stage replica's partitions: shorter moves a dead replica's work "
+        "sooner, but a pause that long (GC, a stall) costs a rebalance. A stage stops sending a third of it earlier.",
+        ge=3_000
+    )
+    heartbeat_interval_ms: int = setting(
+        3_000, "How often a stage replica tells the broker it is alive (at most a third of the session timeout).", ge=100
+    )
 
 
 class RedisSettings(_Section):
