@@ -110,6 +110,9 @@ class GeneratorStage(RecordStage):
         self.every = max(1, settings.generator.stream_every_tokens)
         self.max_active = settings.generator.max_queued
         self.done_retention_ms = float(settings.generator.done_retention_ms)
+        self.stepping = False
+        """A step runs in the engine thread now: sequences it holds are released after it."""
+        self.release_later: list[Any] = []
 
     # -- intake --------------------------------------------------------------------------
 
@@ -180,6 +183,7 @@ class GeneratorStage(RecordStage):
                 await self.wake.wait()
                 continue
             out = self.scheduler.schedule(time.monotonic())
+            self.stepping = True
             try:
                 step = await loop.run_in_executor(self.executor, execute_step, self.engine, out.plan,
                                                   {k: a.seq for k, a in self.active.items()}, self.stops)
@@ -188,13 +192,17 @@ class GeneratorStage(RecordStage):
                 failed = set(out.decode) | {c.seq_id for c in out.prefill}
                 for seq_id in failed:
                     self.scheduler.abort(seq_id, time.monotonic())
-                self.scheduler.update(StepOutput(tokens={}))
+                # The step owed these tokens; their sequences are aborted, so none is used.
+                owed = set(out.decode) | {c.seq_id for c in out.prefill if c.is_last}
+                self.scheduler.update(StepOutput(tokens={seq_id: 0 for seq_id in owed}))
+                self._released_after_step()
                 for seq_id in failed:
                     a = self.active.pop(seq_id, None)
                     if a:
                         self.engine.release(a.seq)
                         self._fail(a.job, a.record, WireError(ErrorCode.INTERNAL, f"generation failed: {exc!r}"), a)
                 continue
+            self._released_after_step()
             finished = self.scheduler.update(step)
             self._stream(step.tokens, {f.seq_id for f in finished})
             for fin in finished:
@@ -312,16 +320,21 @@ class GeneratorStage(RecordStage):
         self.sent.update(found.sent)
 
     async def on_revoked(self, tps: set[TopicPartition]) -> None:
-        """Generations of revoked partitions stop here; the next owner runs them again."""
+        """Generations of revoked partitions stop here, unanswered; the next owner runs them
+        again. A step in the engine thread may still hold their KV: released after it."""
         gone = {(tp.topic, tp.partition) for tp in tps}
         for seq_id, a in list(self.active.items()):
             if (a.record.topic, a.record.partition) in gone:
                 self.scheduler.abort(seq_id, time.monotonic())
-        # The aborted sequences end at the next update without an answer from here.
-        for seq_id, a in list(self.active.items()):
-            if (a.record.topic, a.record.partition) in gone:
                 self.active.pop(seq_id)
-                self.engine.release(a.seq)
+                self.release_later.append(a.seq)
+        if not self.stepping:
+            self._released_after_step()
+
+    def _released_after_step(self) -> None:
+        self.stepping = False
+        while self.release_later:
+            self.engine.release(self.release_later.pop())
 
     async def idle(self) -> None:
         self._prune_done(now_ms())
