@@ -186,6 +186,7 @@ def p99(values: list[float]) -> float | None:
 def summarize_latency(sent: list[Any], windows: list[tuple[float, float]]) -> tuple[float | None, float | None]:
     """(p99 e2e in ms of requests sent inside a fault window, seconds from the last window's
     end until every request sent before it was answered)."""
+    sent = [s for s in sent if getattr(s, "sub", True) is not None]  # never produced: no one's to answer
     inside = [(s.answered_at - s.sent_at) * 1000 for s in sent if s.answered_at
               and any(a <= s.sent_at <= b for a, b in windows)]
     if not windows:
