@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 MMSTREAM := $(VENV)/bin/mmstream
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml infra/requirements-models.txt infra/system-deps.sh | sha1sum | cut -c1-12)
 
-.PHONY: setup models demo test unit down clean gpu-setup cpu-setup gpu-check
+.PHONY: setup models demo test unit down clean gpu-setup cpu-setup gpu-check chaos chaos-tools
 
 setup: $(STAMP)
 
@@ -32,6 +32,14 @@ demo: models
 test: models
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -rs
+
+# The whole chaos suite (slow: ~20 min on 2 cores; `make test` runs its short scenarios).
+chaos: models chaos-tools
+	$(MMSTREAM) chaos run chaos/scenarios/*.json --out chaos-results.json
+
+# Toxiproxy for the network faults, built from the Go module proxy (infra/chaos-tools.sh).
+chaos-tools:
+	@bash infra/chaos-tools.sh
 
 unit: setup
 	$(PY) -m pytest -q tests/unit

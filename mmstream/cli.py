@@ -120,6 +120,15 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--out", type=Path, help="write the JSON report here")
     b.add_argument("--report", type=Path, help="write report.md and PNG plots into this folder (needs the report extra)")
 
+    ch = cmd("chaos", help="fault scenarios: run each on a pipeline of its own and check every invariant")
+    chsub = ch.add_subparsers(dest="chaos_command", required=True, metavar="ACTION")
+    chr_ = chsub.add_parser("run", parents=[common],
+                            help="run scenario files (chaos/scenarios/*.json); exit 0 only if every invariant held")
+    chr_.add_argument("scenarios", nargs="+", type=Path, metavar="FILE", help="scenario files, run one after another")
+    chr_.add_argument("--out", type=Path, metavar="FILE", help="also write the results as a JSON list to FILE")
+    chr_.add_argument("--workdir", type=Path, metavar="DIR",
+                      help="keep each run's logs and state under DIR/<scenario> (default: a temporary folder)")
+
     t = cmd("top", help="live view of lag, rates and per-stage latency")
     t.add_argument("--once", action="store_true", help="print one frame and exit")
     t.add_argument("--json", action="store_true", help="print one JSON document per frame instead of tables")

@@ -38,6 +38,7 @@ def run(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
     handler = {
         "up": cmd_up, "down": cmd_down, "status": cmd_status, "config": cmd_config, "worker": cmd_worker,
         "send": cmd_send, "demo": cmd_demo, "bench": cmd_bench, "top": cmd_top, "models": cmd_models,
+        "chaos": cmd_chaos,
     }[args.command]
     return handler(args, settings, repo_root)
 
@@ -231,6 +232,30 @@ def cmd_bench(args: argparse.Namespace, settings: Settings, repo_root: Path) -> 
     from mmstream import bench  # the monolithic baseline loads the engines: only for this command
 
     return bench.cli_main(args, settings)
+
+
+def cmd_chaos(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
+    """Run each scenario file in turn; print one JSON result each and a summary table."""
+    from mmstream.chaos import runner, scenario  # the media samples and the runner: only here
+
+    try:
+        loaded = [scenario.load(path) for path in args.scenarios]
+    except scenario.ScenarioError as exc:
+        raise UserError(str(exc)) from None
+    results = []
+    for sc in loaded:
+        print(f"chaos: {sc.name}: {sc.about}", file=sys.stderr, flush=True)
+        workdir = args.workdir / sc.name if args.workdir else None
+        result = asyncio.run(runner.run(settings, sc, repo_root, workdir))
+        runner.print_result(result)
+        results.append(result)
+    print("| scenario | requests | faults | lost | duplicated | p99 during the fault | time to recover | verdict |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        print(r.row())
+    if args.out:
+        args.out.write_text(json.dumps([runner.to_json(r) for r in results], indent=1))
+    return 0 if all(r.ok for r in results) else 1
 
 
 def cmd_top(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:

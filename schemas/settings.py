@@ -105,6 +105,14 @@ class KafkaSettings(_Section):
         200, "How often stages commit finished offsets: more often repeats less work after a crash, costs more requests.",
         ge=1
     )
+    session_timeout_ms: int = setting(
+        30_000, "How long the broker keeps a silent stage replica's partitions: shorter moves a dead replica's work "
+        "sooner, but a pause that long (GC, a stall) costs a rebalance. A stage stops sending a third of it earlier.",
+        ge=3_000
+    )
+    heartbeat_interval_ms: int = setting(
+        3_000, "How often a stage replica tells the broker it is alive (at most a third of the session timeout).", ge=100
+    )
 
 
 class RedisSettings(_Section):
@@ -281,6 +289,9 @@ class GeneratorSettings(_Section):
     max_queued: int = setting(
         64, "Most generate jobs one generator holds (running or waiting): past it, it stops fetching.", ge=1
     )
+    done_retention_ms: int = setting(
+        600_000, "How long a finished generation is remembered so a repeated job is not answered again.", ge=0
+    )
 
 
 class AssemblerSettings(_Section):
@@ -293,6 +304,10 @@ class AssemblerSettings(_Section):
     orphan_ttl_ms: int = setting(600_000, "How long parts that never got a manifest are kept.", ge=1)
     max_pending: int = setting(
         100_000, "Most requests one assembler tracks; past it new manifests are answered overloaded.", ge=1
+    )
+    max_orphans: int = setting(
+        10_000, "Most parts without a manifest (forged or stale) one assembler keeps; past it the oldest are dropped.",
+        ge=1
     )
 
 

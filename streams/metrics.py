@@ -93,6 +93,9 @@ _TYPES: dict[type, str] = {Histogram: "histogram", Counter: "counter", Gauge: "g
 _C = TypeVar("_C", Histogram, Counter, Gauge, Info)
 
 
+STATE_KINDS = frozenset({"open", "orphans", "tombstones", "active", "done"})
+"""What ``mmstream_state_entries`` counts (a fixed set: labels stay low-cardinality)."""
+
 class LagSample(Protocol):
     """What ``set_consumer_lag`` reads from each row (``streams.lagmon.LagRow`` is one)."""
 
@@ -171,6 +174,15 @@ class Metrics:
         ProcessCollector(registry=self.registry)
         self.queue_depth = self._make(
             Gauge, "mmstream_queue_depth", "Items waiting in a stage's in-process queue.", ("stage", "lane"))
+        self.state_entries = self._make(
+            Gauge, "mmstream_state_entries",
+            "Entries a stage keeps in memory, by kind: the assembler's open requests, orphans (parts without a "
+            "manifest) and tombstones (answered, kept against late duplicates); the generator's active and done.",
+            ("stage", "kind"))
+        self.task_restarts_total = self._make(
+            Counter, "mmstream_task_restarts",
+            "Times a stage's long-running task (poll, sweep, step loop) raised and was started again.",
+            ("stage", "task"))
         self.engine = self._make(
             Info, "mmstream_engine", "Engine a stage serves: model, version, precision, provider, backend.",
             ("stage",), info_keys=ENGINE_FIELDS)
@@ -271,6 +283,15 @@ class Metrics:
         for stage, n in self.health.inflight().items():
             total[stage] = total.get(stage, 0) + n
         return total
+
+    def set_state(self, stage: str, **kinds: int) -> None:
+        """How many entries of each kind ``stage`` keeps in memory now."""
+        for kind, n in kinds.items():
+            _check("kind", kind, STATE_KINDS)
+            self.state_entries.labels(stage=stage, kind=kind).set(n)
+
+    def task_restart(self, stage: str, task: str) -> None:
+        self.task_restarts_total.labels(stage=stage, task=task).inc()
 
     def set_queue_depth(self, stage: str, lane: str, n: int) -> None:
         """Set how many items wait in ``stage``'s in-process queue of ``lane``."""

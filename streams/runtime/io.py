@@ -15,6 +15,13 @@ The contract a stage relies on:
   unfinished meanwhile, so the commit point waits); a non-retriable one (record too large
   for the topic, topic gone) is handed to the stage's ``on_failed_output``, which returns a
   replacement record (an error event, a dead letter) or None.
+- Nothing is sent while this replica may have lost its partitions (``fence.py``: a stall
+  past the session timeout). Outputs held then are sent once ownership is confirmed, or
+  dropped with their inputs left unfinished when the partitions are revoked: the next owner
+  repeats that work, and this replica never sends for partitions another one owns.
+- On a revoke, outputs in flight get ``revoke_drain_s`` to reach the broker (so the next
+  owner, reading the broker when it takes over, sees them); what is still unsent then is
+  dropped, its inputs unfinished.
 
 Why the stages do not read through Faust agents: on this project's 2-core reference box a
 Faust agent relaying records cost 200 µs of CPU per record (645 µs when each send is
@@ -37,6 +44,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 
 from streams.produce import Out
+from streams.runtime.fence import FencedError, Lease, ProducerGate, watch_coordinator
 from streams.runtime.offsets import OffsetTracker
 
 log = logging.getLogger(__name__)
@@ -67,6 +75,13 @@ class IOSettings:
     session_timeout_ms: int = 30_000
     heartbeat_interval_ms: int = 3_000
     max_poll_interval_ms: int = 300_000
+    revoke_drain_s: float = 5.0
+    """How long a revoke waits for outputs in flight before dropping the rest."""
+
+    @property
+    def fence_margin_s(self) -> float:
+        """How long before the broker could drop this member the stage stops sending."""
+        return self.session_timeout_ms / 3000.0
 
 
 class StageIO:
@@ -88,15 +103,18 @@ class StageIO:
         self._commit_task: asyncio.Task | None = None
         self._inflight: set[asyncio.Task] = set()
         self._random = random.Random()
+        self.lease = Lease(settings.session_timeout_ms / 1000.0, settings.fence_margin_s)
+        self.gate = ProducerGate(self.lease, settings.group_id)
+        self.epoch = 0
+        """Assignments so far: output held across a revoke is never sent again."""
+        self.dropped = 0
+        """Outputs dropped because the partitions they were for were lost meanwhile."""
 
     # -- life ------------------------------------------------------------------------------
 
     async def start(self) -> None:
         s = self.settings
-        self.producer = AIOKafkaProducer(
-            bootstrap_servers=s.bootstrap, acks="all", enable_idempotence=True, linger_ms=s.linger_ms,
-            max_request_size=s.max_message_bytes, client_id=f"{s.group_id}-producer", **s.client_kwargs)
-        await self.producer.start()
+        self.producer = await self._new_producer()
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=s.bootstrap, group_id=s.group_id, enable_auto_commit=False,
             auto_offset_reset="earliest", fetch_max_wait_ms=s.fetch_max_wait_ms,
@@ -107,8 +125,18 @@ class StageIO:
             # look again every few seconds, not every five minutes (the client's default).
             metadata_max_age_ms=5_000, **s.client_kwargs)
         await self.consumer.start()
+        watch_coordinator(self.consumer, self.lease)
         self.consumer.subscribe(self.topics, listener=_Listener(self))
         self._commit_task = asyncio.create_task(self._commit_loop(), name=f"{s.group_id}-commits")
+
+    async def _new_producer(self) -> AIOKafkaProducer:
+        s = self.settings
+        producer = AIOKafkaProducer(
+            bootstrap_servers=s.bootstrap, acks="all", enable_idempotence=True, linger_ms=s.linger_ms,
+            max_request_size=s.max_message_bytes, client_id=f"{s.group_id}-producer", **s.client_kwargs)
+        await producer.start()
+        self.gate.install(producer)
+        return producer
 
     async def stop(self, drain_s: float = 5.0) -> None:
         """Wait up to ``drain_s`` for outputs in flight, commit what is finished, close."""
@@ -127,10 +155,12 @@ class StageIO:
 
     # -- records in ------------------------------------------------------------------------
 
-    async def poll(self, timeout_ms: int) -> list[ConsumerRecord]:
-        """Up to ``max_records`` records (offset order per partition), each now tracked."""
+    async def poll(self, timeout_ms: int, max_records: int | None = None) -> list[ConsumerRecord]:
+        """Up to ``max_records`` records (default and cap: the settings'; at least one) in
+        offset order per partition, each now tracked."""
         assert self.consumer is not None
-        batch = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=self.settings.max_records)
+        limit = self.settings.max_records if max_records is None else max(1, min(max_records, self.settings.max_records))
+        batch = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=limit)
         out: list[ConsumerRecord] = []
         for tp, records in batch.items():
             for r in records:
@@ -174,19 +204,22 @@ class StageIO:
         """Send ``outs`` (in order per partition) and, once the broker has all of them,
         finish ``inputs``. Returns at once; the task it returns ends when that happened."""
         inputs = list(inputs)
-        task = asyncio.create_task(self._deliver(list(outs), inputs))
+        task = asyncio.create_task(self._deliver(list(outs), inputs, self.epoch))
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
         return task
 
     async def send_now(self, outs: Sequence[Out]) -> None:
         """Send and wait until the broker has every output (for the rare path that must)."""
-        await self._deliver(list(outs), [])
+        await self._deliver(list(outs), [], self.epoch)
 
-    async def _deliver(self, outs: list[Out], inputs: list[ConsumerRecord]) -> None:
+    async def _deliver(self, outs: list[Out], inputs: list[ConsumerRecord], epoch: int) -> None:
         pending = outs
         attempt = 0
         while pending:
+            if epoch != self.epoch:  # the partitions were revoked meanwhile: their next owner redoes this
+                self.dropped += len(pending)
+                return
             failed: list[Out] = []
             futures = []
             for o in pending:
@@ -200,13 +233,16 @@ class StageIO:
                 except Exception as exc:
                     failed.append(self._handle_failure(o, exc))
             pending = [o for o in failed if o is not None]
+            if pending and epoch != self.epoch:
+                continue  # dropped at the top of the loop
             if pending:
                 attempt += 1
                 delay = min(RETRY_MAX_S, RETRY_BASE_S * 2 ** min(attempt, 8)) * (0.5 + self._random.random())
                 log.warning("%s: %d outputs not delivered; retry %d in %.1fs", self.settings.group_id,
                             len(pending), attempt, delay)
                 await asyncio.sleep(delay)
-        self.finish(inputs)
+        if epoch == self.epoch:  # else: revoked; the same offsets may be another assignment's now
+            self.finish(inputs)
 
     async def _send(self, o: Out) -> asyncio.Future:
         assert self.producer is not None
@@ -216,6 +252,8 @@ class StageIO:
     def _handle_failure(self, o: Out, exc: BaseException) -> Out | None:
         """The record to try again (itself when the error is retriable, a replacement from
         the stage otherwise), or None to give up on it."""
+        if isinstance(exc, FencedError):
+            return o  # sent again only if its partitions were not revoked meanwhile (see _deliver)
         if isinstance(exc, KafkaError) and exc.retriable:
             return o
         log.error("%s: output to %s failed for good: %r", self.settings.group_id, o.topic, exc)
@@ -242,6 +280,22 @@ class StageIO:
             await self.consumer.commit(offsets)
             self._committed.update({tp: om.offset for tp, om in offsets.items()})
 
+    async def settle_before_revoke(self) -> None:
+        """Partitions are about to go: outputs in flight get ``revoke_drain_s`` to reach the
+        broker while ownership holds; the rest is dropped (its inputs stay unfinished), and
+        outputs of the partitions still being delivered are never sent again (``epoch``)."""
+        if self._inflight and self.lease.held():
+            await asyncio.wait(list(self._inflight), timeout=self.settings.revoke_drain_s)
+        self.epoch += 1
+        if self.gate.discard():
+            # A dropped batch had its sequence number spent: a fresh producer starts over.
+            old = self.producer
+            self.producer = await self._new_producer()
+            asyncio.create_task(_close_quietly(old), name=f"{self.settings.group_id}-old-producer")
+        if self.gate.discarded:
+            log.warning("%s: %d outputs dropped so far: held while ownership was in doubt, then lost",
+                        self.settings.group_id, self.gate.discarded)
+
     async def _commit_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.commit_interval_s)
@@ -251,12 +305,22 @@ class StageIO:
                 log.info("%s: commit skipped: %r", self.settings.group_id, exc)
 
 
+async def _close_quietly(producer: AIOKafkaProducer | None, timeout_s: float = 5.0) -> None:
+    if producer is None:
+        return
+    try:
+        await asyncio.wait_for(producer.stop(), timeout_s)
+    except Exception as exc:  # its batches were failed already; nothing of it is needed
+        log.info("closing a replaced producer: %r", exc)
+
+
 class _Listener(ConsumerRebalanceListener):
     def __init__(self, io: StageIO) -> None:
         self.io = io
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         revoked = set(revoked)
+        await self.io.settle_before_revoke()
         try:
             await self.io.commit(revoked)
         except Exception as exc:

@@ -8,6 +8,15 @@ what a record can do wrong ends as an error event or a dead letter. An exception
 escapes anyway is logged and the batch's records are dead-lettered, so one bug costs its
 records, never the stage.
 
+Loops that survive their own errors: every long-running task of a stage is started with
+``supervise(name, factory)``; one that raises is logged, counted
+(``mmstream_task_restarts_total``) and started again after a backoff, so a bug in a sweep or
+a step loop costs one turn, never the stage's deadlines or answers.
+
+Bounded intake: ``poll_budget()`` caps how many records one poll may take (a stage that holds
+jobs in memory returns what room it has left), so what a stage holds never passes its bound
+by a poll's worth.
+
 rt before bulk: the stage's rt topics are polled together with its bulk topics, and
 ``handle`` sees rt records first; while the rt backlog (records not yet polled, known
 locally) is over ``rt_backlog_records``, the bulk topics are paused, so bulk records wait
@@ -18,7 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Sequence
+import time
+from typing import Any, Awaitable, Callable, Sequence
 
 import faust
 import mode
@@ -33,12 +43,19 @@ from streams.topics import TopicNames
 
 log = logging.getLogger(__name__)
 
+RESTART_BASE_S = 0.1
+RESTART_MAX_S = 5.0
+RESTART_RESET_S = 30.0
+"""A task that ran this long before failing restarts from the shortest backoff again."""
+
 
 def io_settings(settings: Settings, group_id: str) -> IOSettings:
     k = settings.kafka
     return IOSettings(bootstrap=k.bootstrap, group_id=group_id, client_kwargs=client_kwargs(settings),
                       max_message_bytes=k.max_message_bytes, fetch_max_wait_ms=k.fetch_max_wait_ms,
-                      linger_ms=k.linger_ms, commit_interval_s=k.commit_interval_ms / 1000.0)
+                      linger_ms=k.linger_ms, commit_interval_s=k.commit_interval_ms / 1000.0,
+                      session_timeout_ms=k.session_timeout_ms,
+                      heartbeat_interval_ms=min(k.heartbeat_interval_ms, k.session_timeout_ms // 3))
 
 
 def client_kwargs(settings: Settings) -> dict[str, Any]:
@@ -63,6 +80,8 @@ class RecordStage(mode.Service):
                                    else rt_backlog_records)
         self.bulk_paused = False
         self.health = process_health()
+        self.restarts: dict[str, int] = {}
+        """Task name -> times it raised and was started again."""
         self.io = StageIO(io_settings(settings, app.conf.id), [*self.rt_topics, *self.bulk_topics],
                           on_assigned=self.on_assigned, on_revoked=self.on_revoked,
                           on_failed_output=self.on_failed_output)
@@ -122,7 +141,36 @@ class RecordStage(mode.Service):
         await self.io.start()
 
     async def on_started(self) -> None:
-        self.add_future(self._poll_forever())
+        self.supervise("poll", self._poll_forever)
+
+    def supervise(self, name: str, factory: Callable[[], Awaitable[None]]) -> None:
+        """Run ``factory()`` until the stage stops, starting it again whenever it raises."""
+        self.add_future(self._supervised(name, factory))
+
+    async def _supervised(self, name: str, factory: Callable[[], Awaitable[None]]) -> None:
+        failures = 0
+        while not self.should_stop:
+            started = time.monotonic()
+            try:
+                await factory()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                if time.monotonic() - started >= RESTART_RESET_S:
+                    failures = 0
+                failures += 1
+                self.restarts[name] = self.restarts.get(name, 0) + 1
+                metrics = getattr(self, "metrics", None)
+                if metrics is not None and hasattr(metrics, "task_restart"):
+                    metrics.task_restart(self.stage, name)
+                delay = min(RESTART_MAX_S, RESTART_BASE_S * 2 ** min(failures - 1, 8))
+                log.exception("%s: task %s failed (%d in a row); starting it again in %.1fs",
+                              self.stage, name, failures, delay)
+                await asyncio.sleep(delay)
+                continue
+            if not self.should_stop:  # a loop that returned on its own: a bug, but keep serving
+                log.error("%s: task %s returned; starting it again", self.stage, name)
+                await asyncio.sleep(RESTART_BASE_S)
 
     async def on_stop(self) -> None:
         await self.io.stop()
@@ -131,12 +179,16 @@ class RecordStage(mode.Service):
         """Whether to fetch bulk now: by default while the rt backlog is small."""
         return self.backlog_rt() <= self.rt_backlog_records
 
+    def poll_budget(self) -> int | None:
+        """Most records the next poll may take (None: the I/O's ``max_records``)."""
+        return None
+
     async def _poll_forever(self) -> None:
         while not self.should_stop:
             try:
                 if self.bulk_topics:
                     self.bulk_gate(not self.should_take_bulk())
-                records = await self.io.poll(self.poll_timeout_ms)
+                records = await self.io.poll(self.poll_timeout_ms, self.poll_budget())
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the broker away, a rebalance: poll again

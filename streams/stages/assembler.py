@@ -20,13 +20,17 @@ sent (an answer whose marker had not landed when the last owner died); the repla
 rebuilds the state of the requests still open and sends only what was never sent.
 
 Bounds: at most ``max_pending`` open requests (new manifests past it are answered
-``overloaded``); parts without a manifest are kept ``orphan_ttl_ms`` at most (and never
-answered); finished requests are remembered ``retention_ms`` so late duplicates are dropped.
+``overloaded``), counted apart from the tombstones of answered ones; parts without a
+manifest (forged or stale: a request's manifest precedes its parts on the partition) are
+kept ``orphan_ttl_ms`` at most and ``max_orphans`` at most (the oldest are dropped first),
+never answered; finished requests are remembered ``retention_ms`` so late duplicates are
+dropped. Deadlines wait in a heap, so a sweep costs what expires, not what is open.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 from collections import deque
 from dataclasses import dataclass, field
@@ -66,6 +70,11 @@ class Open:
 @dataclass
 class PartitionState:
     open: dict[str, Open] = field(default_factory=dict)
+    """Requests being assembled, orphans included."""
+    orphans: dict[str, float] = field(default_factory=dict)
+    """Ids in ``open`` without a manifest -> when first seen (insertion order is age order)."""
+    deadlines: list[tuple[float, str]] = field(default_factory=list)
+    """(deadline, id) of open requests, a min-heap; stale entries are skipped when popped."""
     done: dict[str, float] = field(default_factory=dict)
     """Answered request id -> when (epoch ms): late duplicates are dropped."""
     done_order: deque[tuple[float, str]] = field(default_factory=deque)
@@ -75,6 +84,16 @@ class PartitionState:
     def mark_done(self, rid: str, at: float) -> None:
         self.done[rid] = at
         self.done_order.append((at, rid))
+
+    def close(self, rid: str) -> Open | None:
+        """Stop tracking ``rid`` as open (answered, dropped or overtaken by a verdict)."""
+        self.orphans.pop(rid, None)
+        return self.open.pop(rid, None)
+
+    @property
+    def pending(self) -> int:
+        """Open requests that have their manifest (what ``max_pending`` bounds)."""
+        return len(self.open) - len(self.orphans)
 
 
 class AssemblerStage(RecordStage):
@@ -87,8 +106,10 @@ class AssemblerStage(RecordStage):
         self.metrics = metrics
         self.policy = AssemblyPolicy(retention_ms=float(a.retention_ms), orphan_ttl_ms=float(a.orphan_ttl_ms))
         self.max_pending = a.max_pending
+        self.max_orphans = a.max_orphans
         self.sweep_s = a.sweep_interval_ms / 1000.0
         self.partitions: dict[TopicPartition, PartitionState] = {}
+        self.orphans_dropped = 0
         self.results = (ResultCache(settings.redis.url, settings.cache.ttl_result_s)
                         if settings.cache.enabled and settings.cache.whole_result else None)
 
@@ -118,18 +139,26 @@ class AssemblerStage(RecordStage):
             self._verdict(part, r, msg, now)
             return
         entry = part.open.get(rid)
+        opens = isinstance(msg, Manifest) and (entry is None or entry.state.manifest is None)
+        if opens and self._open_count() >= self.max_pending:
+            self._overloaded(part, r, msg, now)
+            return
         if entry is None:
-            if isinstance(msg, Manifest) and self._open_count() >= self.max_pending:
-                self._overloaded(part, r, msg, now)
-                return
+            if not isinstance(msg, Manifest) and self._orphan_count() >= self.max_orphans:
+                self._drop_oldest_orphan()
             entry = Open(Assembly(status=RequestStatus.ACCEPTED, first_seen_ms=now, lane=self.lane_of(r)))
             part.open[rid] = entry
+            if not isinstance(msg, Manifest):
+                part.orphans[rid] = now
         result = step(entry.state, msg, now, self.policy, lane=self.lane_of(r))
         if not result.changed:
             self.io.finish([r])  # a duplicate part or manifest: the first one counts
             return
         entry.records.append(r)
         entry.state = result.state
+        if opens and entry.state.manifest is not None:
+            part.orphans.pop(rid, None)
+            heapq.heappush(part.deadlines, (entry.state.manifest.deadline_at_ms, rid))
         if isinstance(msg, Manifest) and not entry.accepted_sent:
             entry.accepted_sent = True
             m = msg
@@ -156,7 +185,7 @@ class AssemblerStage(RecordStage):
                 asyncio.ensure_future(self.results.put(m.result_key, result.emit.payload or {}))  # complete answers only
         outs.append(self._done_marker(rid, m.reply_to, state.done_at_ms or now_ms()))
         self.io.deliver(outs, entry.records)
-        part.open.pop(rid, None)
+        part.close(rid)
         part.sent.pop(rid, None)
         part.mark_done(rid, state.done_at_ms or now_ms())
 
@@ -169,7 +198,7 @@ class AssemblerStage(RecordStage):
                 outs.append(out_map(v.reply_to, v.id, ev))
         outs.append(self._done_marker(v.id, v.reply_to, now))
         self.io.deliver(outs, [r])
-        stray = part.open.pop(v.id, None)  # parts of a request the router answered itself
+        stray = part.close(v.id)  # parts of a request the router answered itself
         if stray is not None:
             self.io.finish(stray.records)
         part.mark_done(v.id, now)
@@ -185,13 +214,28 @@ class AssemblerStage(RecordStage):
         return done_marker(self.names.assembler_done, rid, reply_to, at)
 
     def _open_count(self) -> int:
-        return sum(sum(1 for e in p.open.values() if e.state.manifest is not None) for p in self.partitions.values())
+        return sum(p.pending for p in self.partitions.values())
+
+    def _orphan_count(self) -> int:
+        return sum(len(p.orphans) for p in self.partitions.values())
+
+    def _drop_oldest_orphan(self) -> None:
+        """Past ``max_orphans``: the oldest orphan of any partition goes, unanswered."""
+        oldest = min((p for p in self.partitions.values() if p.orphans),
+                     key=lambda p: next(iter(p.orphans.values())), default=None)
+        if oldest is None:
+            return
+        rid = next(iter(oldest.orphans))
+        entry = oldest.close(rid)
+        if entry is not None:
+            self.io.finish(entry.records)
+        self.orphans_dropped += 1
 
     # -- time ----------------------------------------------------------------------------
 
     async def on_started(self) -> None:
         await super().on_started()
-        self.add_future(self._sweep_forever())
+        self.supervise("sweep", self._sweep_forever)
 
     async def _sweep_forever(self) -> None:
         while not self.should_stop:
@@ -205,23 +249,29 @@ class AssemblerStage(RecordStage):
         """Deadlines, expired orphans and expired tombstones. Orphans (parts without a
         manifest) are finished unanswered: forged or stale, they never complete a request."""
         for part in list(self.partitions.values()):
-            for rid, entry in list(part.open.items()):
-                state = entry.state
-                if state.manifest is None:
-                    if now - state.first_seen_ms >= self.policy.orphan_ttl_ms:
-                        part.open.pop(rid, None)
-                        self.io.finish(entry.records)
-                    continue
-                if now >= state.manifest.deadline_at_ms:
-                    result = step(state, DeadlineTick(rid), now, self.policy, lane=state.lane)
-                    if result.emit is not None or result.forward is not None:
-                        entry.state = result.state
-                        self._answer(part, rid, entry, result)
+            while part.orphans:
+                rid, seen = next(iter(part.orphans.items()))
+                if now - seen < self.policy.orphan_ttl_ms:
+                    break
+                entry = part.close(rid)
+                if entry is not None:
+                    self.io.finish(entry.records)
+            while part.deadlines and part.deadlines[0][0] <= now:
+                _, rid = heapq.heappop(part.deadlines)
+                entry = part.open.get(rid)
+                if entry is None or entry.state.manifest is None:
+                    continue  # answered already
+                result = step(entry.state, DeadlineTick(rid), now, self.policy, lane=entry.state.lane)
+                if result.emit is not None or result.forward is not None:
+                    entry.state = result.state
+                    self._answer(part, rid, entry, result)
             while part.done_order and now - part.done_order[0][0] >= self.policy.retention_ms:
                 at, rid = part.done_order.popleft()
                 if part.done.get(rid) == at:
                     del part.done[rid]
         self.metrics.set_inflight(self.stage, self._open_count())
+        self.metrics.set_state(self.stage, open=self._open_count(), orphans=self._orphan_count(),
+                               tombstones=sum(len(p.done) for p in self.partitions.values()))
 
     # -- ownership -----------------------------------------------------------------------
 

@@ -50,8 +50,6 @@ from workers.repository import ModelRepository
 
 log = logging.getLogger(__name__)
 STAGE = "generate"
-DONE_MEMORY_MS = 600_000.0
-"""How long finished generations are remembered, so a repeated job is dropped."""
 
 
 def prompt_parts(parts: list[dict[str, Any]]) -> list[Any]:
@@ -89,6 +87,11 @@ class GeneratorStage(RecordStage):
     jobs it will replay (``streams.runtime.recovery``): a job marked done is dropped; a job
     cut off midway is generated again (greedy fp32 decoding gives the same tokens) and only
     the token events not yet on the reply topic are sent.
+
+    Bounded: it holds at most ``max_queued`` jobs (each poll takes only the room left, and
+    the topics pause while it is full); finished ids are remembered ``done_retention_ms``.
+    The step loop survives its own errors: a step that fails fails its sequences; anything
+    else that raises is logged and the loop is started again (``RecordStage.supervise``).
     """
 
     stage = STAGE
@@ -106,6 +109,10 @@ class GeneratorStage(RecordStage):
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="engine-lm")
         self.every = max(1, settings.generator.stream_every_tokens)
         self.max_active = settings.generator.max_queued
+        self.done_retention_ms = float(settings.generator.done_retention_ms)
+        self.stepping = False
+        """A step runs in the engine thread now: sequences it holds are released after it."""
+        self.release_later: list[Any] = []
 
     # -- intake --------------------------------------------------------------------------
 
@@ -123,6 +130,8 @@ class GeneratorStage(RecordStage):
             self.io.deliver([self.dlq(r, f"invalid_request: undecodable generate job: {exc}")], [r])
             return
         if job.id in self.active or job.id in self.done:  # a repeat of a job running or answered
+            if job.id in self.done:
+                self.sent.pop(job.id, None)
             self.io.finish([r])
             return
         now = now_ms()
@@ -152,12 +161,19 @@ class GeneratorStage(RecordStage):
             (self.io.pause if hold else self.io.resume)(t)
         if not hold:
             self.bulk_paused = False
+        self.metrics.set_state(STAGE, active=len(self.active), done=len(self.done))
+
+    def poll_budget(self) -> int:
+        return max(0, self.max_active - len(self.active))
+
+    def should_take_bulk(self) -> bool:
+        return len(self.active) < self.max_active and super().should_take_bulk()
 
     # -- the step loop -------------------------------------------------------------------
 
     async def on_started(self) -> None:
         await super().on_started()
-        self.add_future(self._steps_forever())
+        self.supervise("steps", self._steps_forever)
 
     async def _steps_forever(self) -> None:
         loop = asyncio.get_running_loop()
@@ -167,6 +183,7 @@ class GeneratorStage(RecordStage):
                 await self.wake.wait()
                 continue
             out = self.scheduler.schedule(time.monotonic())
+            self.stepping = True
             try:
                 step = await loop.run_in_executor(self.executor, execute_step, self.engine, out.plan,
                                                   {k: a.seq for k, a in self.active.items()}, self.stops)
@@ -175,13 +192,17 @@ class GeneratorStage(RecordStage):
                 failed = set(out.decode) | {c.seq_id for c in out.prefill}
                 for seq_id in failed:
                     self.scheduler.abort(seq_id, time.monotonic())
-                self.scheduler.update(StepOutput(tokens={}))
+                # The step owed these tokens; their sequences are aborted, so none is used.
+                owed = set(out.decode) | {c.seq_id for c in out.prefill if c.is_last}
+                self.scheduler.update(StepOutput(tokens={seq_id: 0 for seq_id in owed}))
+                self._released_after_step()
                 for seq_id in failed:
                     a = self.active.pop(seq_id, None)
                     if a:
                         self.engine.release(a.seq)
                         self._fail(a.job, a.record, WireError(ErrorCode.INTERNAL, f"generation failed: {exc!r}"), a)
                 continue
+            self._released_after_step()
             finished = self.scheduler.update(step)
             self._stream(step.tokens, {f.seq_id for f in finished})
             for fin in finished:
@@ -255,7 +276,18 @@ class GeneratorStage(RecordStage):
         outs = [] if ("terminal", ev.seq) in self.sent.pop(job.id, set()) else [out_map(job.reply_to, job.id, ev.to_wire())]
         outs.append(done_marker(self.names.generator_done, job.id, job.reply_to, now_ms()))
         self.io.deliver(outs, [record])
-        self.done[job.id] = now_ms()
+        now = now_ms()
+        self.done[job.id] = now
+        self._prune_done(now)
+
+    def _prune_done(self, now: float) -> None:
+        """Forget generations finished over ``done_retention_ms`` ago (oldest first)."""
+        cutoff = now - self.done_retention_ms
+        while self.done:
+            rid, at = next(iter(self.done.items()))
+            if at >= cutoff:
+                break
+            del self.done[rid]
 
     def on_failed_output(self, out: Out, exc: BaseException) -> Out | None:
         """An event the reply topic refuses (too large for it, topic gone): the client gets a
@@ -279,7 +311,7 @@ class GeneratorStage(RecordStage):
         k = self.settings.kafka
         try:
             found = await recover(self.io.consumer, k.bootstrap, self.io.settings.client_kwargs, k.max_message_bytes,
-                                  self.names.generator_done, tps, _opens, now_ms(), DONE_MEMORY_MS)
+                                  self.names.generator_done, tps, _opens, now_ms(), self.done_retention_ms)
         except Exception:
             log.exception("generate: recovery of %s failed; replayed generations may repeat events", tps)
             return
@@ -288,22 +320,25 @@ class GeneratorStage(RecordStage):
         self.sent.update(found.sent)
 
     async def on_revoked(self, tps: set[TopicPartition]) -> None:
-        """Generations of revoked partitions stop here; the next owner runs them again."""
+        """Generations of revoked partitions stop here, unanswered; the next owner runs them
+        again. A step in the engine thread may still hold their KV: released after it."""
         gone = {(tp.topic, tp.partition) for tp in tps}
         for seq_id, a in list(self.active.items()):
             if (a.record.topic, a.record.partition) in gone:
                 self.scheduler.abort(seq_id, time.monotonic())
-        # The aborted sequences end at the next update without an answer from here.
-        for seq_id, a in list(self.active.items()):
-            if (a.record.topic, a.record.partition) in gone:
                 self.active.pop(seq_id)
-                self.engine.release(a.seq)
+                self.release_later.append(a.seq)
+        if not self.stepping:
+            self._released_after_step()
+
+    def _released_after_step(self) -> None:
+        self.stepping = False
+        while self.release_later:
+            self.engine.release(self.release_later.pop())
 
     async def idle(self) -> None:
-        cutoff = now_ms() - DONE_MEMORY_MS
-        for rid, at in list(self.done.items()):
-            if at < cutoff:
-                del self.done[rid]
+        self._prune_done(now_ms())
+        self.metrics.set_state(STAGE, active=len(self.active), done=len(self.done))
 
 
 def _opens(rec: ConsumerRecord) -> tuple[str, str] | None:

@@ -156,6 +156,8 @@ def test_suffix_rules_match_what_prometheus_client_exposes() -> None:
     m.set_consumer_lag([LagRow("mm-router", "mm.ingress.rt", 0, 1, 2, 1)])
     m.set_inflight("route", 1)
     m.set_queue_depth("route", "rt", 1)
+    m.set_state("assemble", open=1)
+    m.task_restart("assemble", "sweep")
     m.set_engine("encode.text", {"model": "m", "version": "1", "precision": "fp32", "provider": "cpu",
                                  "backend": "onnxruntime"})
     m.health.stage = "route"

@@ -1,0 +1,88 @@
+"""What Kafka transactions would cost the answering stages: `python -m mmstream.chaos.txcost`.
+
+Measures, on the configured broker and a topic of its own, the time from handing an answer
+(its event plus its done marker) to the producer until a reader sees it, two ways:
+
+- today: idempotent producer, ``acks=all``, the answer awaited; a read_uncommitted reader;
+- transactions: begin, the same two records, ``send_offsets_to_transaction`` (the input's
+  offset, as the stage would commit it), commit; a read_committed reader.
+
+One answer per transaction is the latency floor for a stage that answers as work finishes
+(a generator's step, an assembler's fan-in); batching answers into fewer transactions
+lowers the cost per answer and adds up to the batching window to each answer's latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+import uuid
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from mmstream.chaos.checks import p99
+from schemas.settings import Settings
+
+
+async def measure(bootstrap: str, n: int = 200) -> dict[str, dict[str, float]]:
+    topic = f"txcost-{uuid.uuid4().hex[:8]}"
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    await admin.create_topics([NewTopic(topic, 1, 1)])
+    await admin.close()
+    out = {}
+    for mode in ("idempotent", "transactional"):
+        out[mode] = await _one(bootstrap, topic, mode, n)
+    return out
+
+
+async def _one(bootstrap: str, topic: str, mode: str, n: int) -> dict[str, float]:
+    tx = mode == "transactional"
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=0,
+                                transactional_id=f"txcost-{uuid.uuid4().hex[:8]}" if tx else None)
+    reader = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                              isolation_level="read_committed" if tx else "read_uncommitted", fetch_max_wait_ms=10)
+    await producer.start()
+    await reader.start()
+    tp = TopicPartition(topic, 0)
+    reader.assign([tp])
+    await reader.seek_to_end(tp)
+    send_ms, seen_ms = [], []
+    try:
+        for i in range(n):
+            key = f"{mode}-{i}".encode()
+            t0 = time.perf_counter()
+            if tx:
+                async with producer.transaction():
+                    await producer.send(topic, b"event", key=key)
+                    await producer.send(topic, b"marker", key=key)
+                    await producer.send_offsets_to_transaction({tp: i + 1}, "txcost-group")
+            else:
+                futures = [await producer.send(topic, b"event", key=key), await producer.send(topic, b"marker", key=key)]
+                await asyncio.gather(*futures)
+            t1 = time.perf_counter()
+            while True:
+                records = [r for rs in (await reader.getmany(timeout_ms=1000)).values() for r in rs]
+                if any(r.key == key and r.value == b"marker" for r in records):
+                    break
+            t2 = time.perf_counter()
+            send_ms.append((t1 - t0) * 1000)
+            seen_ms.append((t2 - t0) * 1000)
+    finally:
+        await producer.stop()
+        await reader.stop()
+    return {"send_p50_ms": round(sorted(send_ms)[len(send_ms) // 2], 2), "send_p99_ms": round(p99(send_ms) or 0, 2),
+            "seen_p50_ms": round(sorted(seen_ms)[len(seen_ms) // 2], 2), "seen_p99_ms": round(p99(seen_ms) or 0, 2)}
+
+
+def main() -> int:
+    settings = Settings.from_env()
+    print(json.dumps(asyncio.run(measure(settings.kafka.bootstrap)), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
