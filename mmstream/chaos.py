@@ -25,6 +25,7 @@ from schemas.events import Event
 from schemas.request import Modality, Part, Request
 from schemas.settings import Settings
 from streams.client import Client, new_id
+from streams.security import KafkaSecurity, client_kwargs
 from streams.topic_reader import read_to_end
 
 
@@ -49,7 +50,8 @@ async def run_scenario(settings: Settings, supervisor: Supervisor, scenario: dic
                        settle_s: float = 3.0, timeout_s: float = 180.0) -> ChaosReport:
     faults = {f["at_request"]: f for f in scenario.get("faults", [])}
     ids: list[str] = []
-    async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix) as client:
+    async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix,
+                      security=KafkaSecurity.from_settings(settings.kafka)) as client:
         subs = []
         for i in range(scenario["requests"]):
             req = Request(id=new_id(), parts=(Part(Modality.TEXT, text=f"{scenario['name']} request {i}"),),
@@ -89,7 +91,7 @@ async def check(settings: Settings, scenario: dict[str, Any], ids: list[str]) ->
     topic = f"{settings.kafka.topic_prefix}.results"
     wanted = set(ids)
     report = ChaosReport(scenario["name"], len(ids), {i: 0 for i in ids})
-    for record in await read_to_end(settings.kafka.bootstrap, topic):
+    for record in await read_to_end(settings.kafka.bootstrap, topic, client_kwargs(settings)):
         ev = Event.from_wire(unpack(record.value))
         if ev.terminal and ev.id in wanted:
             report.terminal_per_id[ev.id] += 1

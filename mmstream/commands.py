@@ -18,6 +18,7 @@ from schemas.codec import JSON
 from schemas.request import Lane, Modality, Part, Request, Task
 from schemas.settings import Settings, describe, redact
 from streams.client import Client, new_id, wait_until_serving
+from streams.security import KafkaSecurity, client_kwargs
 from streams.retry import RetryConfig
 from streams.stages import stage_names
 from streams.topics import ensure_topics, topic_specs
@@ -54,7 +55,7 @@ def cmd_up(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int
     print(f"kafka  {kafka.bootstrap}  pid={kafka.pid}  {'external' if kafka.external else 'local'}")
     print(f"redis  {redact(settings.redis.url)}  pid={redis.pid}")
     created = asyncio.run(ensure_topics(settings.kafka.bootstrap, topic_specs(settings.kafka),
-                                        settings.kafka.replication_factor))
+                                        settings.kafka.replication_factor, client_kwargs(settings)))
     if created:
         print(f"topics created: {len(created)}")
     if args.infra_only:
@@ -86,7 +87,8 @@ def _ensure_models(settings: Settings) -> None:
 
 async def _probe(settings: Settings, timeout_s: float) -> float:
     try:
-        return await wait_until_serving(settings.kafka.bootstrap, settings.kafka.topic_prefix, timeout_s)
+        return await wait_until_serving(settings.kafka.bootstrap, settings.kafka.topic_prefix, timeout_s,
+                                        KafkaSecurity.from_settings(settings.kafka))
     except TimeoutError:
         raise UserError(f"the pipeline did not answer within {timeout_s:.0f} s; see the worker logs "
                         f"({settings.local.state_dir / 'workers'})") from None
@@ -192,6 +194,7 @@ def _file_part(modality: Any, path: Path, settings: Settings) -> Any:
 
 async def _send(settings: Settings, req: Any, timeout_s: float, retry: RetryConfig) -> int:
     async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix, redis_url=settings.redis.url,
+                      security=KafkaSecurity.from_settings(settings.kafka),
                       inline_limit_bytes=settings.limits.max_inline_bytes,
                       claim_ttl_s=settings.limits.claim_ttl_s, retry=retry) as client:
         return await _follow(await client.submit(req), timeout_s)
@@ -214,7 +217,8 @@ async def _follow(sub: Any, timeout_s: float) -> int:
 async def _send_raw(settings: Settings, payload: dict[str, Any], timeout_s: float) -> int:
     """Send a JSON request exactly as written (JSON on the wire), then follow its events."""
 
-    async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix) as client:
+    async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix,
+                      security=KafkaSecurity.from_settings(settings.kafka)) as client:
         rid = str(payload["id"])
         payload.setdefault("reply_to", client.reply_to)
         sub = await client.submit_raw(rid, json.dumps(payload).encode(), JSON, str(payload.get("lane", "rt")))

@@ -67,17 +67,23 @@ class IOSettings:
     session_timeout_ms: int = 30_000
     heartbeat_interval_ms: int = 3_000
     max_poll_interval_ms: int = 300_000
+    metadata_max_age_ms: int = 300_000
+    """How often cluster metadata is refreshed: a pattern subscription sees new topics then."""
 
 
 class StageIO:
-    """One consumer (in the stage's group) and one idempotent producer for a stage."""
+    """One consumer (in the stage's group) and one idempotent producer for a stage.
 
-    def __init__(self, settings: IOSettings, topics: Sequence[str],
+    It subscribes to ``topics``, or, given a ``pattern`` (a regular expression matched
+    against whole topic names), to every topic matching it now or created later."""
+
+    def __init__(self, settings: IOSettings, topics: Sequence[str], pattern: str | None = None,
                  on_assigned: Callable[[set[TopicPartition]], Awaitable[None]] | None = None,
                  on_revoked: Callable[[set[TopicPartition]], Awaitable[None]] | None = None,
                  on_failed_output: FailedOutput | None = None) -> None:
         self.settings = settings
         self.topics = list(topics)
+        self.pattern = pattern
         self.tracker = OffsetTracker()
         self.on_assigned = on_assigned
         self.on_revoked = on_revoked
@@ -102,9 +108,13 @@ class StageIO:
             auto_offset_reset="earliest", fetch_max_wait_ms=s.fetch_max_wait_ms,
             max_partition_fetch_bytes=s.max_message_bytes, fetch_max_bytes=max(s.max_message_bytes, 52_428_800),
             session_timeout_ms=s.session_timeout_ms, heartbeat_interval_ms=s.heartbeat_interval_ms,
-            max_poll_interval_ms=s.max_poll_interval_ms, client_id=f"{s.group_id}-consumer", **s.client_kwargs)
+            max_poll_interval_ms=s.max_poll_interval_ms, metadata_max_age_ms=s.metadata_max_age_ms,
+            client_id=f"{s.group_id}-consumer", **s.client_kwargs)
         await self.consumer.start()
-        self.consumer.subscribe(self.topics, listener=_Listener(self))
+        if self.pattern is not None:
+            self.consumer.subscribe(pattern=self.pattern, listener=_Listener(self))
+        else:
+            self.consumer.subscribe(self.topics, listener=_Listener(self))
         self._commit_task = asyncio.create_task(self._commit_loop(), name=f"{s.group_id}-commits")
 
     async def stop(self, drain_s: float = 5.0) -> None:
