@@ -144,13 +144,13 @@ def topic_specs(kafka: KafkaSettings) -> list[TopicSpec]:
     return specs
 
 
-def tenant_topic_specs(kafka: KafkaSettings, tenant: str) -> list[TopicSpec]:
-    """A tenant's own topics: its ingress on each lane and its reply topic."""
+def tenant_topic_specs(kafka: KafkaSettings, tenant: str, lanes: tuple[str, ...] = tuple(LANES)) -> list[TopicSpec]:
+    """A tenant's own topics: its ingress on each of ``lanes`` and its reply topic."""
     names = TopicNames(kafka.topic_prefix)
     n = kafka.partitions
     big = {"max.message.bytes": str(kafka.max_message_bytes)}
     specs = [TopicSpec(names.tenant_ingress(lane, tenant), n, f"requests of tenant {tenant}, {lane} lane", big)
-             for lane in LANES]
+             for lane in lanes]
     specs.append(TopicSpec(names.tenant_results(tenant), n, f"reply topic of tenant {tenant}", big))
     return specs
 
