@@ -21,12 +21,15 @@ librdkafka keys (``bootstrap.servers``, ``security.protocol``, ``sasl.mechanism`
 
 from __future__ import annotations
 
+import asyncio
 import secrets
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
 
 from mmstream.kafka_admin import AclBinding, create_acls, set_scram_password
 from mmstream.localstack.secure import BROKER_USER
@@ -34,6 +37,9 @@ from schemas.settings import Settings
 from streams.security import KafkaSecurity, client_kwargs, format_properties
 from streams.tenancy import valid_tenant
 from streams.topics import LANES, TopicNames, ensure_topics, tenant_topic_specs
+
+
+LOGIN_WAIT_S = 30.0
 
 
 class TenantError(ValueError):
@@ -108,7 +114,27 @@ async def add_tenant(settings: Settings, name: str, lanes: Sequence[str] | None 
     security = KafkaSecurity(protocol=k.security_protocol, mechanism=mechanism, username=name, password=password,
                              ca_file=str(Path(k.ssl_ca_file).resolve()) if k.ssl_ca_file else "",
                              check_hostname=k.ssl_check_hostname)
+    await wait_until_login(k.bootstrap, security)
     return Tenant(name, chosen, k.bootstrap, security)
+
+
+async def wait_until_login(bootstrap: str, security: KafkaSecurity, timeout_s: float = LOGIN_WAIT_S) -> None:
+    """Return once ``security`` can log in (a new SCRAM credential reaches the brokers
+    through the metadata log a moment after it was accepted); raises ``TenantError`` when it
+    still cannot after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000, **security.aiokafka_kwargs())
+        try:
+            await admin.start()
+            return
+        except KafkaError as exc:
+            if time.monotonic() >= deadline:
+                raise TenantError(f"the new credential of {security.username!r} still cannot log in after "
+                                  f"{timeout_s:.0f} s: {exc}") from None
+        finally:
+            await admin.close()
+        await asyncio.sleep(0.25)
 
 
 def properties_text(tenant: Tenant, prefix: str) -> str:
