@@ -351,3 +351,29 @@ async def test_a_reply_to_outside_the_tenants_namespace_is_refused(secure):
         events = await _ask(secure, "acme", body)  # answered on acme's own reply topic
         assert events and events[-1].kind == "error", (target, events)
         assert events[-1].error["code"] == "invalid_request" and events[-1].error.get("field") == "reply_to"
+
+
+# -- the command line ------------------------------------------------------------------------
+
+def test_up_secure_reuses_the_secure_broker_and_status_sees_it(secure, monkeypatch, capsys):
+    local = secure.broker.local
+    for var, value in {"MMSTREAM_LOCAL_STATE_DIR": str(local.state_dir),
+                       "MMSTREAM_LOCAL_KAFKA_SECURE_PORT": str(local.kafka_secure_port),
+                       "MMSTREAM_LOCAL_KAFKA_SECURE_INTERNAL_PORT": str(local.kafka_secure_internal_port),
+                       "MMSTREAM_LOCAL_KAFKA_SECURE_CONTROLLER_PORT": str(local.kafka_secure_controller_port),
+                       "MMSTREAM_KAFKA_TOPIC_PREFIX": secure.names.prefix}.items():
+        monkeypatch.setenv(var, value)
+    assert cli.main(["up", "--secure", "--infra-only"]) == 0
+    out = capsys.readouterr().out
+    env_file = local.state_dir / "kafka-secure" / "mmstream.env"
+    assert f"kafka  {secure.bootstrap}  pid={secure.broker.status().pid}" in out and str(env_file) in out
+    assert env_file.stat().st_mode & 0o077 == 0
+    shell = dict(line.split("=", 1) for line in env_file.read_text().splitlines())
+    assert shell["MMSTREAM_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL" and shell["MMSTREAM_KAFKA_BOOTSTRAP"] == secure.bootstrap
+    for var, value in shell.items():  # a shell that sourced the file
+        monkeypatch.setenv(var, value)
+    assert cli.main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert f"kafka   {secure.bootstrap}" in out and "healthy" in out.splitlines()[0]
+    assert cli.main(["config"]) == 0
+    assert shell["MMSTREAM_KAFKA_PASSWORD"] not in capsys.readouterr().out
