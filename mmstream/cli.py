@@ -59,6 +59,10 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--infra-only", action="store_true", help="start Kafka and Redis only")
     up.add_argument("--timeout", type=float, default=180.0, metavar="S",
                     help="seconds to wait for a first answer (default: %(default)s)")
+    up.add_argument("--secure", action="store_true",
+                    help="start the secured broker instead (SASL_SSL with a local CA, ACLs, its own ports "
+                         "MMSTREAM_LOCAL_KAFKA_SECURE_*); the workers log in as the service principal, and its "
+                         "settings are written to a file to source")
     cmd("down", help="stop the workers, Redis and Kafka")
     cmd("status", help="what runs, where, and whether it is healthy (exit 1 if anything is down)")
     c = cmd("config", help="every setting, its environment variable, value and meaning")
@@ -91,6 +95,20 @@ def parser() -> argparse.ArgumentParser:
                    help="resend a request answered with a retriable error (overloaded...) up to N times, after "
                         "its retry_after_ms with jittered backoff; 0: never (--json requests are never resent) "
                         "(default: %(default)s)")
+
+    s.add_argument("--properties", type=Path, metavar="FILE",
+                   help="send as the tenant of this client properties file (from `mmstream tenant add`): its "
+                        "credentials, ingress and reply topics")
+
+    tn = cmd("tenant", help="tenants of a secured deployment")
+    tsub = tn.add_subparsers(dest="tenant_command", required=True, metavar="ACTION")
+    ta = functools.partial(tsub.add_parser, parents=[common])("add", help="create a tenant's credentials, topics and "
+                                                              "ACLs, and write its client properties file")
+    ta.add_argument("name", metavar="NAME", help="the tenant (lowercase letters, digits, _ and -): its SASL user")
+    ta.add_argument("--lanes", action="append", metavar="LANE[,LANE]",
+                    help="lanes it may send on: rt, bulk (repeatable; default: both)")
+    ta.add_argument("--out", type=Path, metavar="FILE",
+                    help="where to write its properties file (default: <state_dir>/tenants/<prefix>/NAME.properties)")
 
     cmd("demo", help="send a set of real requests and print answers and a latency table")
 

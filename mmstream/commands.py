@@ -5,19 +5,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from mmstream import engineinfo, localstack
 from mmstream.console import event_line
+from mmstream.kafka_admin import KafkaAdminError
 from mmstream.localstack import LocalStackError
 from mmstream.quiet import quiet_into
 from mmstream.supervisor import Supervisor, default_replicas, parse_replicas
+from mmstream.tenants import TenantError, add_tenant, properties_text
 from schemas.codec import JSON
 from schemas.request import Lane, Modality, Part, Request, Task
 from schemas.settings import Settings, describe, redact
 from streams.client import Client, new_id, wait_until_serving
+from streams.security import KafkaSecurity, client_kwargs
 from streams.retry import RetryConfig
 from streams.stages import stage_names
 from streams.topics import ensure_topics, topic_specs
@@ -39,6 +43,7 @@ def run(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
         "up": cmd_up, "down": cmd_down, "status": cmd_status, "config": cmd_config, "worker": cmd_worker,
         "send": cmd_send, "demo": cmd_demo, "bench": cmd_bench, "top": cmd_top, "models": cmd_models,
         "chaos": cmd_chaos,
+        "tenant": cmd_tenant,
     }[args.command]
     return handler(args, settings, repo_root)
 
@@ -51,11 +56,20 @@ def _localstack_call(fn: Any, *a: Any, **kw: Any) -> Any:
 
 
 def cmd_up(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
-    kafka, redis = _localstack_call(localstack.up, settings, repo_root)
-    print(f"kafka  {kafka.bootstrap}  pid={kafka.pid}  {'external' if kafka.external else 'local'}")
+    env = None
+    if getattr(args, "secure", False):
+        broker = localstack.secure_kafka(settings, repo_root)
+        env = {**os.environ, **broker.env()}
+        settings = Settings.from_env(env)  # every client below, and every worker, as the service principal
+    kafka, redis = _localstack_call(localstack.up, settings, repo_root, secure=env is not None)
+    print(f"kafka  {kafka.bootstrap}  pid={kafka.pid}  {'external' if kafka.external else 'local'}"
+          f"{'  SASL_SSL' if env is not None else ''}")
     print(f"redis  {redact(settings.redis.url)}  pid={redis.pid}")
+    if env is not None:
+        env_file = broker.write_env_file()
+        print(f"secure settings (service principal) in {env_file}: set -a; . {env_file}; set +a")
     created = asyncio.run(ensure_topics(settings.kafka.bootstrap, topic_specs(settings.kafka),
-                                        settings.kafka.replication_factor))
+                                        settings.kafka.replication_factor, client_kwargs(settings)))
     if created:
         print(f"topics created: {len(created)}")
     if args.infra_only:
@@ -65,7 +79,7 @@ def cmd_up(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int
     except ValueError as exc:
         raise UserError(str(exc)) from None
     _ensure_models(settings)
-    workers = Supervisor(settings).start(replicas)
+    workers = Supervisor(settings, env).start(replicas)
     for w in workers:
         print(f"worker {w.stage}[{w.replica}]  pid={w.pid}  log={w.log_file}")
     print("waiting for the pipeline to answer a probe request ...", flush=True)
@@ -87,7 +101,8 @@ def _ensure_models(settings: Settings) -> None:
 
 async def _probe(settings: Settings, timeout_s: float) -> float:
     try:
-        return await wait_until_serving(settings.kafka.bootstrap, settings.kafka.topic_prefix, timeout_s)
+        return await wait_until_serving(settings.kafka.bootstrap, settings.kafka.topic_prefix, timeout_s,
+                                        KafkaSecurity.from_settings(settings.kafka))
     except TimeoutError:
         raise UserError(f"the pipeline did not answer within {timeout_s:.0f} s; see the worker logs "
                         f"({settings.local.state_dir / 'workers'})") from None
@@ -145,10 +160,13 @@ def cmd_worker(args: argparse.Namespace, settings: Settings, repo_root: Path) ->
 
 
 def cmd_send(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
+    props = getattr(args, "properties", None)
+    if props is not None and not props.is_file():
+        raise UserError(f"{props} is not a file (a client properties file from `mmstream tenant add`)")
     if args.json:
         payload = _read_json_request(args.json)
         payload.setdefault("id", new_id())
-        return asyncio.run(_send_raw(settings, payload, args.timeout))
+        return asyncio.run(_send_raw(settings, payload, args.timeout, props))
     parts = [Part(Modality.TEXT, text=t) for t in args.text]
     for media in ("image", "audio", "video"):
         for path in getattr(args, media):
@@ -159,7 +177,7 @@ def cmd_send(args: argparse.Namespace, settings: Settings, repo_root: Path) -> i
                   deadline_ms=args.deadline_ms)
     if args.retries < 0:
         raise UserError(f"--retries must be 0 or more, not {args.retries}")
-    return asyncio.run(_send(settings, req, args.timeout, RetryConfig(max_attempts=args.retries + 1)))
+    return asyncio.run(_send(settings, req, args.timeout, RetryConfig(max_attempts=args.retries + 1), props))
 
 
 def _read_json_request(path: Path) -> dict[str, Any]:
@@ -191,10 +209,20 @@ def _file_part(modality: Any, path: Path, settings: Settings) -> Any:
     return Part(modality, data=path.read_bytes(), mime=mimetypes.guess_type(path.name)[0])
 
 
-async def _send(settings: Settings, req: Any, timeout_s: float, retry: RetryConfig) -> int:
-    async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix, redis_url=settings.redis.url,
-                      inline_limit_bytes=settings.limits.max_inline_bytes,
-                      claim_ttl_s=settings.limits.claim_ttl_s, retry=retry) as client:
+def _client(settings: Settings, props: Path | None, **kwargs: Any) -> Client:
+    """The SDK client of `mmstream send`: as the tenant of ``props``, or as the settings say."""
+    if props is None:
+        return Client(settings.kafka.bootstrap, settings.kafka.topic_prefix,
+                      security=KafkaSecurity.from_settings(settings.kafka), **kwargs)
+    try:
+        return Client.from_properties(props, settings.kafka.topic_prefix, **kwargs)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{props}: {exc}") from None
+
+
+async def _send(settings: Settings, req: Any, timeout_s: float, retry: RetryConfig, props: Path | None = None) -> int:
+    async with _client(settings, props, redis_url=settings.redis.url, inline_limit_bytes=settings.limits.max_inline_bytes,
+                       claim_ttl_s=settings.limits.claim_ttl_s, retry=retry) as client:
         return await _follow(await client.submit(req), timeout_s)
 
 
@@ -212,14 +240,32 @@ async def _follow(sub: Any, timeout_s: float) -> int:
     return 1
 
 
-async def _send_raw(settings: Settings, payload: dict[str, Any], timeout_s: float) -> int:
+async def _send_raw(settings: Settings, payload: dict[str, Any], timeout_s: float, props: Path | None = None) -> int:
     """Send a JSON request exactly as written (JSON on the wire), then follow its events."""
 
-    async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix) as client:
+    async with _client(settings, props) as client:
         rid = str(payload["id"])
         payload.setdefault("reply_to", client.reply_to)
         sub = await client.submit_raw(rid, json.dumps(payload).encode(), JSON, str(payload.get("lane", "rt")))
         return await _follow(sub, timeout_s)
+
+
+def cmd_tenant(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
+    """`tenant add NAME`: credentials, topics and ACLs, and the tenant's properties file."""
+    try:
+        tenant = asyncio.run(add_tenant(settings, args.name, args.lanes))
+    except TenantError as exc:
+        raise UserError(str(exc)) from None
+    except KafkaAdminError as exc:
+        raise UserError(f"the broker refused: {exc} (the service principal needs ALTER on the cluster)") from None
+    out = args.out or settings.local.state_dir / "tenants" / settings.kafka.topic_prefix / f"{tenant.name}.properties"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds a password
+    with os.fdopen(fd, "w") as f:
+        f.write(properties_text(tenant, settings.kafka.topic_prefix))
+    print(f"tenant {tenant.name}: lanes {', '.join(tenant.lanes)}; client properties in {out}")
+    print(f"send as it with: mmstream send --properties {out} --text hello")
+    return 0
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:

@@ -12,6 +12,7 @@ from schemas.request import Lane, Modality, Params, Part, Request, Task
 from schemas.settings import Settings
 from schemas.tensor import from_wire
 from streams.client import Client, new_id
+from streams.security import KafkaSecurity
 
 TEXTS = [
     "A cat sleeps on a sunny windowsill.",
@@ -50,7 +51,8 @@ async def run_demo(settings: Settings) -> int:
     console = Console()  # the terminal's width; 80 columns when piped, which every table fits
     rows = []
     vectors: dict[str, np.ndarray] = {}
-    async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix) as client:
+    async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix,
+                      security=KafkaSecurity.from_settings(settings.kafka)) as client:
         subs = [(label, await client.submit(req)) for label, req in _requests()]
         for label, sub in subs:
             event = await sub.result(timeout_s=60)
@@ -95,7 +97,8 @@ async def _stream_answer(settings: Settings, console: Console) -> None:
     except ImportError:
         parts = [Part(Modality.TEXT, text="What is the capital of France?")]
     console.print(f"\n[bold]generate:[/bold] {parts[0].text} (+ {len(parts) - 1} photo)")
-    async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix) as client:
+    async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix,
+                      security=KafkaSecurity.from_settings(settings.kafka)) as client:
         sub = await client.submit(Request(id=new_id(), task=Task.GENERATE, parts=tuple(parts),
                                           params=Params(max_tokens=48), deadline_ms=120_000))
         async for event in sub.events(timeout_s=120):

@@ -17,6 +17,7 @@ from typing import AsyncIterator
 from mmstream.supervisor import Supervisor
 from schemas.settings import Settings
 from streams.client import wait_until_serving
+from streams.security import KafkaSecurity, client_kwargs
 from streams.topics import ensure_topics, topic_specs
 
 LEVERS = ("routing", "cache", "admission", "lanes")
@@ -66,11 +67,13 @@ async def own_pipeline(settings: Settings, off: tuple[str, ...], workload: str,
 
     env = {**os.environ, **lever_env(off, f"bench{uuid.uuid4().hex[:8]}"), **(extra_env or {})}
     run_settings = Settings.from_env(env)
-    await ensure_topics(run_settings.kafka.bootstrap, topic_specs(run_settings.kafka))
+    await ensure_topics(run_settings.kafka.bootstrap, topic_specs(run_settings.kafka),
+                        run_settings.kafka.replication_factor, client_kwargs(run_settings))
     supervisor = Supervisor(run_settings, env)
     await asyncio.to_thread(supervisor.start, replicas(off, workload))
     try:
-        await wait_until_serving(run_settings.kafka.bootstrap, run_settings.kafka.topic_prefix, timeout_s)
+        await wait_until_serving(run_settings.kafka.bootstrap, run_settings.kafka.topic_prefix, timeout_s,
+                                 KafkaSecurity.from_settings(run_settings.kafka))
         yield run_settings
     finally:
         await asyncio.to_thread(supervisor.stop)

@@ -25,6 +25,7 @@ from typing import Any, Iterable
 from mmstream.supervisor import Supervisor
 from schemas.settings import Settings
 from streams.lagmon import LagReader, LagRow
+from streams.security import client_kwargs
 
 QUEUE = "mmstream_stage_queue_seconds"
 SERVICE = "mmstream_stage_service_seconds"
@@ -291,7 +292,7 @@ async def run_top(settings: Settings, once: bool = False, interval_s: float = 1.
 
     console = console or Console()
     prefix = settings.kafka.topic_prefix
-    async with LagReader(settings.kafka.bootstrap) as reader:
+    async with LagReader(settings.kafka.bootstrap, client_kwargs(settings)) as reader:
         before = await sample(settings, reader)
         if not before.stages:
             print(f"mmstream: no workers for topic prefix {prefix!r} (mmstream up?)", file=sys.stderr)

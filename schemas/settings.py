@@ -26,7 +26,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator,
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator,
                       model_validator)
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings.sources.utils import parse_env_vars
@@ -44,6 +44,8 @@ LmPrecision = Literal["fp32", "int8"]
 """The LM and Whisper engines serve fp32 or int8 weights."""
 Partitioner = Literal["least-loaded", "spread", "hash", "round-robin"]
 Scheduler = Literal["continuous", "static"]
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN", "OAUTHBEARER"]
 Grouping = Literal["length", "fifo"]
 TASKS = ("embed", "generate")
 
@@ -113,6 +115,51 @@ class KafkaSettings(_Section):
     heartbeat_interval_ms: int = setting(
         3_000, "How often a stage replica tells the broker it is alive (at most a third of the session timeout).", ge=100
     )
+    security_protocol: SecurityProtocol = setting(
+        "PLAINTEXT", "How every client of the pipeline (workers, CLI, SDK, lag monitor, bench) talks to Kafka: PLAINTEXT "
+        "trusts every client and takes the tenant from the request; SSL, SASL_PLAINTEXT or SASL_SSL authenticate, and "
+        "the tenant then comes from the per-tenant ingress topic the broker let it write (see the README's Security)."
+    )
+    sasl_mechanism: SaslMechanism = setting(
+        "SCRAM-SHA-512", "SASL mechanism with a SASL_* protocol: SCRAM-SHA-512 (or -256) sends no password over the "
+        "wire; PLAIN sends it (only under TLS); OAUTHBEARER sends the token read from oauth_token_file."
+    )
+    username: str = setting("", "SASL user (the pipeline's service principal) with a SASL_* protocol.")
+    password: SecretStr = setting(SecretStr(""), "Password of the SASL user; never printed (`mmstream config` shows ***).")
+    ssl_ca_file: str = setting(
+        "", "PEM file of the CA that signed the brokers' certificates (SSL, SASL_SSL); empty: the system's CAs."
+    )
+    ssl_cert_file: str = setting("", "PEM client certificate for mutual TLS (SSL); empty: none.")
+    ssl_key_file: str = setting("", "PEM key of ssl_cert_file; empty: none.")
+    ssl_check_hostname: bool = setting(
+        True, "Check that the broker's certificate names the host connected to; off only for a test broker whose "
+        "certificate lacks the name."
+    )
+    oauth_token_file: str = setting(
+        "", "With OAUTHBEARER: a file holding the current bearer token, read again for every new connection (so "
+        "whatever renews it just rewrites the file)."
+    )
+
+    @model_validator(mode="after")
+    def _security_complete(self) -> "KafkaSettings":
+        if self.security_protocol.startswith("SASL_"):
+            if self.sasl_mechanism == "OAUTHBEARER":
+                if not self.oauth_token_file:
+                    raise ValueError("sasl_mechanism OAUTHBEARER needs oauth_token_file")
+            elif not (self.username and self.password.get_secret_value()):
+                raise ValueError(f"security_protocol {self.security_protocol} needs username and password")
+            if self.sasl_mechanism == "PLAIN" and self.security_protocol == "SASL_PLAINTEXT":
+                raise ValueError("sasl_mechanism PLAIN over SASL_PLAINTEXT would send the password in clear; use "
+                                 "SASL_SSL or a SCRAM mechanism")
+        if bool(self.ssl_cert_file) != bool(self.ssl_key_file):
+            raise ValueError("ssl_cert_file and ssl_key_file go together")
+        return self
+
+    @property
+    def authenticated(self) -> bool:
+        """Whether the broker authenticates clients, so the tenant comes from per-tenant
+        topics rather than from the request (everything but PLAINTEXT)."""
+        return self.security_protocol != "PLAINTEXT"
 
 
 class RedisSettings(_Section):
@@ -338,6 +385,16 @@ class LocalSettings(_Section):
     )
     kafka_heap_mb: int = setting(512, "Heap of the local broker's JVM.", ge=64)
     kafka_controller_port: int = setting(9093, "Local broker's KRaft controller port.", ge=1, le=65535)
+    kafka_secure_port: int = setting(
+        9094, "Client port (SASL_SSL) of the secured local broker of `mmstream up --secure`; it runs beside the "
+        "plaintext one, with its own state under <state_dir>/kafka-secure.", ge=1, le=65535
+    )
+    kafka_secure_internal_port: int = setting(
+        9095, "Secured local broker's inter-broker port (mutual TLS, loopback only).", ge=1, le=65535
+    )
+    kafka_secure_controller_port: int = setting(
+        9096, "Secured local broker's KRaft controller port (mutual TLS, loopback only).", ge=1, le=65535
+    )
     redis_maxmemory_mb: int = setting(256, "Redis memory cap; keys are evicted LRU past it.", ge=1)
     metrics_base_port: int = setting(
         9400, "First Prometheus port handed to local workers; 0 lets each worker pick a free one.", ge=0, le=65535

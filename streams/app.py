@@ -22,6 +22,7 @@ from faust.app.base import BootStrategy
 
 from schemas.settings import Settings
 from streams.health import WorkerHealth, process_health
+from streams.security import KafkaSecurity
 from streams.topics import TopicNames
 
 
@@ -56,6 +57,9 @@ def create_app(settings: Settings, stage: str, replica: int = 0, health: WorkerH
         key_serializer="raw",
         value_serializer="raw",
         logging_config=None,
+        # Faust's own clients are off (BootStrategy below); should it still open one, it
+        # authenticates as the pipeline's service principal like every other client.
+        broker_credentials=KafkaSecurity.from_settings(k).faust_credentials(),
     )
     app.boot_strategy = BootStrategy(app, enable_kafka_consumer=False, enable_kafka_producer=False,
                                      enable_web=False, enable_sensors=False)

@@ -5,6 +5,12 @@
         async for event in sub.events():
             print(event.kind)
 
+As a tenant of a secured deployment, from the client properties file `mmstream tenant add`
+wrote (the tenant is the SASL user; requests go to its own ingress topics, answers come
+from its own reply topic):
+
+    async with Client.from_properties("acme.properties", topic_prefix="mm") as client: ...
+
 Events are deduplicated: every stage is at-least-once, so after a crash a stage may repeat
 an event; the client shows each (kind, seq) of a request once, and exactly one terminal.
 
@@ -26,6 +32,7 @@ import random
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from schemas.codec import CONTENT_TYPE_HEADER, MSGPACK, DecodeError, pack, unpack
@@ -33,6 +40,8 @@ from schemas.events import Event, EventKind
 from schemas.request import Modality, Part, Request
 from schemas.trace import now_ms
 from streams.retry import NO_RETRY, RetryConfig, retry_delay_ms
+from streams.security import KafkaSecurity, read_properties
+from streams.tenancy import tenant_ingress, tenant_results, valid_tenant
 from streams.transport import KafkaTransport, Transport, TransportError
 
 MAX_EVENTS_PER_REQUEST = 4096
@@ -98,27 +107,48 @@ class Client:
                  inline_limit_bytes: int = 1024 * 1024, claim_ttl_s: int = 3600,
                  retry: RetryConfig = NO_RETRY, transport: Transport | None = None,
                  rng: random.Random | None = None,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 security: KafkaSecurity | None = None, tenant: str | None = None) -> None:
         """``redis_url``: where parts over ``inline_limit_bytes`` are stored (claim check,
         kept ``claim_ttl_s``); without it such parts are refused by ``submit``. ``retry``:
-        see the module docstring. ``transport``, ``rng`` and ``sleep`` are for tests."""
+        see the module docstring. ``security``: how to authenticate (default PLAINTEXT).
+        ``tenant``: send as this tenant of a secured deployment (its own ingress topics,
+        its reply topic by default, its name in every request); None: the shared topics.
+        ``transport``, ``rng`` and ``sleep`` are for tests."""
+        if tenant is not None and not valid_tenant(tenant):
+            raise ClientError(f"{tenant!r} is not a tenant name (lowercase letters, digits, _ and -)")
+        self.tenant = tenant
         self.bootstrap = bootstrap
         self.redis_url = redis_url
         self.inline_limit_bytes = inline_limit_bytes
         self.claim_ttl_s = claim_ttl_s
         self._redis: Any = None
         self.prefix = topic_prefix
-        self.reply_to = reply_to or f"{topic_prefix}.results"
+        self.reply_to = reply_to or (f"{topic_prefix}.results" if tenant is None else tenant_results(topic_prefix, tenant))
         self.max_request_bytes = max_request_bytes
         self.retry = retry
         self._rng = rng or random.Random()
         self._sleep = sleep
-        self._transport: Transport = transport or KafkaTransport(bootstrap, max_request_bytes)
+        self._transport: Transport = transport or KafkaTransport(
+            bootstrap, max_request_bytes, (security or KafkaSecurity()).aiokafka_kwargs())
         self._pending: dict[str, Submission] = {}  # wire id -> its submission
         self._seen: dict[str, set[tuple[str, int]]] = {}  # request id -> (kind, seq) shown
         self._reader: asyncio.Task | None = None
         self._resends: set[asyncio.Task] = set()
         self._started = False
+
+    @classmethod
+    def from_properties(cls, path: str | Path, topic_prefix: str = "mm", **kwargs: Any) -> "Client":
+        """A client for the tenant a properties file describes (`mmstream tenant add` writes
+        one): bootstrap servers and credentials from the file, the tenant is its
+        ``sasl.username``. Other keyword arguments as for ``Client``."""
+        bootstrap, security = read_properties(Path(path))
+        kwargs.setdefault("tenant", security.username or None)
+        return cls(bootstrap, topic_prefix, security=security, **kwargs)
+
+    def ingress(self, lane: str) -> str:
+        """The topic this client's requests of ``lane`` go to."""
+        return f"{self.prefix}.ingress.{lane}" if self.tenant is None else tenant_ingress(self.prefix, lane, self.tenant)
 
     async def __aenter__(self) -> "Client":
         await self.start()
@@ -160,6 +190,8 @@ class Client:
         Parts whose bytes are over the inline limit are stored in Redis first and sent as a
         ``redis:`` claim check. Raises ``ClientError`` when that is needed and not possible.
         """
+        if self.tenant is not None and request.tenant == "default":
+            request = dataclasses.replace(request, tenant=self.tenant)
         request = await self._claim_check(request)
         if request.reply_to is None:
             request = dataclasses.replace(request, reply_to=self.reply_to)
@@ -177,7 +209,7 @@ class Client:
         if not self._started:
             raise ClientError("client not started")
         sub = self._track(Submission(request_id, now_ms()), request_id)
-        await self._transport.send(f"{self.prefix}.ingress.{lane}", request_id.encode(), value,
+        await self._transport.send(self.ingress(lane), request_id.encode(), value,
                                    [(CONTENT_TYPE_HEADER, content_type.encode())])
         return sub
 
@@ -191,7 +223,7 @@ class Client:
             raise ClientError("client not started")
         wire = request.to_wire()
         wire["id"] = wire_id
-        await self._transport.send(f"{self.prefix}.ingress.{request.lane}", wire_id.encode(), pack(wire),
+        await self._transport.send(self.ingress(str(request.lane)), wire_id.encode(), pack(wire),
                                    [(CONTENT_TYPE_HEADER, MSGPACK.encode())])
 
     async def _claim_check(self, request: Request) -> Request:
@@ -285,13 +317,14 @@ class Client:
         self._seen.pop(sub.id, None)
 
 
-async def wait_until_serving(bootstrap: str, topic_prefix: str, timeout_s: float = 180.0) -> float:
+async def wait_until_serving(bootstrap: str, topic_prefix: str, timeout_s: float = 180.0,
+                             security: KafkaSecurity | None = None) -> float:
     """Send small probe requests until one is answered end to end; return the seconds it took.
 
     Raises ``TimeoutError`` when none is answered within ``timeout_s``.
     """
     start = time.monotonic()
-    async with Client(bootstrap, topic_prefix) as client:
+    async with Client(bootstrap, topic_prefix, security=security) as client:
         while time.monotonic() - start < timeout_s:
             sub = await client.submit(Request(id=f"probe-{new_id()}", parts=(Part(Modality.TEXT, text="probe"),),
                                               deadline_ms=10_000))

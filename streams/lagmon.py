@@ -32,6 +32,7 @@ from aiokafka.errors import KafkaError
 from schemas.settings import Settings
 from streams.health import process_health
 from streams.metrics import Metrics, serve
+from streams.security import client_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +108,10 @@ class LagReader:
     """Kafka clients kept open between measurements (an admin and an unassigned consumer,
     which only asks for offsets and never joins a group)."""
 
-    def __init__(self, bootstrap: str) -> None:
+    def __init__(self, bootstrap: str, client_kwargs: dict[str, Any] | None = None) -> None:
         self.bootstrap = bootstrap
+        self.client_kwargs = client_kwargs or {}
+        """Security options of both clients (``streams.security.client_kwargs``)."""
         self.admin: AIOKafkaAdminClient | None = None
         self.consumer: AIOKafkaConsumer | None = None
 
@@ -117,9 +120,9 @@ class LagReader:
         ``start`` tries again with fresh clients (a stopped aiokafka client cannot restart)."""
         if self.admin is not None:
             return
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="mmstream-lagmon")
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="mmstream-lagmon", **self.client_kwargs)
         consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, client_id="mmstream-lagmon",
-                                    enable_auto_commit=False)
+                                    enable_auto_commit=False, **self.client_kwargs)
         try:
             await admin.start()
             await consumer.start()
@@ -208,14 +211,14 @@ def _group_fields(g: Any) -> tuple[str, str, list[Any]]:
     return g[1], g[3], list(g[5])
 
 
-async def measure_lag(bootstrap: str, topic_prefix: str) -> list[LagRow]:
+async def measure_lag(bootstrap: str, topic_prefix: str, client_kwargs: dict[str, Any] | None = None) -> list[LagRow]:
     """Lag of every ``<prefix>-*`` consumer group on every ``<prefix>.*`` topic it consumes,
     one row per (group, topic, partition), sorted by group, topic, partition.
 
     Opens and closes its own connections; use ``LagReader`` to measure repeatedly. Raises
     ``aiokafka.errors.KafkaError`` when the broker cannot be reached or cannot answer.
     """
-    async with LagReader(bootstrap) as reader:
+    async with LagReader(bootstrap, client_kwargs) as reader:
         return await reader.measure(topic_prefix)
 
 
@@ -228,10 +231,10 @@ class LagMonitor:
     """
 
     def __init__(self, bootstrap: str, topic_prefix: str, metrics: Metrics,
-                 interval_s: float = DEFAULT_INTERVAL_S) -> None:
+                 interval_s: float = DEFAULT_INTERVAL_S, client_kwargs: dict[str, Any] | None = None) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be positive, got {interval_s}")
-        self.reader = LagReader(bootstrap)
+        self.reader = LagReader(bootstrap, client_kwargs)
         self.topic_prefix = topic_prefix
         self.metrics = metrics
         self.interval_s = interval_s
@@ -281,7 +284,8 @@ def run_lag_monitor(settings: Settings, port: int, interval_s: float = DEFAULT_I
     ``port`` (0 picks one; ``on_bound`` is told which) and refresh them every ``interval_s``."""
     health = process_health()
     metrics = Metrics(health=health)
-    monitor = LagMonitor(settings.kafka.bootstrap, settings.kafka.topic_prefix, metrics, interval_s)
+    monitor = LagMonitor(settings.kafka.bootstrap, settings.kafka.topic_prefix, metrics, interval_s,
+                         client_kwargs(settings))
     health.stage = STAGE
     health.require(STAGE, ready=monitor.fresh)
     bound = serve(port, metrics.registry, settings.metrics.bind, health)

@@ -36,10 +36,12 @@ class LaneGate:
 
 
 def install_lane_priority(app: Any, bootstrap: str, topic_prefix: str, rt_topic: str, bulk_topic: str,
-                          pause_records: int, interval_s: float = 1.0) -> LaneGate:
-    """A timer on ``app`` that keeps its bulk topic paused while its rt topic is behind."""
+                          pause_records: int, interval_s: float = 1.0,
+                          client_kwargs: dict[str, Any] | None = None) -> LaneGate:
+    """A timer on ``app`` that keeps its bulk topic paused while its rt topic is behind
+    (``client_kwargs``: the lag reader's security options)."""
     gate = LaneGate(pause_records, max(0, pause_records // 5))
-    reader = LagReader(bootstrap)
+    reader = LagReader(bootstrap, client_kwargs)
 
     @app.timer(interval_s, name=f"lanes-{rt_topic}")
     async def rt_first() -> None:

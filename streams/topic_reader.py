@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 
-async def read_to_end(bootstrap: str, topic: str) -> list:
-    """Every record of ``topic`` from the beginning up to its end offsets at call time."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
+async def read_to_end(bootstrap: str, topic: str, client_kwargs: dict[str, Any] | None = None) -> list:
+    """Every record of ``topic`` from the beginning up to its end offsets at call time
+    (``client_kwargs``: security options, ``streams.security.client_kwargs``)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
+                                **(client_kwargs or {}))
     await consumer.start()
     try:
         await consumer._client.force_metadata_update()  # a fresh client may not know the topic yet
@@ -31,10 +35,12 @@ async def read_to_end(bootstrap: str, topic: str) -> list:
         await consumer.stop()
 
 
-async def contains(bootstrap: str, topic: str, key: bytes, value: bytes, since_ms: float) -> bool:
+async def contains(bootstrap: str, topic: str, key: bytes, value: bytes, since_ms: float,
+                   client_kwargs: dict[str, Any] | None = None) -> bool:
     """Whether ``topic`` holds a record with exactly this key and value, written at or after
     ``since_ms`` (epoch ms). Reads every partition from that time to its current end."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
+                                **(client_kwargs or {}))
     await consumer.start()
     try:
         await consumer._client.force_metadata_update()

@@ -10,15 +10,24 @@ one per run so they never see each other's records):
     <p>.generate.<lane>           assembled generate jobs
     <p>.results                   default reply topic
     <p>.dlq                       undecodable input, with its original headers
+
+With an authenticating broker (``KafkaSettings.authenticated``) each tenant also has its
+own ingress and reply topics (``streams.tenancy``), created by `mmstream tenant add`.
+
+Every other ``<p>.*`` topic is internal: written by the pipeline's service principal only,
+never a valid ``reply_to`` (``is_internal``).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from schemas.request import Lane
 from schemas.settings import KafkaSettings
+from streams.tenancy import TENANT_RE, tenant_ingress, tenant_results
 from workers import modalities
 
 log = logging.getLogger(__name__)
@@ -64,6 +73,40 @@ class TopicNames:
     def dlq(self) -> str:
         return f"{self.prefix}.dlq"
 
+    def tenant_ingress(self, lane: Lane | str, tenant: str) -> str:
+        return tenant_ingress(self.prefix, str(lane), tenant)
+
+    def tenant_results(self, tenant: str) -> str:
+        return tenant_results(self.prefix, tenant)
+
+    def ingress_pattern(self) -> str:
+        """A regular expression matching the shared ingress topics and every tenant's."""
+        lanes = "|".join(str(lane) for lane in LANES)
+        return rf"^{re.escape(self.prefix)}\.ingress\.({lanes})(\.{TENANT_RE})?$"
+
+    def parse_ingress(self, topic: str) -> tuple[str, str | None] | None:
+        """(lane, tenant) of an ingress topic (tenant None for a shared one); None for any
+        other topic."""
+        m = re.fullmatch(self.ingress_pattern(), topic)
+        if m is None:
+            return None
+        return m.group(1), (m.group(2)[1:] if m.group(2) else None)
+
+    def in_reply_namespace(self, topic: str, tenant: str) -> bool:
+        """Whether ``topic`` is ``<p>.results.<tenant>`` or under ``<p>.results.<tenant>.``."""
+        own = self.tenant_results(tenant)
+        return topic == own or topic.startswith(own + ".")
+
+    def is_internal(self, topic: str) -> bool:
+        """A topic no client may have answers written to: every ``<p>.*`` topic but the reply
+        topics (``<p>.results`` and ``<p>.results.*``), Faust's ``<p>-*`` topics, changelogs,
+        and Kafka's own ``__*`` topics."""
+        if topic.startswith("__") or topic.endswith("-changelog") or topic.startswith(f"{self.prefix}-"):
+            return True
+        if topic.startswith(f"{self.prefix}."):
+            return not (topic == self.results or topic.startswith(self.results + "."))
+        return False
+
     @property
     def assembler_done(self) -> str:
         """Requests the assembler answered (compacted; partitioned like the encoded topics)."""
@@ -101,8 +144,21 @@ def topic_specs(kafka: KafkaSettings) -> list[TopicSpec]:
     return specs
 
 
-async def ensure_topics(bootstrap: str, specs: list[TopicSpec], replication_factor: int = 1) -> list[str]:
-    """Create the topics that do not exist yet; return the names created.
+def tenant_topic_specs(kafka: KafkaSettings, tenant: str, lanes: tuple[str, ...] = tuple(LANES)) -> list[TopicSpec]:
+    """A tenant's own topics: its ingress on each of ``lanes`` and its reply topic."""
+    names = TopicNames(kafka.topic_prefix)
+    n = kafka.partitions
+    big = {"max.message.bytes": str(kafka.max_message_bytes)}
+    specs = [TopicSpec(names.tenant_ingress(lane, tenant), n, f"requests of tenant {tenant}, {lane} lane", big)
+             for lane in lanes]
+    specs.append(TopicSpec(names.tenant_results(tenant), n, f"reply topic of tenant {tenant}", big))
+    return specs
+
+
+async def ensure_topics(bootstrap: str, specs: list[TopicSpec], replication_factor: int = 1,
+                        client_kwargs: dict[str, Any] | None = None) -> list[str]:
+    """Create the topics that do not exist yet; return the names created. ``client_kwargs``:
+    the admin client's security options (``streams.security.client_kwargs``).
 
     Existing topics are left alone; one with a different partition count is logged, since
     changing it would move keys between partitions.
@@ -110,7 +166,7 @@ async def ensure_topics(bootstrap: str, specs: list[TopicSpec], replication_fact
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
     from aiokafka.errors import TopicAlreadyExistsError
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **(client_kwargs or {}))
     await admin.start()
     try:
         existing = set(await admin.list_topics())

@@ -7,7 +7,7 @@ own logic (deduplication, retries, claim checks) is tested without a broker.
 
 from __future__ import annotations
 
-from typing import AsyncIterator, Protocol
+from typing import Any, AsyncIterator, Protocol
 
 
 class TransportError(RuntimeError):
@@ -31,11 +31,15 @@ class Transport(Protocol):
 
 
 class KafkaTransport:
-    """One aiokafka producer, and one consumer assigned every partition of the reply topic."""
+    """One aiokafka producer, and one consumer assigned every partition of the reply topic
+    (no consumer group: a tenant's principal needs READ on its reply topic and nothing else).
+    ``client_kwargs``: security options (``streams.security.KafkaSecurity.aiokafka_kwargs``)."""
 
-    def __init__(self, bootstrap: str, max_request_bytes: int = 8 * 1024 * 1024) -> None:
+    def __init__(self, bootstrap: str, max_request_bytes: int = 8 * 1024 * 1024,
+                 client_kwargs: dict[str, Any] | None = None) -> None:
         self.bootstrap = bootstrap
         self.max_request_bytes = max_request_bytes
+        self.client_kwargs = client_kwargs or {}
         self._producer = None
         self._consumer = None
 
@@ -45,10 +49,11 @@ class KafkaTransport:
 
         try:
             self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=0,
-                                              max_request_size=self.max_request_bytes, acks=1)
+                                              max_request_size=self.max_request_bytes, acks=1, **self.client_kwargs)
             await self._producer.start()
+            # Replies answer a waiting fetch at once: the long wait only spares an idle client's CPU.
             self._consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
-                                              fetch_max_wait_ms=500, auto_offset_reset="latest")  # replies answer a waiting fetch at once
+                                              fetch_max_wait_ms=500, auto_offset_reset="latest", **self.client_kwargs)
             await self._consumer.start()
             partitions = self._consumer.partitions_for_topic(reply_to)
             if partitions is None:
@@ -63,7 +68,8 @@ class KafkaTransport:
             raise
         if not partitions:
             await self.close()
-            raise TransportError(f"reply topic {reply_to} does not exist: is the pipeline up (mmstream up)?")
+            raise TransportError(f"reply topic {reply_to} does not exist or this client may not read it: is the "
+                                 "pipeline up (mmstream up), and is it your tenant's reply topic?")
         tps = [TopicPartition(reply_to, p) for p in sorted(partitions)]
         self._consumer.assign(tps)
         await self._consumer.seek_to_end(*tps)

@@ -32,6 +32,7 @@ from mmstream.supervisor import Supervisor
 from schemas.request import Lane, Request
 from schemas.settings import Settings
 from streams.client import Client, Submission, new_id
+from streams.security import KafkaSecurity
 from streams.policies.batching import BatchLimits
 
 log = logging.getLogger(__name__)
@@ -149,7 +150,8 @@ async def _run_pipeline(settings: Settings, cfg: BenchConfig, rate: float, progr
         log.warning("no local workers for topic prefix %r: CPU and RSS will be empty (pipeline elsewhere?)",
                     settings.kafka.topic_prefix)
     pairs: list[tuple[Request, Submission]] = []
-    async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix) as client:
+    async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix,
+                      security=KafkaSecurity.from_settings(settings.kafka)) as client:
         waits: list[asyncio.Task] = []
         cpu0 = {name: proc_cpu_s(pid) for name, pid in workers}
         own0 = time.process_time()

@@ -18,7 +18,7 @@ import time
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
@@ -83,10 +83,11 @@ def wire_violations(wire: Wire, ids: list[str], allowed_errors: tuple[str, ...])
     return out, len(lost), sum(n - 1 for n in wire.terminals.values() if n > 1)
 
 
-async def group_lag(bootstrap: str, prefix: str) -> dict[str, int]:
-    """Uncommitted records per consumer group of the pipeline (``<prefix>-<stage>``)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+async def group_lag(bootstrap: str, prefix: str, security: Mapping[str, Any] | None = None) -> dict[str, int]:
+    """Uncommitted records per consumer group of the pipeline (``<prefix>-<stage>``);
+    ``security``: the clients' options (``streams.security.client_kwargs``)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **dict(security or {}))
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, **dict(security or {}))
     await admin.start()
     await consumer.start()
     try:
@@ -105,10 +106,11 @@ async def group_lag(bootstrap: str, prefix: str) -> dict[str, int]:
         await admin.close()
 
 
-async def wait_lag_drained(bootstrap: str, prefix: str, timeout_s: float) -> dict[str, int]:
+async def wait_lag_drained(bootstrap: str, prefix: str, timeout_s: float,
+                           security: Mapping[str, Any] | None = None) -> dict[str, int]:
     deadline = time.monotonic() + timeout_s
     while True:
-        lag = await group_lag(bootstrap, prefix)
+        lag = await group_lag(bootstrap, prefix, security)
         if not any(lag.values()) or time.monotonic() >= deadline:
             return lag
         await asyncio.sleep(2.0)

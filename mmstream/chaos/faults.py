@@ -10,7 +10,7 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient
@@ -33,6 +33,8 @@ class Targets:
     reader: Any = None
     """The runner's client: ``slow_reader`` pauses its reply consumer."""
     leader_topic: str | None = None
+    security: dict[str, Any] = field(default_factory=dict)
+    """The clients' options (``streams.security.client_kwargs``) for the admin calls here."""
 
 
 async def apply(fault: Fault, t: Targets) -> str:
@@ -129,7 +131,7 @@ def _restart(supervisor: Supervisor, w: WorkerProc) -> None:
 async def _leader(t: Targets) -> Any:
     """The node leading partition 0 of the scenario's busiest topic (its fan-in topic)."""
     assert t.kafka is not None
-    admin = AIOKafkaAdminClient(bootstrap_servers=t.kafka.bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=t.kafka.bootstrap, **t.security)
     await admin.start()
     try:
         described = await admin.describe_topics([t.leader_topic])

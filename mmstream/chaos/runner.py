@@ -28,6 +28,7 @@ from mmstream.chaos.scenario import Scenario
 from mmstream.supervisor import Supervisor
 from schemas.settings import Settings
 from streams.client import Client, wait_until_serving
+from streams.security import KafkaSecurity, client_kwargs
 from streams.topics import TopicNames, ensure_topics, topic_specs
 
 log = logging.getLogger(__name__)
@@ -122,8 +123,10 @@ async def _run_pipeline(settings: Settings, env: dict[str, str], scenario: Scena
         await wait_until_serving(k.bootstrap, k.topic_prefix, 300)
         media = await asyncio.to_thread(traffic.make_media, scenario)
         async with Client(k.bootstrap, k.topic_prefix, redis_url=settings.redis.url,
-                          inline_limit_bytes=traffic.INLINE_LIMIT_BYTES) as client:
-            targets = faults.Targets(supervisor, kafka, redis, proxy, client, leader_topic=names.encoded("rt"))
+                          inline_limit_bytes=traffic.INLINE_LIMIT_BYTES,
+                          security=KafkaSecurity.from_settings(settings.kafka)) as client:
+            targets = faults.Targets(supervisor, kafka, redis, proxy, client, leader_topic=names.encoded("rt"),
+                                     security=client_kwargs(settings))
             t0 = time.monotonic()
             windows: list[tuple[float, float]] = []
             done_lines: list[str] = []
@@ -146,7 +149,7 @@ async def _run_pipeline(settings: Settings, env: dict[str, str], scenario: Scena
         wire = await checks.read_wire(k.bootstrap, names.results, set(ids))
         violations, lost, duplicated = checks.wire_violations(wire, ids, scenario.errors)
         violations += [line for line in done_lines if line.startswith("FAILED")]
-        lag = await checks.wait_lag_drained(k.bootstrap, k.topic_prefix, 60)
+        lag = await checks.wait_lag_drained(k.bootstrap, k.topic_prefix, 60, client_kwargs(settings))
         if any(lag.values()):
             violations.append(f"lag not drained: {lag}")
         state = await checks.wait_state_empty(supervisor, RETENTION_MS / 1000 + 30)

@@ -19,32 +19,36 @@ import json
 import sys
 import time
 import uuid
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from mmstream.chaos.checks import p99
 from schemas.settings import Settings
+from streams.security import client_kwargs
 
 
-async def measure(bootstrap: str, n: int = 200) -> dict[str, dict[str, float]]:
+async def measure(bootstrap: str, n: int = 200, security: dict[str, Any] | None = None) -> dict[str, dict[str, float]]:
     topic = f"txcost-{uuid.uuid4().hex[:8]}"
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    sec = dict(security or {})
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **sec)
     await admin.start()
     await admin.create_topics([NewTopic(topic, 1, 1)])
     await admin.close()
     out = {}
     for mode in ("idempotent", "transactional"):
-        out[mode] = await _one(bootstrap, topic, mode, n)
+        out[mode] = await _one(bootstrap, topic, mode, n, sec)
     return out
 
 
-async def _one(bootstrap: str, topic: str, mode: str, n: int) -> dict[str, float]:
+async def _one(bootstrap: str, topic: str, mode: str, n: int, sec: dict[str, Any]) -> dict[str, float]:
     tx = mode == "transactional"
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=0,
-                                transactional_id=f"txcost-{uuid.uuid4().hex[:8]}" if tx else None)
+                                transactional_id=f"txcost-{uuid.uuid4().hex[:8]}" if tx else None, **sec)
     reader = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                              isolation_level="read_committed" if tx else "read_uncommitted", fetch_max_wait_ms=10)
+                              isolation_level="read_committed" if tx else "read_uncommitted", fetch_max_wait_ms=10,
+                              **sec)
     await producer.start()
     await reader.start()
     tp = TopicPartition(topic, 0)
@@ -80,7 +84,7 @@ async def _one(bootstrap: str, topic: str, mode: str, n: int) -> dict[str, float
 
 def main() -> int:
     settings = Settings.from_env()
-    print(json.dumps(asyncio.run(measure(settings.kafka.bootstrap)), indent=1))
+    print(json.dumps(asyncio.run(measure(settings.kafka.bootstrap, security=client_kwargs(settings))), indent=1))
     return 0
 
 

@@ -5,6 +5,10 @@ infra/kafka/server.properties, and run as a detached JVM. Its state lives under
 ``<state_dir>/kafka``: ``broker.json`` (pid file) and one ``<run-id>/`` directory per start
 holding ``server.properties``, the data (``data/``) and the log (``broker.log``). A fresh
 data directory per run keeps a crashed run's half-written logs from breaking the next.
+
+``LocalKafka`` is the plaintext broker; ``mmstream.localstack.secure.SecureKafka`` a secured
+one beside it (its own ports and state), through the hooks ``_template_values``,
+``_format_args``, ``_other_ports`` and ``client_kwargs``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
+from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient
 
@@ -55,6 +60,9 @@ class LocalKafka:
     broker listens on. ``repo_root`` locates infra/kafka (pom.xml and config templates).
     """
 
+    template = "server.properties"
+    state_name = "kafka"
+
     def __init__(self, local: LocalSettings, bootstrap: str, repo_root: Path,
                  probe_timeout_s: float = 5.0) -> None:
         self.local = local
@@ -62,7 +70,7 @@ class LocalKafka:
         self.bootstrap = f"{self.host}:{self.port}"
         self.controller_port = local.kafka_controller_port
         self.infra = repo_root.resolve() / "infra" / "kafka"
-        self.root = local.state_dir / "kafka"
+        self.root = local.state_dir / self.state_name
         self.pid_file = self.root / "broker.json"
         self.libs = local.cache_dir / f"kafka-{local.kafka_version}" / "libs"
         self._complete = self.libs.parent / "libs.complete"
@@ -170,10 +178,28 @@ class LocalKafka:
             raise LocalStackError(
                 f"No broker answers on {self.bootstrap}, and `mmstream up` only starts one on this "
                 "machine's loopback address (127.0.0.1 or localhost).")
-        if procs.is_port_open(self.host, self.controller_port):
-            raise LocalStackError(
-                f"The controller port {self.controller_port} on {self.host} is taken; free it or set "
-                "MMSTREAM_LOCAL_KAFKA_CONTROLLER_PORT to another port.")
+        for port, setting in self._other_ports():
+            if procs.is_port_open(self.host, port):
+                raise LocalStackError(
+                    f"The port {port} on {self.host} is taken; free it or set MMSTREAM_LOCAL_{setting.upper()} "
+                    "to another port.")
+
+    def _other_ports(self) -> list[tuple[int, str]]:
+        """(port, its setting in ``LocalSettings``) of every listener but the client one."""
+        return [(self.controller_port, "kafka_controller_port")]
+
+    def _template_values(self, run_dir: Path) -> dict[str, Any]:
+        """The values of the broker config template's placeholders."""
+        return dict(node_id=NODE_ID, host=self.host, port=self.port, controller_port=self.controller_port,
+                    log_dir=run_dir / "data")
+
+    def _format_args(self) -> list[str]:
+        """Extra arguments of ``StorageTool format`` (credentials to add at format time)."""
+        return []
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """aiokafka security options for talking to this broker (the readiness probe)."""
+        return {}
 
     def _remove_stale_runs(self) -> None:
         # Called only when none of our brokers runs, so every run directory is stale.
@@ -188,15 +214,13 @@ class LocalKafka:
         run_dir = self.root / run_id
         (run_dir / "data").mkdir(parents=True)
         props = run_dir / "server.properties"
-        template = Template((self.infra / "server.properties").read_text())
-        props.write_text(template.substitute(
-            node_id=NODE_ID, host=self.host, port=self.port,
-            controller_port=self.controller_port, log_dir=run_dir / "data"))
+        template = Template((self.infra / self.template).read_text())
+        props.write_text(template.substitute(self._template_values(run_dir)))
         log4j = f"-Dlog4j2.configurationFile={self.infra / 'log4j2.xml'}"
         classpath = f"{libs}/*"  # java expands the wildcard itself; no shell involved
         procs.run_tool(
             [java, log4j, "-cp", classpath, "kafka.tools.StorageTool", "format",
-             "-t", _cluster_id(), "-c", str(props)],
+             "-t", _cluster_id(), "-c", str(props), *self._format_args()],
             "Formatting the Kafka data directory", timeout_s=60,
         )
         heap = self.local.kafka_heap_mb
@@ -227,18 +251,19 @@ class LocalKafka:
         host, port = _first_server(bootstrap)
         if not procs.is_port_open(host, port):
             return False  # skip the client's slower connect-and-retry path
-        return metadata_round_trip(bootstrap, self.probe_timeout_s)
+        return metadata_round_trip(bootstrap, self.probe_timeout_s, self.client_kwargs())
 
 
-def metadata_round_trip(bootstrap: str, timeout_s: float) -> bool:
-    """True if a Kafka broker at ``bootstrap`` answers a metadata request within ``timeout_s``.
+def metadata_round_trip(bootstrap: str, timeout_s: float, client_kwargs: dict[str, Any] | None = None) -> bool:
+    """True if a Kafka broker at ``bootstrap`` answers a metadata request within ``timeout_s``
+    (``client_kwargs``: how to authenticate).
 
     Runs its own event loop in a worker thread, so it may be called from sync code and from
     inside a running loop alike.
     """
     async def probe() -> bool:
         admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap,
-                                    request_timeout_ms=int(timeout_s * 1000))
+                                    request_timeout_ms=int(timeout_s * 1000), **(client_kwargs or {}))
         try:
             await asyncio.wait_for(admin.start(), timeout_s)
             await asyncio.wait_for(admin.list_topics(), timeout_s)

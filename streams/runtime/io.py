@@ -82,17 +82,24 @@ class IOSettings:
     def fence_margin_s(self) -> float:
         """How long before the broker could drop this member the stage stops sending."""
         return self.session_timeout_ms / 3000.0
+    metadata_max_age_ms: int = 5_000
+    """How often cluster metadata is refreshed: a topic created a moment before the stage
+    joined, or a new topic matching a pattern subscription, is seen within it."""
 
 
 class StageIO:
-    """One consumer (in the stage's group) and one idempotent producer for a stage."""
+    """One consumer (in the stage's group) and one idempotent producer for a stage.
 
-    def __init__(self, settings: IOSettings, topics: Sequence[str],
+    It subscribes to ``topics``, or, given a ``pattern`` (a regular expression matched
+    against whole topic names), to every topic matching it now or created later."""
+
+    def __init__(self, settings: IOSettings, topics: Sequence[str], pattern: str | None = None,
                  on_assigned: Callable[[set[TopicPartition]], Awaitable[None]] | None = None,
                  on_revoked: Callable[[set[TopicPartition]], Awaitable[None]] | None = None,
                  on_failed_output: FailedOutput | None = None) -> None:
         self.settings = settings
         self.topics = list(topics)
+        self.pattern = pattern
         self.tracker = OffsetTracker()
         self.on_assigned = on_assigned
         self.on_revoked = on_revoked
@@ -120,13 +127,14 @@ class StageIO:
             auto_offset_reset="earliest", fetch_max_wait_ms=s.fetch_max_wait_ms,
             max_partition_fetch_bytes=s.max_message_bytes, fetch_max_bytes=max(s.max_message_bytes, 52_428_800),
             session_timeout_ms=s.session_timeout_ms, heartbeat_interval_ms=s.heartbeat_interval_ms,
-            max_poll_interval_ms=s.max_poll_interval_ms, client_id=f"{s.group_id}-consumer",
-            # A topic created a moment before the stage joined may not be in the first metadata:
-            # look again every few seconds, not every five minutes (the client's default).
-            metadata_max_age_ms=5_000, **s.client_kwargs)
+            max_poll_interval_ms=s.max_poll_interval_ms, metadata_max_age_ms=s.metadata_max_age_ms,
+            client_id=f"{s.group_id}-consumer", **s.client_kwargs)
         await self.consumer.start()
         watch_coordinator(self.consumer, self.lease)
-        self.consumer.subscribe(self.topics, listener=_Listener(self))
+        if self.pattern is not None:
+            self.consumer.subscribe(pattern=self.pattern, listener=_Listener(self))
+        else:
+            self.consumer.subscribe(self.topics, listener=_Listener(self))
         self._commit_task = asyncio.create_task(self._commit_loop(), name=f"{s.group_id}-commits")
 
     async def _new_producer(self) -> AIOKafkaProducer:

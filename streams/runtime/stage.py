@@ -21,11 +21,16 @@ rt before bulk: the stage's rt topics are polled together with its bulk topics, 
 ``handle`` sees rt records first; while the rt backlog (records not yet polled, known
 locally) is over ``rt_backlog_records``, the bulk topics are paused, so bulk records wait
 in the broker instead of in this process.
+
+A stage may subscribe by ``pattern`` instead (the router in authenticated mode reads every
+tenant's ingress topic, created while it runs): then ``lane_of_topic`` says which lane a
+topic belongs to, and the rt/bulk rules apply to whatever topics it is assigned.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import Any, Awaitable, Callable, Sequence
@@ -39,7 +44,10 @@ from schemas.settings import Settings
 from streams.health import process_health
 from streams.produce import Out, dead_letter
 from streams.runtime.io import IOSettings, StageIO
+from streams.security import client_kwargs
 from streams.topics import TopicNames
+
+__all__ = ["RecordStage", "client_kwargs", "io_settings"]
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +66,6 @@ def io_settings(settings: Settings, group_id: str) -> IOSettings:
                       heartbeat_interval_ms=min(k.heartbeat_interval_ms, k.session_timeout_ms // 3))
 
 
-def client_kwargs(settings: Settings) -> dict[str, Any]:
-    """Options every Kafka client of the pipeline passes (security lives here)."""
-    return {}
-
-
 class RecordStage(mode.Service):
     """A stage's record loop on its Faust app. Subclasses set ``stage`` and implement ``handle``."""
 
@@ -70,19 +73,23 @@ class RecordStage(mode.Service):
     poll_timeout_ms = 100
 
     def __init__(self, app: faust.App, settings: Settings, rt_topics: Sequence[str], bulk_topics: Sequence[str],
-                 rt_backlog_records: int | None = None, **kwargs: Any) -> None:
+                 rt_backlog_records: int | None = None, pattern: str | None = None, **kwargs: Any) -> None:
         self.app = app
         self.settings = settings
         self.names = TopicNames(settings.kafka.topic_prefix)
         self.rt_topics = list(rt_topics)
         self.bulk_topics = list(bulk_topics)
+        self.pattern = pattern
         self.rt_backlog_records = (settings.admission.rt_backlog_records if rt_backlog_records is None
                                    else rt_backlog_records)
         self.bulk_paused = False
         self.health = process_health()
         self.restarts: dict[str, int] = {}
         """Task name -> times it raised and was started again."""
-        self.io = StageIO(io_settings(settings, app.conf.id), [*self.rt_topics, *self.bulk_topics],
+        io = io_settings(settings, app.conf.id)
+        if pattern is not None:  # new matching topics are found at the next metadata refresh
+            io = dataclasses.replace(io, metadata_max_age_ms=max(1000, int(settings.router.topic_cache_s * 1000)))
+        self.io = StageIO(io, [*self.rt_topics, *self.bulk_topics], pattern=pattern,
                           on_assigned=self.on_assigned, on_revoked=self.on_revoked,
                           on_failed_output=self.on_failed_output)
         super().__init__(loop=app.loop, **kwargs)
@@ -115,22 +122,32 @@ class RecordStage(mode.Service):
         return dead_letter(self.names.dlq, r.key, r.value, reason, headers=r.headers, source=_where(r),
                            max_bytes=self.settings.kafka.max_message_bytes)
 
+    def lane_of_topic(self, topic: str) -> str:
+        """``rt`` or ``bulk``: the lane of one of this stage's input topics."""
+        return "bulk" if topic in self.bulk_topics else "rt"
+
     def lane_of(self, record: ConsumerRecord) -> str:
-        return "bulk" if record.topic in self.bulk_topics else "rt"
+        return self.lane_of_topic(record.topic)
+
+    def topics_of_lane(self, lane: str) -> list[str]:
+        """This stage's input topics of ``lane`` (with a pattern: those assigned now)."""
+        if self.pattern is None:
+            return self.bulk_topics if lane == "bulk" else self.rt_topics
+        return sorted({tp.topic for tp in self.io.assignment() if self.lane_of_topic(tp.topic) == lane})
 
     def backlog_rt(self) -> int:
-        return sum(self.io.backlog(t) for t in self.rt_topics)
+        return sum(self.io.backlog(t) for t in self.topics_of_lane("rt"))
 
     def bulk_gate(self, hold: bool) -> None:
         """Pause (``hold``) or resume the bulk topics; idempotent."""
         if hold:  # paused again every time: a rebalance hands partitions back unpaused
-            for t in self.bulk_topics:
+            for t in self.topics_of_lane("bulk"):
                 self.io.pause(t)
             if not self.bulk_paused:
                 self.bulk_paused = True
                 log.info("%s: holding bulk (rt backlog %d)", self.stage, self.backlog_rt())
         elif not hold and self.bulk_paused:
-            for t in self.bulk_topics:
+            for t in self.topics_of_lane("bulk"):
                 self.io.resume(t)
             self.bulk_paused = False
             log.info("%s: taking bulk again", self.stage)
@@ -186,7 +203,7 @@ class RecordStage(mode.Service):
     async def _poll_forever(self) -> None:
         while not self.should_stop:
             try:
-                if self.bulk_topics:
+                if self.bulk_topics or self.pattern is not None:
                     self.bulk_gate(not self.should_take_bulk())
                 records = await self.io.poll(self.poll_timeout_ms, self.poll_budget())
             except asyncio.CancelledError:
@@ -199,7 +216,7 @@ class RecordStage(mode.Service):
             if not records:
                 await self.idle()
                 continue
-            records.sort(key=lambda r: r.topic in self.bulk_topics)  # rt first, offset order kept
+            records.sort(key=lambda r: self.lane_of(r) == "bulk")  # rt first, offset order kept
             try:
                 await self.handle(records)
             except asyncio.CancelledError:

@@ -4,11 +4,27 @@ and its Faust agent (``install_router``), thin glue around ``Router.handle``.
 Everything a message can do wrong ends here as an answer, never as a crashed agent:
 undecodable bytes go to the DLQ with their original headers and the reason; a decodable
 request that breaks the schema gets an ``error`` event when its id can be read (else DLQ).
+
+Who a request is from. With a PLAINTEXT broker every client is trusted: requests arrive on
+the shared ingress topics and the tenant is the payload's ``tenant``. With an
+authenticating broker (``KafkaSettings.authenticated``) the router also reads every
+tenant's ingress topic ``<p>.ingress.<lane>.<tenant>`` (a pattern subscription), which only
+that tenant's principal may write (ACLs): the tenant is the one the topic names. A payload
+``tenant`` that differs is refused (``invalid_request``, field ``tenant``); an absent one
+is filled in. The shared ingress topics stay, writable by the service principal alone, and
+there the payload's tenant is believed (operators' tools, probes).
+
+Where answers go (``reply_to``): never to an internal topic (``TopicNames.is_internal``: the
+ingress, encode, encoded, generate, done and DLQ topics, changelogs) in any mode; a tenant's
+request only inside its own reply namespace (``<p>.results.<tenant>`` by default, or an
+existing ``<p>.results.<tenant>.*``). A refused ``reply_to`` is answered with an error on
+the default reply topic of whoever sent it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -35,6 +51,7 @@ from streams.produce import Out, dead_letter, out_map
 from streams.result_cache import ResultCache
 from streams.split import split_request
 from streams.runtime.stage import RecordStage
+from streams.security import client_kwargs
 from streams.topics import TopicNames
 from workers import modalities
 from workers.cache_keys import content_digest, result_key
@@ -89,7 +106,10 @@ class Router:
         a = settings.admission
         self.admission = AdmissionLimits(a.max_queued_ms_rt, a.max_queued_ms_bulk) if a.enabled else None
 
-    async def handle(self, raw: bytes, headers: Any, record_ts_ms: float | None, source: str) -> Routed:
+    async def handle(self, raw: bytes, headers: Any, record_ts_ms: float | None, source: str,
+                     tenant: str | None = None) -> Routed:
+        """Route one ingress record. ``tenant``: the tenant the broker authenticated (from
+        the tenant's own ingress topic), or None where the payload's tenant is believed."""
         started = now_ms()
         content_type = header(headers, CONTENT_TYPE_HEADER)
         if raw is not None and len(raw) > self.settings.limits.max_request_bytes:
@@ -105,18 +125,26 @@ class Router:
                 raise WireError(ErrorCode.INVALID_REQUEST,
                                 f"task {req.task!s} is not served by this deployment (served: {', '.join(sorted(self.served_tasks))})",
                                 "task")
-            if req.reply_to and req.reply_to != self.topics.results and not await self.topic_exists(req.reply_to):
-                raise WireError(ErrorCode.INVALID_REQUEST, f"reply_to topic {req.reply_to!r} does not exist; create it first",
-                                "reply_to")
+            if tenant is not None:
+                given = obj.get("tenant")
+                if given is not None and given != tenant:
+                    raise WireError(ErrorCode.INVALID_REQUEST,
+                                    f"tenant {given!r} is not the tenant this ingress topic belongs to; leave tenant "
+                                    "out (it is taken from the topic) or send on that tenant's own topic", "tenant")
+                req = dataclasses.replace(req, tenant=tenant)
+            req = dataclasses.replace(req, reply_to=await self._reply_to(req.reply_to, tenant))
         except WireError as err:
             who = peek_reply(obj)
             if who is None:
                 return Routed([self._dlq(raw, headers, source, f"{err.code}: {err.message} (no readable id to answer)")], "dlq")
             rid, reply_to = who
-            if reply_to and reply_to != self.topics.results and not await self.topic_exists(reply_to):
-                reply_to = None
+            try:
+                reply_to = await self._reply_to(reply_to, tenant)
+            except WireError:
+                reply_to = self._default_reply(tenant)
             event = Event(rid, EventKind.ERROR, 0, now_ms(), error=err.to_wire())
-            return Routed([self._verdict(rid, obj.get("tenant"), "rt", reply_to, [event])], "error", str(err.code))
+            who_tenant = tenant if tenant is not None else obj.get("tenant")
+            return Routed([self._verdict(rid, who_tenant, "rt", reply_to, [event])], "error", str(err.code))
         client_sent = record_ts_ms if record_ts_ms else started
         decision = self._admit(req)
         if isinstance(decision, Reject):
@@ -149,6 +177,26 @@ class Router:
         return Routed(outs, "ok", modality=modalities.pop() if len(modalities) == 1 else "mixed", lane=str(req.lane),
                       queued_ms=max(0.0, started - client_sent), service_ms=m.accepted_at_ms - started,
                       admission="admit" if decision is not None else None)
+
+    def _default_reply(self, tenant: str | None) -> str:
+        return self.topics.results if tenant is None else self.topics.tenant_results(tenant)
+
+    async def _reply_to(self, asked: str | None, tenant: str | None) -> str:
+        """The reply topic of a request from ``tenant`` (None: a trusted sender) that asked for
+        ``asked``; raises ``WireError`` (field ``reply_to``) when it may not be used."""
+        if not asked:
+            return self._default_reply(tenant)
+        if tenant is not None and not self.topics.in_reply_namespace(asked, tenant):
+            raise WireError(ErrorCode.INVALID_REQUEST,
+                            f"reply_to must be {self.topics.tenant_results(tenant)!r} or a topic under "
+                            f"{self.topics.tenant_results(tenant) + '.'!r} (your own reply topics)", "reply_to")
+        if self.topics.is_internal(asked):
+            raise WireError(ErrorCode.INVALID_REQUEST, f"reply_to {asked!r} is one of the pipeline's own topics; "
+                            f"answers go to {self.topics.results!r} or a reply topic of yours", "reply_to")
+        if asked != self._default_reply(tenant) and not await self.topic_exists(asked):
+            raise WireError(ErrorCode.INVALID_REQUEST, f"reply_to topic {asked!r} does not exist; create it first",
+                            "reply_to")
+        return asked
 
     def _result_key(self, req: Any) -> str | None:
         """The whole-result key of an embed request whose parts all have content here and a
@@ -229,9 +277,10 @@ class Router:
 class TopicCache:
     """Which topics exist, from cluster metadata, cached for ``ttl_s`` (monotonic)."""
 
-    def __init__(self, bootstrap: str, ttl_s: float) -> None:
+    def __init__(self, bootstrap: str, ttl_s: float, client_kwargs: dict[str, Any] | None = None) -> None:
         self.bootstrap = bootstrap
         self.ttl_s = ttl_s
+        self.client_kwargs = client_kwargs or {}
         self._known: set[str] = set()
         self._fetched_at = float("-inf")
         self._admin: Any = None
@@ -241,7 +290,7 @@ class TopicCache:
             return True
         if time.monotonic() - self._fetched_at >= self.ttl_s:
             if self._admin is None:
-                self._admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+                self._admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, **self.client_kwargs)
                 await self._admin.start()
             self._known = set(await self._admin.list_topics())
             self._fetched_at = time.monotonic()
@@ -250,15 +299,19 @@ class TopicCache:
 
 class RouterStage(RecordStage):
     """The router's record loop: each polled batch is routed concurrently (their result-cache
-    lookups overlap), and each record is finished when its outputs are with the broker."""
+    lookups overlap), and each record is finished when its outputs are with the broker.
+
+    With an authenticating broker it subscribes by pattern to the shared and every tenant's
+    ingress topics (new tenants' topics are found within ``router.topic_cache_s``)."""
 
     stage = "route"
 
     def __init__(self, app: faust.App, settings: Settings, metrics: Metrics) -> None:
         names = TopicNames(settings.kafka.topic_prefix)
-        super().__init__(app, settings, [names.ingress("rt")], [names.ingress("bulk")])
+        pattern = names.ingress_pattern() if settings.kafka.authenticated else None
+        super().__init__(app, settings, [names.ingress("rt")], [names.ingress("bulk")], pattern=pattern)
         self.metrics = metrics
-        self.topic_cache = TopicCache(settings.kafka.bootstrap, settings.router.topic_cache_s)
+        self.topic_cache = TopicCache(settings.kafka.bootstrap, settings.router.topic_cache_s, client_kwargs(settings))
         self.load = LoadView()
         results = ResultCache(settings.redis.url, settings.cache.ttl_result_s) \
             if settings.cache.enabled and settings.cache.whole_result else None
@@ -273,10 +326,17 @@ class RouterStage(RecordStage):
             self.io.deliver(result.outs, [r])
             self._observe(result)
 
+    def lane_of_topic(self, topic: str) -> str:
+        parsed = self.names.parse_ingress(topic)
+        return parsed[0] if parsed is not None else "rt"
+
     async def _route(self, r: ConsumerRecord) -> Routed:
         origin = f"{r.topic}[{r.partition}]@{r.offset}"
+        parsed = self.names.parse_ingress(r.topic) if self.pattern is not None else None
+        tenant = parsed[1] if parsed is not None else None
         try:
-            return await self.router.handle(r.value, r.headers, float(r.timestamp) if r.timestamp else None, origin)
+            return await self.router.handle(r.value, r.headers, float(r.timestamp) if r.timestamp else None, origin,
+                                            tenant=tenant)
         except Exception as exc:  # a bug must cost one message, not the stage
             log.exception("router: failed on %s", origin)
             return Routed([self.dlq(r, f"{ErrorCode.INTERNAL}: {exc!r}")], "dlq")

@@ -22,6 +22,7 @@ from schemas.settings import Settings
 from streams.app import create_app
 from streams.lagmon import run_lag_monitor
 from streams.metrics import Metrics, serve
+from streams.security import client_kwargs
 from streams.stages import BASELINE_POOL, stage_names
 from streams.stages.assembler import install_assembler
 from streams.stages.encoder import EncoderStage
@@ -87,7 +88,8 @@ def run_stage(settings: Settings, stage: str, replica: int = 0, loglevel: str = 
     """Load the modality plugins, create the topics, build the stage, serve its metrics and
     run it until SIGTERM/SIGINT."""
     modalities.load_plugins(settings.modalities.plugins)
-    asyncio.run(ensure_topics(settings.kafka.bootstrap, topic_specs(settings.kafka), settings.kafka.replication_factor))
+    asyncio.run(ensure_topics(settings.kafka.bootstrap, topic_specs(settings.kafka), settings.kafka.replication_factor,
+                              client_kwargs(settings)))
     if stage == "lagmon":
 
         run_lag_monitor(settings, settings.metrics.port, settings.metrics.lag_interval_s,

@@ -103,3 +103,21 @@ def test_the_engines_that_want_a_gpu_say_how_to_get_one():
     for stage in ("encode-image", "encode-video", "generate"):
         block = text.split(f"name: mmstream-{stage}\n", 1)[1].split("---", 1)[0]
         assert "nvidia.com/gpu: 1" in block and "mmstream:0.1.0-gpu" in block
+
+
+def test_workers_and_keda_authenticate_from_the_same_secret_keys():
+    config = next(d for d in DOCS if d["kind"] == "ConfigMap")["data"]
+    secret = next(d for d in DOCS if d["kind"] == "Secret")["stringData"]
+    auth = next(d for d in DOCS if d["kind"] == "TriggerAuthentication")
+    keys = {r["parameter"]: r["key"] for r in auth["spec"]["secretTargetRef"]}
+    assert keys["username"] == "MMSTREAM_KAFKA_USERNAME" and keys["password"] == "MMSTREAM_KAFKA_PASSWORD"
+    assert {"sasl", "tls", "ca"} <= set(keys) and set(keys.values()) <= set(secret)
+    secured = Settings.from_env({**config, "MMSTREAM_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+                                 **{k: v for k, v in secret.items() if k.startswith("MMSTREAM_")}})
+    assert secured.kafka.username == secret["MMSTREAM_KAFKA_USERNAME"]
+    for d in DEPLOYMENTS:  # the CA file the settings name is the Secret's `ca`
+        pod = d["spec"]["template"]["spec"]
+        mount = next(m for m in _container(d)["volumeMounts"] if m["name"] == "kafka-ca")
+        volume = next(v for v in pod["volumes"] if v["name"] == "kafka-ca")
+        assert volume["secret"]["items"] == [{"key": keys["ca"], "path": "ca.pem"}]
+        assert f"{mount['mountPath']}/ca.pem" == config["MMSTREAM_KAFKA_SSL_CA_FILE"]

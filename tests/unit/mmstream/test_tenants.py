@@ -1,0 +1,72 @@
+"""What a tenant is granted, and the admin requests that grant it (no broker: the ACL plan
+and the wire encoding; tests/integration/test_secure.py checks them against a real one)."""
+
+from __future__ import annotations
+
+import hashlib
+from io import BytesIO
+
+import pytest
+
+from mmstream.kafka_admin import AclBinding, AlterScram, CreateAcls, scram_upsertion
+from mmstream.tenants import TenantError, check_name, parse_lanes, tenant_acls
+from schemas.settings import Settings
+
+SETTINGS = Settings.from_env({"MMSTREAM_KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "MMSTREAM_KAFKA_USERNAME": "mmstream",
+                              "MMSTREAM_KAFKA_PASSWORD": "pw"})
+
+
+def grants(acls: list[AclBinding]) -> set[tuple[str, str, str, str]]:
+    return {(a.resource, a.name, a.pattern, a.operation) for a in acls if a.allow}
+
+
+def test_a_tenant_may_write_its_ingress_and_read_its_replies_and_nothing_else():
+    acls = tenant_acls("mm", "acme", ("rt", "bulk"))
+    assert {a.principal for a in acls} == {"User:acme"} and all(a.allow and a.host == "*" for a in acls)
+    assert grants(acls) == {
+        ("topic", "mm.ingress.rt.acme", "literal", "write"),
+        ("topic", "mm.ingress.bulk.acme", "literal", "write"),
+        ("topic", "mm.results.acme", "literal", "read"),
+        ("topic", "mm.results.acme.", "prefixed", "read"),  # the dot: never acme2's topics
+        ("group", "acme.", "prefixed", "read"),
+    }
+    assert grants(tenant_acls("mm", "acme", ("rt",))) == grants(acls) - {("topic", "mm.ingress.bulk.acme", "literal",
+                                                                           "write")}
+
+
+def test_prefixed_grants_never_reach_another_tenant_or_an_internal_topic():
+    others = ["mm.results.acme2", "mm.results", "mm.encoded.rt", "mm.ingress.rt.acme2", "mm.ingress.rt"]
+    for a in tenant_acls("mm", "acme", ("rt", "bulk")):
+        if a.resource == "topic":
+            matches = [t for t in others if (t.startswith(a.name) if a.pattern == "prefixed" else t == a.name)]
+            assert matches == [], (a, matches)
+
+
+@pytest.mark.parametrize("name", ["mmstream", "mmstream-broker", "Acme", "a.b", "", "x" * 49])
+def test_reserved_and_malformed_tenant_names_are_refused(name):
+    with pytest.raises(TenantError):
+        check_name(name, SETTINGS)
+
+
+def test_lanes_are_checked():
+    assert parse_lanes(None) == ("rt", "bulk") and parse_lanes(["bulk,rt", "rt"]) == ("bulk", "rt")
+    with pytest.raises(TenantError, match="express"):
+        parse_lanes(["express"])
+
+
+def test_the_scram_credential_is_the_salted_password_never_the_password():
+    name, mechanism, iterations, salt, salted, _ = scram_upsertion("acme", "pencil", "SCRAM-SHA-512", 4096, b"s" * 16)
+    assert (name, mechanism, iterations) == ("acme", 2, 4096)
+    assert salted == hashlib.pbkdf2_hmac("sha512", b"pencil", b"s" * 16, 4096) and b"pencil" not in salted
+    assert scram_upsertion("a", "p", "SCRAM-SHA-256")[1] == 1 and len(scram_upsertion("a", "p")[3]) == 32
+
+
+def test_the_admin_requests_encode_as_the_protocol_says():
+    versions = {30: (1, 3), 51: (0, 0)}
+    acl = CreateAcls([AclBinding("topic", "mm.results.acme.", "prefixed", "User:acme", "read")]).prepare(versions)
+    assert acl.API_VERSION == 1 and tuple(type(acl).SCHEMA.decode(BytesIO(acl.encode()))) == \
+        ([(2, "mm.results.acme.", 4, "User:acme", "*", 3, 3)],)
+    scram = AlterScram([scram_upsertion("acme", "pw", salt=b"x" * 4, iterations=4096)]).prepare(versions)
+    assert scram.FLEXIBLE_VERSION and scram.API_VERSION == 0
+    decoded = type(scram).SCHEMA.decode(BytesIO(scram.encode()))
+    assert decoded[0] == [] and decoded[1][0][:4] == ("acme", 2, 4096, b"x" * 4)
