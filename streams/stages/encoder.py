@@ -169,8 +169,8 @@ class EncoderStage(RecordStage):
             log.info("%s: batch cost model %s", self.stage, tuple(round(c, 5) for c in self.model.coef))
         except Exception:
             log.exception("%s: calibration failed; starting from the prior cost model", self.stage)
-        self.add_future(self._batches_forever())
-        self.add_future(self._report_forever())
+        self.supervise("batches", self._batches_forever)
+        self.supervise("reports", self._report_forever)
 
     async def _batches_forever(self) -> None:
         while not self.should_stop:

@@ -369,7 +369,7 @@ class RouterStage(RecordStage):
 
     async def on_started(self) -> None:
         await super().on_started()
-        self.add_future(self._refresh_forever())
+        self.supervise("load", self._refresh_forever)
 
     async def _refresh_forever(self) -> None:
         interval = self.settings.admission.refresh_ms / 1000.0
