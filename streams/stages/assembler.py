@@ -1,15 +1,19 @@
 """The assembler stage: fan-in of each request's parts, and every client-visible event of an
 embed request — sent exactly once.
 
-It reads the encoded topics (keyed by request id, so one partition holds all of a request):
-manifests from the router, encoded parts from the encoders, and the router's verdicts (a
-rejection or a whole cached answer). ``streams.assembly.step`` is the pure state machine;
-this module keeps its state in memory and carries its decisions out:
+It reads the encoded topics (keyed ``<tenant>/<id>``, so one partition holds all of a
+request): manifests from the router, encoded parts from the encoders, and the router's
+verdicts (a rejection or a whole cached answer). ``streams.assembly.step`` is the pure state
+machine; this module keeps its state in memory, per request key (a tenant's id is its own:
+the same id from two tenants is two requests), and carries its decisions out:
 
 - a request's first manifest: its ``accepted`` event;
 - its last part (or its deadline, checked by a sweep in this process): its terminal event,
   or for a generate request the assembled job for the generator;
-- a verdict: its events.
+- a verdict: its events;
+- a manifest or verdict of another ingress record with the key of a request open or
+  recently answered (a reused id): an ``invalid_request`` error to its own reply topic.
+  The first request goes on untouched; nothing is swallowed.
 
 Exactly once, through crashes, without a state changelog: a request's input records are
 finished (so their offsets can be committed) only when its answer and its *done marker*
@@ -19,9 +23,12 @@ then the records it is about to replay, and looks on their reply topics for even
 sent (an answer whose marker had not landed when the last owner died); the replay then
 rebuilds the state of the requests still open and sends only what was never sent.
 
-Bounds: at most ``max_pending`` open requests (new manifests past it are answered
-``overloaded``); parts without a manifest are kept ``orphan_ttl_ms`` at most (and never
-answered); finished requests are remembered ``retention_ms`` so late duplicates are dropped.
+Trust and bounds: a part counts only with its request's nonce (``streams.assembly``); parts
+that come before their manifest ("orphans") are held at most ``orphan_ttl_ms`` and at most
+``max_orphans`` at a time (past it they are dropped), and never answered; the whole answer
+is cached only for a manifest with a nonce. At most ``max_pending`` open requests (new
+manifests past it are answered ``overloaded``); finished requests are remembered
+``retention_ms`` so late duplicates are dropped.
 """
 
 from __future__ import annotations
@@ -39,10 +46,11 @@ from aiokafka.structs import ConsumerRecord
 from schemas.codec import DecodeError, unpack
 from schemas.errors import ErrorCode, WireError
 from schemas.events import Event, EventKind
-from schemas.jobs import DeadlineTick, Manifest, Verdict, fan_in_from_wire
+from schemas.jobs import DeadlineTick, EncodedPart, Manifest, Verdict, fan_in_from_wire, request_key
+from schemas.request import TENANT_RE
 from schemas.settings import Settings
 from schemas.trace import now_ms
-from streams.assembly import Assembly, AssemblyPolicy, Step, step
+from streams.assembly import Assembly, AssemblyPolicy, Step, reused_id, same_record, step
 from streams.lifecycle import RequestStatus
 from streams.metrics import Metrics, request_modality
 from streams.produce import Out, out_map
@@ -66,15 +74,33 @@ class Open:
 @dataclass
 class PartitionState:
     open: dict[str, Open] = field(default_factory=dict)
+    """Request key (``<tenant>/<id>``) -> its state."""
     done: dict[str, float] = field(default_factory=dict)
-    """Answered request id -> when (epoch ms): late duplicates are dropped."""
+    """Answered request key -> when (epoch ms): late duplicates are dropped."""
+    digests: dict[str, str] = field(default_factory=dict)
+    """Answered request key -> the digest of the ingress record answered (when known)."""
     done_order: deque[tuple[float, str]] = field(default_factory=deque)
     sent: dict[str, set[tuple[str, int]]] = field(default_factory=dict)
     """Events a previous owner already sent for requests being replayed."""
+    orphans: int = 0
+    """Records held in entries without a manifest."""
 
-    def mark_done(self, rid: str, at: float) -> None:
-        self.done[rid] = at
-        self.done_order.append((at, rid))
+    def mark_done(self, key: str, at: float, digest: str | None = None) -> None:
+        self.done[key] = at
+        if digest is not None:
+            self.digests[key] = digest
+        self.done_order.append((at, key))
+
+
+def fan_in_key(msg: Any) -> str | None:
+    """The request key a fan-in message belongs to; None for one that names no valid tenant
+    (no stage of the pipeline makes such a record)."""
+    tenant = getattr(msg, "tenant", None)
+    if tenant is None and isinstance(msg, (EncodedPart, DeadlineTick)):
+        tenant = "default"  # a part from an encoder older than tenant-scoped keys
+    if not isinstance(tenant, str) or not TENANT_RE.fullmatch(tenant):
+        return None
+    return request_key(tenant, msg.id)
 
 
 class AssemblerStage(RecordStage):
@@ -87,9 +113,10 @@ class AssemblerStage(RecordStage):
         self.metrics = metrics
         self.policy = AssemblyPolicy(retention_ms=float(a.retention_ms), orphan_ttl_ms=float(a.orphan_ttl_ms))
         self.max_pending = a.max_pending
+        self.max_orphans = a.max_orphans
         self.sweep_s = a.sweep_interval_ms / 1000.0
         self.partitions: dict[TopicPartition, PartitionState] = {}
-        self.results = (ResultCache(settings.redis.url, settings.cache.ttl_result_s)
+        self.results = (ResultCache(settings.redis.url, settings.cache.ttl_result_s, tls_ca=settings.redis.tls_ca)
                         if settings.cache.enabled and settings.cache.whole_result else None)
 
     # -- records -------------------------------------------------------------------------
@@ -103,31 +130,55 @@ class AssemblerStage(RecordStage):
                 continue
             try:
                 msg = fan_in_from_wire(unpack(r.value))
+                key = fan_in_key(msg)
+                if key is None:
+                    raise ValueError("the message names no valid tenant")
             except (DecodeError, ValueError, TypeError, RecursionError) as exc:
                 self.metrics.to_dlq(self.stage)
                 self.io.deliver([self.dlq(r, f"invalid_request: undecodable fan-in message: {exc}")], [r])
                 continue
-            self._apply(part, r, msg, now)
+            self._apply(part, r, msg, key, now)
 
-    def _apply(self, part: PartitionState, r: ConsumerRecord, msg: Any, now: float) -> None:
-        rid = msg.id
-        if rid in part.done or isinstance(msg, DeadlineTick):
-            self.io.finish([r])  # a late duplicate (or a tick from an older version): nothing to do
+    def _apply(self, part: PartitionState, r: ConsumerRecord, msg: Any, key: str, now: float) -> None:
+        if isinstance(msg, DeadlineTick):
+            self.io.finish([r])  # a tick from an older version: the sweep keeps the deadlines
+            return
+        if key in part.done:
+            if isinstance(msg, (Manifest, Verdict)) and not same_record(part.digests.get(key), msg.digest):
+                self._refuse(r, msg, now)  # another request with the id of one just answered
+            else:
+                self.io.finish([r])  # a late duplicate: nothing to do
             return
         if isinstance(msg, Verdict):
-            self._verdict(part, r, msg, now)
+            self._verdict(part, r, key, msg, now)
             return
-        entry = part.open.get(rid)
+        entry = part.open.get(key)
         if entry is None:
             if isinstance(msg, Manifest) and self._open_count() >= self.max_pending:
-                self._overloaded(part, r, msg, now)
+                self._overloaded(part, r, key, msg, now)
+                return
+            if not isinstance(msg, Manifest) and self._orphan_count() >= self.max_orphans:
+                self.io.finish([r])  # a part without a manifest, past the bound: dropped unanswered
                 return
             entry = Open(Assembly(status=RequestStatus.ACCEPTED, first_seen_ms=now, lane=self.lane_of(r)))
-            part.open[rid] = entry
+            part.open[key] = entry
+        was_orphan = entry.state.manifest is None
         result = step(entry.state, msg, now, self.policy, lane=self.lane_of(r))
-        if not result.changed:
-            self.io.finish([r])  # a duplicate part or manifest: the first one counts
+        if result.refused is not None:
+            self._refuse(r, msg, now, result.refused)
             return
+        if not result.changed:
+            if not entry.records and entry.state.manifest is None:
+                part.open.pop(key, None)  # an orphan entry that never held anything
+            self.io.finish([r])  # a duplicate part or manifest, or a part that is not this request's
+            return
+        if was_orphan and isinstance(msg, Manifest):
+            part.orphans -= len(entry.records)  # the parts it held are the request's now (or dropped by it)
+        elif was_orphan:
+            if self._orphan_count() >= self.max_orphans:
+                self.io.finish([r])  # past the bound: dropped unanswered
+                return
+            part.orphans += 1
         entry.records.append(r)
         entry.state = result.state
         if isinstance(msg, Manifest) and not entry.accepted_sent:
@@ -135,57 +186,77 @@ class AssemblerStage(RecordStage):
             m = msg
             accepted = Event(m.id, EventKind.ACCEPTED, 0, m.accepted_at_ms,
                              payload={"task": m.task, "parts": m.n_parts, "deadline_at_ms": m.deadline_at_ms})
-            if ("accepted", 0) not in part.sent.get(rid, ()):
+            if ("accepted", 0) not in part.sent.get(key, ()):
                 self.io.deliver([out_map(m.reply_to, m.id, accepted.to_wire())])
         if result.emit is not None or result.forward is not None:
-            self._answer(part, rid, entry, result)
+            self._answer(part, key, entry, result)
 
-    def _answer(self, part: PartitionState, rid: str, entry: Open, result: Step) -> None:
+    def _answer(self, part: PartitionState, key: str, entry: Open, result: Step) -> None:
         state = result.state
         assert state is not None and state.manifest is not None
         m = state.manifest
         outs: list[Out] = []
         if result.forward is not None:  # a generate request goes on; the generator answers it
-            outs.append(out_map(self.names.generate(result.forward.lane), m.id, result.forward.to_wire()))
+            outs.append(out_map(self.names.generate(result.forward.lane), key, result.forward.to_wire()))
             self.metrics.request_done(self.stage, "ok")
         elif result.emit is not None:
-            if ("terminal", result.emit.seq) not in part.sent.get(rid, ()):
+            if ("terminal", result.emit.seq) not in part.sent.get(key, ()):
                 outs.append(out_map(m.reply_to, m.id, result.emit.to_wire()))
             _observe_terminal(self.metrics, result.emit, state)
-            if self.results is not None and m.result_key and state.status == RequestStatus.FINISHED:
-                asyncio.ensure_future(self.results.put(m.result_key, result.emit.payload or {}))  # complete answers only
-        outs.append(self._done_marker(rid, m.reply_to, state.done_at_ms or now_ms()))
+            if (self.results is not None and m.result_key and m.nonce is not None
+                    and state.status == RequestStatus.FINISHED):  # complete answers of the pipeline's own parts only
+                asyncio.ensure_future(self.results.put(m.result_key, result.emit.payload or {}))
+        outs.append(self._done_marker(key, m.reply_to, state.done_at_ms or now_ms(), m.digest))
         self.io.deliver(outs, entry.records)
-        part.open.pop(rid, None)
-        part.sent.pop(rid, None)
-        part.mark_done(rid, state.done_at_ms or now_ms())
+        part.open.pop(key, None)
+        part.sent.pop(key, None)
+        part.mark_done(key, state.done_at_ms or now_ms(), m.digest)
 
-    def _verdict(self, part: PartitionState, r: ConsumerRecord, v: Verdict, now: float) -> None:
-        sent = part.sent.pop(v.id, set())
+    def _verdict(self, part: PartitionState, r: ConsumerRecord, key: str, v: Verdict, now: float) -> None:
+        stray = part.open.get(key)
+        if stray is not None and stray.state.manifest is not None:
+            if same_record(stray.state.manifest.digest, v.digest):
+                self.io.finish([r])  # the router answered a replay of an accepted record: the first answer stands
+            else:
+                self._refuse(r, v, now)  # another request with the id of one still open
+            return
+        sent = part.sent.pop(key, set())
         outs = []
         for ev in v.events:
             mark = ("terminal", ev.get("seq")) if ev.get("kind") in ("result", "error") else (ev.get("kind"), ev.get("seq"))
             if mark not in sent:
                 outs.append(out_map(v.reply_to, v.id, ev))
-        outs.append(self._done_marker(v.id, v.reply_to, now))
+        outs.append(self._done_marker(key, v.reply_to, now, v.digest))
         self.io.deliver(outs, [r])
-        stray = part.open.pop(v.id, None)  # parts of a request the router answered itself
-        if stray is not None:
+        if stray is not None:  # parts without a manifest under the key of a request the router answered itself
+            part.open.pop(key, None)
+            part.orphans -= len(stray.records)
             self.io.finish(stray.records)
-        part.mark_done(v.id, now)
+        part.mark_done(key, now, v.digest)
 
-    def _overloaded(self, part: PartitionState, r: ConsumerRecord, m: Manifest, now: float) -> None:
+    def _refuse(self, r: ConsumerRecord, msg: Manifest | Verdict, now: float, event: Event | None = None) -> None:
+        """Answer a request that reuses the id of another (open or just answered): its own
+        error, to its own reply topic; the other request is not touched."""
+        ev = event if event is not None else reused_id(msg, now)
+        self.io.deliver([out_map(msg.reply_to, msg.id, ev.to_wire())], [r])
+        self.metrics.request_done(self.stage, "error", str(ErrorCode.INVALID_REQUEST))
+
+    def _overloaded(self, part: PartitionState, r: ConsumerRecord, key: str, m: Manifest, now: float) -> None:
         err = WireError(ErrorCode.OVERLOADED, "the assembler is tracking its maximum of requests")
         ev = Event(m.id, EventKind.ERROR, 0, now, error=err.to_wire())
-        self.io.deliver([out_map(m.reply_to, m.id, ev.to_wire()), self._done_marker(m.id, m.reply_to, now)], [r])
-        part.mark_done(m.id, now)
+        self.io.deliver([out_map(m.reply_to, m.id, ev.to_wire()), self._done_marker(key, m.reply_to, now, m.digest)],
+                        [r])
+        part.mark_done(key, now, m.digest)
         self.metrics.request_done(self.stage, "error", str(ErrorCode.OVERLOADED))
 
-    def _done_marker(self, rid: str, reply_to: str, at: float) -> Out:
-        return done_marker(self.names.assembler_done, rid, reply_to, at)
+    def _done_marker(self, key: str, reply_to: str, at: float, digest: str | None) -> Out:
+        return done_marker(self.names.assembler_done, key, reply_to, at, digest)
 
     def _open_count(self) -> int:
         return sum(sum(1 for e in p.open.values() if e.state.manifest is not None) for p in self.partitions.values())
+
+    def _orphan_count(self) -> int:
+        return sum(p.orphans for p in self.partitions.values())
 
     # -- time ----------------------------------------------------------------------------
 
@@ -205,22 +276,24 @@ class AssemblerStage(RecordStage):
         """Deadlines, expired orphans and expired tombstones. Orphans (parts without a
         manifest) are finished unanswered: forged or stale, they never complete a request."""
         for part in list(self.partitions.values()):
-            for rid, entry in list(part.open.items()):
+            for key, entry in list(part.open.items()):
                 state = entry.state
                 if state.manifest is None:
                     if now - state.first_seen_ms >= self.policy.orphan_ttl_ms:
-                        part.open.pop(rid, None)
+                        part.open.pop(key, None)
+                        part.orphans -= len(entry.records)
                         self.io.finish(entry.records)
                     continue
                 if now >= state.manifest.deadline_at_ms:
-                    result = step(state, DeadlineTick(rid), now, self.policy, lane=state.lane)
+                    result = step(state, DeadlineTick(state.manifest.id), now, self.policy, lane=state.lane)
                     if result.emit is not None or result.forward is not None:
                         entry.state = result.state
-                        self._answer(part, rid, entry, result)
+                        self._answer(part, key, entry, result)
             while part.done_order and now - part.done_order[0][0] >= self.policy.retention_ms:
-                at, rid = part.done_order.popleft()
-                if part.done.get(rid) == at:
-                    del part.done[rid]
+                at, key = part.done_order.popleft()
+                if part.done.get(key) == at:
+                    del part.done[key]
+                    part.digests.pop(key, None)
         self.metrics.set_inflight(self.stage, self._open_count())
 
     # -- ownership -----------------------------------------------------------------------
@@ -239,9 +312,9 @@ class AssemblerStage(RecordStage):
             return
         for tp, done in found.done.items():
             part = self.partitions[tp]
-            for rid, at in sorted(done.items(), key=lambda kv: kv[1]):
-                part.mark_done(rid, at)
-            part.sent.update(found.sent)  # ids are unique to their partition; extra keys are harmless
+            for key, at in sorted(done.items(), key=lambda kv: kv[1]):
+                part.mark_done(key, at, found.digests.get(key))
+            part.sent.update(found.sent)  # keys are unique to their partition; extra keys are harmless
         log.info("assembler: took over %s in %.0f ms", sorted(f"{t.topic}[{t.partition}]" for t in tps),
                  now_ms() - started)
 
@@ -250,10 +323,13 @@ class AssemblerStage(RecordStage):
             self.partitions.pop(tp, None)  # the next owner replays what was open here
 
 
-def _opens(rec: ConsumerRecord) -> tuple[str, str] | None:
-    """(id, reply topic) of a record that opens a request the assembler answers."""
+def _opens(rec: ConsumerRecord) -> tuple[str, str, str] | None:
+    """(request key, reply topic, id) of a record that opens a request the assembler answers."""
     msg = fan_in_from_wire(unpack(rec.value))
-    return (msg.id, msg.reply_to) if isinstance(msg, (Manifest, Verdict)) else None
+    if not isinstance(msg, (Manifest, Verdict)):
+        return None
+    key = fan_in_key(msg)
+    return (key, msg.reply_to, msg.id) if key is not None else None
 
 
 def _where(r: ConsumerRecord) -> str:
