@@ -53,7 +53,7 @@ def cmd_up(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int
     kafka, redis = _localstack_call(localstack.up, settings, repo_root)
     print(f"kafka  {kafka.bootstrap}  pid={kafka.pid}  {'external' if kafka.external else 'local'}")
     print(f"redis  {redact(settings.redis.url)}  pid={redis.pid}")
-    created = asyncio.run(ensure_topics(settings.kafka.bootstrap, topic_specs(settings.kafka),
+    created = asyncio.run(ensure_topics(settings.kafka.bootstrap, topic_specs(settings.kafka, settings.dlq),
                                         settings.kafka.replication_factor))
     if created:
         print(f"topics created: {len(created)}")
@@ -191,8 +191,8 @@ def _file_part(modality: Any, path: Path, settings: Settings) -> Any:
 
 
 async def _send(settings: Settings, req: Any, timeout_s: float, retry: RetryConfig) -> int:
-    async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix, redis_url=settings.redis.url,
-                      inline_limit_bytes=settings.limits.max_inline_bytes,
+    async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix, redis_url=settings.redis.clients,
+                      inline_limit_bytes=settings.limits.max_inline_bytes, redis_tls_ca=settings.redis.tls_ca,
                       claim_ttl_s=settings.limits.claim_ttl_s, retry=retry) as client:
         return await _follow(await client.submit(req), timeout_s)
 
