@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import shutil
 import socket
 import subprocess
 import sys
@@ -62,6 +63,7 @@ def secured_redis():
     local.start()
     yield {"url": worker, "client_url": client, "ca": local.tls_ca, "port": port, "local": local}
     local.stop()
+    shutil.rmtree(state, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
