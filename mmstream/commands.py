@@ -68,7 +68,7 @@ def cmd_up(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int
     if env is not None:
         env_file = broker.write_env_file()
         print(f"secure settings (service principal) in {env_file}: set -a; . {env_file}; set +a")
-    created = asyncio.run(ensure_topics(settings.kafka.bootstrap, topic_specs(settings.kafka),
+    created = asyncio.run(ensure_topics(settings.kafka.bootstrap, topic_specs(settings.kafka, settings.dlq),
                                         settings.kafka.replication_factor, client_kwargs(settings)))
     if created:
         print(f"topics created: {len(created)}")
@@ -221,8 +221,8 @@ def _client(settings: Settings, props: Path | None, **kwargs: Any) -> Client:
 
 
 async def _send(settings: Settings, req: Any, timeout_s: float, retry: RetryConfig, props: Path | None = None) -> int:
-    async with _client(settings, props, redis_url=settings.redis.url, inline_limit_bytes=settings.limits.max_inline_bytes,
-                       claim_ttl_s=settings.limits.claim_ttl_s, retry=retry) as client:
+    async with _client(settings, props, redis_url=settings.redis.clients, inline_limit_bytes=settings.limits.max_inline_bytes,
+                       redis_tls_ca=settings.redis.tls_ca, claim_ttl_s=settings.limits.claim_ttl_s, retry=retry) as client:
         return await _follow(await client.submit(req), timeout_s)
 
 

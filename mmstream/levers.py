@@ -67,7 +67,7 @@ async def own_pipeline(settings: Settings, off: tuple[str, ...], workload: str,
 
     env = {**os.environ, **lever_env(off, f"bench{uuid.uuid4().hex[:8]}"), **(extra_env or {})}
     run_settings = Settings.from_env(env)
-    await ensure_topics(run_settings.kafka.bootstrap, topic_specs(run_settings.kafka),
+    await ensure_topics(run_settings.kafka.bootstrap, topic_specs(run_settings.kafka, run_settings.dlq),
                         run_settings.kafka.replication_factor, client_kwargs(run_settings))
     supervisor = Supervisor(run_settings, env)
     await asyncio.to_thread(supervisor.start, replicas(off, workload))

@@ -19,8 +19,14 @@ TRUNCATED_HEADER = "x-mm-truncated"
 """Header of a dead-lettered record cut to fit the producer's record size: what was cut."""
 
 
+MAX_DEPTH = 32
+"""Deepest nesting of maps and lists a message may have. Ours stay under ten levels; a deeper
+one is refused here, so no later walk of it (packing an event, a recursive comparison) can
+run out of stack."""
+
+
 class DecodeError(ValueError):
-    """Bytes that are neither a MessagePack map nor a JSON object."""
+    """Bytes that are neither a MessagePack map nor a JSON object (or nested too deeply)."""
 
 
 def pack(obj: dict[str, Any]) -> bytes:
@@ -33,7 +39,8 @@ def unpack(raw: bytes, content_type: str | None = None) -> dict[str, Any]:
 
     The content type (a header) wins when given; otherwise JSON is sniffed from a leading
     ``{``, and anything else is read as MessagePack. Raises ``DecodeError`` with a reason
-    when the bytes do not decode to a map (nesting too deep included: never RecursionError).
+    when the bytes do not decode to a map, nesting past ``MAX_DEPTH`` included, and never
+    anything else (no RecursionError, no TypeError from a map keyed by a list).
     """
     if not isinstance(raw, (bytes, bytearray, memoryview)):
         raise DecodeError(f"expected bytes, got {type(raw).__name__}")
@@ -50,12 +57,30 @@ def unpack(raw: bytes, content_type: str | None = None) -> dict[str, Any]:
             obj = msgpack.unpackb(raw, raw=False, strict_map_key=False)
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
         kind = "JSON" if is_json else "MessagePack"
-        raise DecodeError(f"not valid {kind}: {exc}") from None
+        raise DecodeError(f"not valid {kind}: {str(exc)[:200]}") from None
     except RecursionError:  # the JSON parser recurses per level; MessagePack stops at StackError
         raise DecodeError("nested too deeply") from None
+    except TypeError as exc:  # a MessagePack map keyed by a list or a map (unhashable)
+        raise DecodeError(f"not valid MessagePack: {str(exc)[:200]}") from None
     if not isinstance(obj, dict):
         raise DecodeError(f"expected a map at the top level, got {type(obj).__name__}")
+    if _too_deep(obj, MAX_DEPTH):
+        raise DecodeError(f"nested more than {MAX_DEPTH} levels deep")
     return obj
+
+
+def _too_deep(obj: Any, limit: int) -> bool:
+    """Whether maps and lists nest more than ``limit`` levels in ``obj`` (iterative: no stack)."""
+    stack = [(obj, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values() if isinstance(v, (dict, list)))
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value if isinstance(v, (dict, list)))
+    return False
 
 
 def header(headers: Any, name: str) -> str | None:

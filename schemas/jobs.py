@@ -1,10 +1,21 @@
 """Internal messages between stages, versioned like the public ones.
 
 - ``EncodeJob`` on ``<prefix>.encode.<modality>.<lane>``: one part of one request.
-- On ``<prefix>.encoded.<lane>``, keyed by request id so one assembler partition sees all of
-  a request: ``Manifest`` (from the router: how many parts to wait for, where to reply),
-  ``EncodedPart`` (from an encoder: the embedding or the part's error) and ``DeadlineTick``
-  (from the assembler's own sweep, so that deadline completion is handled in the stream).
+- On ``<prefix>.encoded.<lane>``, keyed by ``request_key(tenant, id)`` so one assembler
+  partition sees all of a request: ``Manifest`` (from the router: how many parts to wait for,
+  where to reply), ``EncodedPart`` (from an encoder: the embedding or the part's error) and
+  ``DeadlineTick`` (from the assembler's own sweep, so that deadline completion is handled in
+  the stream).
+
+Namespaces: a request is ``(tenant, id)``, never the id alone; the same id from two tenants
+is two requests. Everything keyed per request between stages (these records' Kafka keys,
+the assembler's and the generator's state, their done markers) uses ``request_key``. The
+reply topic's events stay keyed by the bare id: that is the client's name for its request.
+
+Trust: the router gives each request a random ``nonce``; it travels in every encode job and
+the encoders copy it into their ``EncodedPart``. The assembler counts only parts that carry
+a nonce of the request's manifest, so a part nobody in the pipeline made for this request
+(a forged or stale record on the encoded topic) never completes it.
 
 Every job carries ``sent_at_ms`` (when it was produced) and the spans of the stages before.
 Maps are encoded and decoded from the fields by ``schemas.wire`` (its doc gives the key order
@@ -19,6 +30,11 @@ from typing import Any
 from schemas.wire import WireFormatError, WireMessage, omit_none
 
 VERSION = 1
+
+
+def request_key(tenant: str, rid: str) -> str:
+    """The pipeline's name of one request: ``<tenant>/<id>`` (a tenant holds no ``/``)."""
+    return f"{tenant}/{rid}"
 
 
 class _Job(WireMessage):
@@ -45,6 +61,8 @@ class EncodeJob(_Job):
     trace: list[Any] = field(default_factory=list)
     chunk: int | None = omit_none()
     """For a fanned-out part (a video's frames): which chunk of the part this job is."""
+    nonce: str | None = omit_none()
+    """The request's nonce (see the module doc): copied into this job's ``EncodedPart``."""
 
     TYPE = "encode"
 
@@ -66,6 +84,12 @@ class Manifest(_Job):
     trace: list[Any] = field(default_factory=list)
     result_key: str | None = omit_none()
     """Where the assembler stores the whole answer for identical requests (reuse cache)."""
+    nonce: str | None = omit_none()
+    """Random, per routing of the request: parts without it are not this request's."""
+    digest: str | None = omit_none()
+    """Which ingress record this is (its bytes and timestamp, hashed): a replay of the same
+    record has the same digest and changes nothing; another request with the same id
+    has another and is refused (``invalid_request``: id already used)."""
 
     TYPE = "manifest"
 
@@ -90,6 +114,11 @@ class EncodedPart(_Job):
     results the assembler waits for before it pools them into this part."""
     chunk: int | None = omit_none()
     """Set on one chunk's result: its index among the part's ``n_chunks``."""
+    tenant: str | None = omit_none()
+    """The request's tenant (from its encode job): with ``id``, which request this is."""
+    nonce: str | None = omit_none()
+    """The encode job's nonce, copied: the assembler drops a part whose nonce its
+    request's manifest does not carry."""
 
     TYPE = "part"
 
@@ -119,6 +148,8 @@ class Verdict(_Job):
     events: list[dict[str, Any]]
     """Event maps (schemas.events) to send in order; the last one is terminal."""
     sent_at_ms: float
+    digest: str | None = omit_none()
+    """As the manifest's: which ingress record this answers."""
 
     TYPE = "verdict"
 

@@ -33,8 +33,20 @@ from schemas.wire import ToWire, omit_none
 
 VERSION = 1
 REF_SCHEMES = ("redis:", "file://")
-"""Claim checks: ``redis:<key>`` (bytes stored by the SDK with a TTL) or ``file:///path``
-(only under the directory the deployment allows)."""
+"""Claim checks: ``redis:<key>`` (bytes stored by the SDK with a TTL, under the tenant's own
+``claim_prefix``) or ``file:///path`` (only under the tenant's directory of the one the
+deployment allows)."""
+
+
+def claim_prefix(tenant: str) -> str:
+    """The Redis keys a tenant's ``redis:`` refs may name: ``mm:claim:<tenant>:``. A tenant
+    name holds no ``:`` (``TENANT_RE``), so no tenant's prefix is inside another's."""
+    return f"mm:claim:{tenant}:"
+
+
+def claim_key(tenant: str, rid: str, index: int) -> str:
+    """Where the SDK stores part ``index`` of request ``rid`` of ``tenant``."""
+    return f"{claim_prefix(tenant)}{rid}:{index}"
 
 
 class Task(StrEnum):
@@ -117,6 +129,11 @@ class Request(ToWire):
 
 
 _ID_RE = re.compile(r"^[A-Za-z0-9._:\-]+$")
+TENANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-]*")
+"""What a tenant name looks like (``fullmatch``): no ``:``, ``/`` or ``|``, which separate
+the tenant from what follows it in namespaced keys (``<tenant>/<id>`` records,
+``mm:claim:<tenant>:...``), and a letter or digit first (never ``.`` or ``..``, which are
+directory names)."""
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._\-]+$")
 _MIME_RE = re.compile(r"^[a-z0-9.+\-]+/[a-z0-9.+\-]+$")
 _MODALITY_RE = re.compile(MODALITY_NAME_RE)
@@ -132,7 +149,7 @@ def peek_reply(obj: Any) -> tuple[str, str | None] | None:
     if not isinstance(obj, dict):
         return None
     rid, reply_to = obj.get("id"), obj.get("reply_to")
-    if not isinstance(rid, str) or not rid or len(rid) > 128 or not _ID_RE.match(rid):
+    if not isinstance(rid, str) or not rid or len(rid) > 128 or not _ID_RE.fullmatch(rid):
         return None
     if not (isinstance(reply_to, str) and _TOPIC_RE.match(reply_to) and len(reply_to) <= 200):
         reply_to = None
@@ -152,9 +169,12 @@ def validate_request(obj: dict[str, Any], limits: Limits, from_json: bool = Fals
     if v != VERSION:
         raise WireError(ErrorCode.INVALID_REQUEST, f"schema version {v!r} is not supported (this server speaks v{VERSION})", "v")
     rid = _string(obj, "id", limits.max_id_chars, required=True)
-    if not _ID_RE.match(rid):
+    if not _ID_RE.fullmatch(rid):  # fullmatch: `$` would let a trailing newline through
         raise WireError(ErrorCode.INVALID_REQUEST, "id may contain only letters, digits and . _ : -", "id")
     tenant = _string(obj, "tenant", limits.max_tenant_chars) or "default"
+    if not TENANT_RE.fullmatch(tenant):
+        raise WireError(ErrorCode.INVALID_REQUEST, "tenant may contain only letters, digits and . _ - "
+                        "(a letter or digit first)", "tenant")
     task = _enum(obj, "task", Task, Task.EMBED)
     lane = _enum(obj, "lane", Lane, Lane.RT)
     reply_to = _string(obj, "reply_to", limits.max_topic_chars)

@@ -164,9 +164,23 @@ class KafkaSettings(_Section):
 
 class RedisSettings(_Section):
     url: str = setting(
-        "redis://127.0.0.1:6379/0", "Redis used for the reuse cache and claim checks (a password in it is never printed).",
+        "redis://127.0.0.1:6379/0", "Redis of the workers (reuse cache, load reports, claim checks), as "
+        "redis://[user:password@]host:port/db; rediss:// for TLS. A password in it is never printed.",
         pattern=r"^(redis|rediss|unix)://",
     )
+    client_url: str = setting(
+        "", "Redis the SDK and `mmstream submit` store claim checks in, usually as a user that may only SET and GET "
+        "mm:claim:* keys (infra/redis/redis.conf); empty: the workers' url.",
+        pattern=r"^((redis|rediss|unix)://.*)?$",
+    )
+    tls_ca: str = setting(
+        "", "CA certificate file that signs the Redis server's certificate (rediss:// URLs); empty: the system's CAs."
+    )
+
+    @property
+    def clients(self) -> str:
+        """The URL clients store claim checks through."""
+        return self.client_url or self.url
 
 
 class LimitsSettings(_Section):
@@ -184,7 +198,8 @@ class LimitsSettings(_Section):
     max_deadline_ms: int = setting(600_000, "Longest deadline a client may ask for.", ge=1)
     max_ref_bytes: int = setting(64 * 1024 * 1024, "Largest payload fetched by claim check (ref).", ge=1)
     ref_file_root: str = setting(
-        "", "Directory whose files may be sent as file:// refs; empty: file refs are refused."
+        "", "Directory whose files may be sent as file:// refs, one subdirectory per tenant (a tenant's refs resolve "
+        "only under <root>/<tenant>/); empty: file refs are refused."
     )
     claim_ttl_s: int = setting(3600, "How long the SDK keeps a claim-checked payload in Redis.", ge=1)
     max_audio_seconds: float = setting(300.0, "Longest audio clip accepted (decoded duration).", gt=0)
@@ -348,7 +363,13 @@ class AssemblerSettings(_Section):
     retention_ms: int = setting(
         120_000, "How long a finished request is remembered so late duplicates cannot answer it twice.", ge=0
     )
-    orphan_ttl_ms: int = setting(600_000, "How long parts that never got a manifest are kept.", ge=1)
+    orphan_ttl_ms: int = setting(
+        5_000, "How long parts that arrived before their manifest wait for it (the router sends the manifest first, so "
+        "only a reordering or a forged part waits): longer tolerates more reordering, holds forged parts longer.", ge=1
+    )
+    max_orphans: int = setting(
+        10_000, "Most parts without a manifest one assembler holds; past it new ones are dropped (never answered).", ge=0
+    )
     max_pending: int = setting(
         100_000, "Most requests one assembler tracks; past it new manifests are answered overloaded.", ge=1
     )
@@ -356,6 +377,77 @@ class AssemblerSettings(_Section):
         10_000, "Most parts without a manifest (forged or stale) one assembler keeps; past it the oldest are dropped.",
         ge=1
     )
+
+
+class DlqSettings(_Section):
+    """The dead-letter topic: what it keeps of a record it parks, and for how long."""
+
+    keep_payload: bool = setting(
+        True, "Keep the record's value (cut to the size limit) in the DLQ copy; off, only its headers, the reason and "
+        "the source: nothing a client sent stays on the DLQ, but a parked record cannot be replayed from it."
+    )
+    retention_ms: int = setting(
+        3 * 24 * 3_600_000, "How long DLQ records are kept (the topic's retention.ms, set when it is created).", ge=60_000
+    )
+    retention_bytes: int = setting(
+        1024 ** 3, "Most bytes the DLQ keeps per partition (retention.bytes, set when it is created); the oldest go first.",
+        ge=1024 * 1024,
+    )
+
+
+class QuotaSettings(_Section):
+    """Per-tenant limits at the router (``streams.policies.quota``): one tenant cannot take
+    the whole pool. Each router replica counts on its own (a tenant's requests spread over
+    the replicas by ingress partition), so the limits hold per replica."""
+
+    rate_per_s: float = setting(
+        0.0, "Requests per second one tenant may send (token bucket); 0: no rate limit. Over it: overloaded with "
+        "retry_after_ms.", ge=0
+    )
+    burst: float = setting(0.0, "Requests a tenant may send at once above its rate; 0: one second's worth.", ge=0)
+    overrides: str = setting(
+        "", "Per-tenant rates, e.g. acme=50,batchco=5:20 (rate_per_s[:burst]); a tenant not named gets rate_per_s."
+    )
+    fair_share: float = setting(
+        0.5, "While admission is turning some tenant away (overloaded, within window_ms), the largest share of a "
+        "lane's queued-work limit (admission.max_queued_ms_<lane>) one other tenant's queued work may hold; a tenant "
+        "alone, or among tenants that all get in, may use it all. 0: off.", ge=0, le=1,
+    )
+    max_queued_ms: float = setting(
+        0.0, "Queued engine work (ms) one tenant may have, alone or not; 0: no such limit. A tenant's queued work is "
+        "what the router sent for it, counted until its predicted end (queue wait + cost).", ge=0
+    )
+    window_ms: int = setting(
+        10_000, "Longest time one job counts as a tenant's queued work, and how long a refused tenant makes the "
+        "others keep to their fair share.", ge=100
+    )
+    max_tenants: int = setting(10_000, "Most tenants whose counts the router keeps (memory bound; idle ones go).", ge=1)
+    metric_tenants: int = setting(
+        20, "Tenants named in the shed metric's tenant label (the first ones shed); the rest count as `other`.", ge=0
+    )
+
+    @field_validator("overrides")
+    @classmethod
+    def _rates(cls, value: str) -> str:
+        parse_overrides(value)
+        return value
+
+
+def parse_overrides(value: str) -> dict[str, tuple[float, float]]:
+    """``acme=50,batchco=5:20`` -> {tenant: (rate_per_s, burst)} (burst 0: one second's worth).
+    Raises ``ValueError`` naming the bad item."""
+    out: dict[str, tuple[float, float]] = {}
+    for item in _csv(value):
+        tenant, sep, spec = item.partition("=")
+        rate, _, burst = spec.partition(":")
+        try:
+            parsed = (float(rate), float(burst or 0))
+        except ValueError:
+            parsed = (-1.0, -1.0)
+        if not sep or not tenant.strip() or min(parsed) < 0:
+            raise ValueError(f"{item!r} is not tenant=rate_per_s[:burst] with numbers >= 0")
+        out[tenant.strip()] = parsed
+    return out
 
 
 class MetricsSettings(_Section):
@@ -462,6 +554,8 @@ class Settings(BaseSettings):
     assembler: AssemblerSettings = _section(AssemblerSettings)
     generator: GeneratorSettings = _section(GeneratorSettings)
     metrics: MetricsSettings = _section(MetricsSettings)
+    dlq: DlqSettings = _section(DlqSettings)
+    quota: QuotaSettings = _section(QuotaSettings)
     video: VideoSettings = _section(VideoSettings)
     cache: CacheSettings = _section(CacheSettings)
     local: LocalSettings = _section(LocalSettings)
@@ -540,11 +634,15 @@ def _lower_first(msg: str) -> str:
 
 
 _PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@]*):(?P<password>[^@/]+)@", re.I)
+_QUERY_PASSWORD = re.compile(r"(?P<key>[?&](password|pass|pwd)=)[^&#]*", re.I)
 
 
 def redact(value: Any) -> Any:
-    """``value`` with the password of any ``scheme://user:password@`` in it replaced by ``***``."""
-    return _PASSWORD.sub(r"\g<scheme>\g<user>:***@", value) if isinstance(value, str) else value
+    """``value`` with the password of any ``scheme://user:password@`` in it, and of a
+    ``?password=`` query parameter (which redis-py reads too), replaced by ``***``."""
+    if not isinstance(value, str):
+        return value
+    return _QUERY_PASSWORD.sub(r"\g<key>***", _PASSWORD.sub(r"\g<scheme>\g<user>:***@", value))
 
 
 def describe(settings: Settings) -> list[tuple[str, Any, str]]:

@@ -1,12 +1,19 @@
 """Fan-in of one request's parts: a pure state machine over plain data.
 
-The assembler agent keeps one ``Assembly`` per request id in a Faust table (so a restart
-recovers it from the changelog) and feeds it every message of the encoded topic. ``step``
-returns the new state and, at most once per request, the terminal event to send.
+The assembler stage keeps one ``Assembly`` per request (``<tenant>/<id>``) and feeds it every
+message of the encoded topic. ``step`` returns the new state and, at most once per request,
+the terminal event to send.
 
-Duplicates are expected (every stage is at-least-once): a second manifest, a part index
-already seen, or anything after completion changes nothing. A completed request keeps a
-small tombstone for ``retention_ms`` so late duplicates cannot start it again.
+Duplicates are expected (every stage is at-least-once): a second manifest of the same
+ingress record (same ``digest``), a part index already seen, or anything after completion
+changes nothing. A manifest with another digest is another request reusing the id: it is
+refused (``reused_id``: an ``invalid_request`` error for it), never merged into this one.
+A completed request keeps a small tombstone for ``retention_ms`` so late duplicates cannot
+start it again.
+
+Parts count only when they carry a nonce of the request's manifest (``nonces``: the first
+manifest's, plus a replayed manifest's, whose jobs carry their own): a part that arrived
+before its manifest waits, and is dropped when the manifest comes without its nonce.
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ class Assembly:
     """(topic, value) of the answer being delivered: recorded (and flushed) before the
     answer is sent, cleared after. Found set after a crash, it means "maybe sent": the
     assembler looks on the topic before sending it again, so the answer exists once."""
+    nonces: frozenset[str] = frozenset()
+    """Nonces of this request's manifests: a part with another is not this request's."""
 
     @property
     def done(self) -> bool:
@@ -60,6 +69,7 @@ class Assembly:
                                             for i, cs in self.chunks.items()},
             "done_at_ms": self.done_at_ms,
             "pending": list(self.pending) if self.pending else None,
+            "nonces": sorted(self.nonces),
         }, use_bin_type=True)
 
     @classmethod
@@ -74,6 +84,7 @@ class Assembly:
                     for i, cs in (m.get("chunks") or {}).items()},
             done_at_ms=m.get("done_at_ms"),
             pending=(str(m["pending"][0]), bytes(m["pending"][1])) if m.get("pending") else None,
+            nonces=frozenset(str(n) for n in m.get("nonces") or ()),
         )
 
 
@@ -86,6 +97,8 @@ class Step:
     changed: bool = True
     forward: GenerateJob | None = None
     """For a generate task: the assembled job for the generator (which answers the client)."""
+    refused: Event | None = None
+    """A manifest of another request with this one's id: its error (to its own reply_to)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,14 +123,26 @@ def step(state: Assembly | None, msg: Manifest | EncodedPart | DeadlineTick, now
         return Step(state, changed=False)
     if isinstance(msg, Manifest):
         if state.manifest is not None:
-            return Step(state, changed=False)
-        state = replace(state, manifest=msg, status=advance(state.status, RequestStatus.ENCODING))
+            if not same_record(state.manifest.digest, msg.digest):
+                return Step(state, changed=False, refused=reused_id(msg, now_ms), reply_to=msg.reply_to)
+            if msg.nonce is None or msg.nonce in state.nonces:
+                return Step(state, changed=False)
+            # The same ingress record routed again (the router replayed it): its jobs carry
+            # this nonce, and any of their parts may be the first to come.
+            return Step(replace(state, nonces=state.nonces | {msg.nonce}))
+        state = replace(state, manifest=msg, status=advance(state.status, RequestStatus.ENCODING),
+                        nonces=frozenset({msg.nonce}) if msg.nonce is not None else frozenset())
+        if msg.nonce is not None:
+            state = _only_trusted(state)
     elif isinstance(msg, EncodedPart):
         if msg.part in state.parts or (state.manifest and not 0 <= msg.part < state.manifest.n_parts):
             return Step(state, changed=False)
+        if state.manifest is not None and not _trusted(state, msg):
+            return Step(state, changed=False)  # not made by the pipeline for this request
         if msg.chunk is not None:
             have = state.chunks.get(msg.part, {})
-            if msg.chunk in have:
+            header = state.headers.get(msg.part)
+            if msg.chunk in have or msg.chunk < 0 or (header is not None and msg.chunk >= (header.n_chunks or 0)):
                 return Step(state, changed=False)
             state = replace(state, chunks={**state.chunks, msg.part: {**have, msg.chunk: msg}})
         elif msg.is_header:
@@ -126,10 +151,49 @@ def step(state: Assembly | None, msg: Manifest | EncodedPart | DeadlineTick, now
             state = replace(state, headers={**state.headers, msg.part: msg})
         else:
             state = replace(state, parts={**state.parts, msg.part: msg})
-        state = _pool_if_complete(state, msg.part)
+        if state.manifest is not None:  # before it, the chunks' nonces cannot be checked yet
+            state = _pool_if_complete(state, msg.part)
     if state.manifest is not None and len(state.parts) >= state.manifest.n_parts:
         return _complete(state, now_ms, deadline_hit=False)
     return Step(state)
+
+
+def same_record(a: str | None, b: str | None) -> bool:
+    """Whether two digests can name the same ingress record (a missing one, from an older
+    router, cannot tell them apart: treated as the same, as before digests)."""
+    return a is None or b is None or a == b
+
+
+def reused_id(m: Manifest, now_ms: float) -> Event:
+    """The answer to a request that reuses the id of another of its tenant's requests
+    (open, or answered less than ``retention_ms`` ago)."""
+    err = WireError(ErrorCode.INVALID_REQUEST,
+                    "id already used by another request of this tenant (still open or recently answered): "
+                    "send each request with a new id", "id")
+    return Event(m.id, EventKind.ERROR, 0, now_ms, error=err.to_wire())
+
+
+def _trusted(state: Assembly, part: EncodedPart) -> bool:
+    """Whether ``part`` carries a nonce of the request's manifests (a manifest without a
+    nonce, from an older router, trusts every part as before)."""
+    m = state.manifest
+    return m is None or m.nonce is None or (part.nonce is not None and part.nonce in state.nonces)
+
+
+def _only_trusted(state: Assembly) -> Assembly:
+    """The state without the parts that came before the manifest and do not carry its nonce."""
+    n_parts = state.manifest.n_parts if state.manifest is not None else 0
+
+    def keep(parts: dict[int, EncodedPart]) -> dict[int, EncodedPart]:
+        return {i: p for i, p in parts.items() if _trusted(state, p) and 0 <= i < n_parts}
+
+    chunks = {i: {k: c for k, c in cs.items() if _trusted(state, c)} for i, cs in state.chunks.items()
+              if 0 <= i < n_parts}
+    state = replace(state, parts=keep(state.parts), headers=keep(state.headers),
+                    chunks={i: cs for i, cs in chunks.items() if cs})
+    for i in list(state.headers):
+        state = _pool_if_complete(state, i)
+    return state
 
 
 def _pool_if_complete(state: Assembly, part: int) -> Assembly:

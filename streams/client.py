@@ -37,12 +37,13 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 from schemas.codec import CONTENT_TYPE_HEADER, MSGPACK, DecodeError, pack, unpack
 from schemas.events import Event, EventKind
-from schemas.request import Modality, Part, Request
+from schemas.request import Modality, Part, Request, claim_key
 from schemas.trace import now_ms
 from streams.retry import NO_RETRY, RetryConfig, retry_delay_ms
 from streams.security import KafkaSecurity, read_properties
 from streams.tenancy import tenant_ingress, tenant_results, valid_tenant
 from streams.transport import KafkaTransport, Transport, TransportError
+from workers.redisconn import connect_async
 
 MAX_EVENTS_PER_REQUEST = 4096
 MAX_ID_CHARS = 128
@@ -108,9 +109,12 @@ class Client:
                  retry: RetryConfig = NO_RETRY, transport: Transport | None = None,
                  rng: random.Random | None = None,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 security: KafkaSecurity | None = None, tenant: str | None = None) -> None:
-        """``redis_url``: where parts over ``inline_limit_bytes`` are stored (claim check,
-        kept ``claim_ttl_s``); without it such parts are refused by ``submit``. ``retry``:
+                 security: KafkaSecurity | None = None, tenant: str | None = None,
+                 redis_tls_ca: str | None = None) -> None:
+        """``redis_url``: where parts over ``inline_limit_bytes`` are stored (claim check
+        under the request's tenant, ``mm:claim:<tenant>:<id>:<part>``, kept ``claim_ttl_s``;
+        a clients' user that may only SET and GET those keys is enough; ``redis_tls_ca``
+        for a ``rediss://`` URL); without it such parts are refused by ``submit``. ``retry``:
         see the module docstring. ``security``: how to authenticate (default PLAINTEXT).
         ``tenant``: send as this tenant of a secured deployment (its own ingress topics,
         its reply topic by default, its name in every request); None: the shared topics.
@@ -120,6 +124,7 @@ class Client:
         self.tenant = tenant
         self.bootstrap = bootstrap
         self.redis_url = redis_url
+        self.redis_tls_ca = redis_tls_ca
         self.inline_limit_bytes = inline_limit_bytes
         self.claim_ttl_s = claim_ttl_s
         self._redis: Any = None
@@ -234,12 +239,10 @@ class Client:
             raise ClientError(f"part {big[0]} is over the inline limit of {self.inline_limit_bytes} bytes and the "
                               "client has no redis_url for a claim check")
         if self._redis is None:
-            import redis.asyncio
-
-            self._redis = redis.asyncio.Redis.from_url(self.redis_url)
+            self._redis = connect_async(self.redis_url, self.redis_tls_ca)
         parts = list(request.parts)
         for i in big:
-            key = f"mm:claim:{request.id}:{i}"
+            key = claim_key(request.tenant, request.id, i)
             await self._redis.set(key, parts[i].data, ex=self.claim_ttl_s)
             parts[i] = dataclasses.replace(parts[i], data=None, ref=f"redis:{key}")
         return dataclasses.replace(request, parts=tuple(parts))

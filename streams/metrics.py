@@ -3,8 +3,9 @@ passed in, so importing this module registers nothing and tests get a clean regi
 
 Naming follows Prometheus practice: prefix ``mmstream_``, base units (seconds), ``_total``
 on counters, and only low-cardinality labels. Label values are drawn from small fixed
-sets; never put a request id, tenant or text in a label (each distinct value is a new time
-series kept in memory by the worker and by Prometheus).
+sets; never put a request id, a raw tenant or text in a label (each distinct value is a new
+time series kept in memory by the worker and by Prometheus). The one per-tenant count
+(``tenant_shed``) takes its label from ``TenantLabels``: a bounded set of names, then ``other``.
 
 Label values used across the pipeline:
 
@@ -26,6 +27,8 @@ helpers convert to seconds):
 - at the terminal event of a request: ``observe_e2e(modality, lane, e2e_ms)``; the generator
   also ``observe_ttft(lane, ms)`` once and ``observe_tpot(lane, ms)`` per request;
 - ``cache_lookup(modality, result)``, ``admission(lane, decision)``, ``to_dlq(stage)``;
+  ``tenant_shed(tenant_label, reason)`` when a tenant's quota sheds a request (the one
+  tenant label, from a bounded set: the first ``quota.metric_tenants`` tenants, then ``other``);
 - gauges: ``set_inflight(stage, n)`` or ``with track_inflight(stage):``,
   ``set_queue_depth(stage, lane, n)``; the lag monitor calls ``set_consumer_lag(rows)``;
 - once after the engine warms up: ``set_engine(stage, engine_info_dict)``; before that, each
@@ -75,6 +78,7 @@ OUTCOMES = frozenset({"ok", "error", "dlq"})
 event; ``dlq``: it could not be decoded and went to the dead-letter topic."""
 CACHE_RESULTS = frozenset({"hit", "miss", "error"})
 DECISIONS = frozenset({"admit", "defer", "reject"})
+SHED_REASONS = frozenset({"rate", "queued"})
 ERROR_CODES = frozenset(str(c) for c in ErrorCode)
 ENGINE_FIELDS = ("model", "version", "precision", "provider", "backend")
 MIXED = "mixed"
@@ -154,6 +158,10 @@ class Metrics:
             ("lane", "decision"))
         self.dlq_total = self._make(
             Counter, "mmstream_dlq", "Records a stage sent to the dead-letter topic.", ("stage",))
+        self.tenant_shed_total = self._make(
+            Counter, "mmstream_tenant_shed",
+            "Requests the router shed for their tenant's quota, by reason (rate, queued); the tenant label names a "
+            "bounded set of tenants (quota.metric_tenants), the rest are `other`.", ("tenant", "reason"))
         self.engine_fallbacks_total = self._make(
             Counter, "mmstream_engine_fallbacks",
             "Engine variants (from) a stage refused at start for the next one (to), by reason: "
@@ -253,6 +261,12 @@ class Metrics:
         """Count one admission decision: ``admit``, ``defer`` or ``reject``."""
         _check("decision", decision, DECISIONS)
         self.admission_decisions_total.labels(lane, decision).inc()
+
+    def tenant_shed(self, tenant_label: str, reason: str) -> None:
+        """Count one request shed for its tenant's quota. ``tenant_label`` must come from a
+        bounded mapping (``streams.policies.quota.TenantLabels``), never the raw tenant."""
+        _check("reason", reason, SHED_REASONS)
+        self.tenant_shed_total.labels(tenant_label, reason).inc()
 
     # -- gauges -----------------------------------------------------------------------
 

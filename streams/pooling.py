@@ -29,7 +29,8 @@ def pool_chunks(header: EncodedPart, chunks: dict[int, EncodedPart], complete: b
         error = failed or {"code": "deadline_exceeded", "message": "no frame chunk was encoded before the deadline",
                            "field": f"parts.{header.part}", "retriable": True, "retry_after_ms": 0}
         return EncodedPart(id=header.id, part=header.part, modality=header.modality, sent_at_ms=last.sent_at_ms,
-                           error=error, extras=dict(header.extras), trace=trace)
+                           error=error, extras=dict(header.extras), trace=trace, tenant=header.tenant,
+                           nonce=header.nonce)
     total = sum((from_wire(c.embedding).astype(np.float64) for c in ok), np.zeros(1))
     frames = sum(int(c.extras.get("frames", 1)) for c in ok)
     norm = float(np.linalg.norm(total))
@@ -47,4 +48,5 @@ def pool_chunks(header: EncodedPart, chunks: dict[int, EncodedPart], complete: b
                   frame_labels=[label for c in ok for label in c.extras.get("labels", [])],
                   frame_top=[[round(i / fps, 3), top] for i, top in enumerate(tops)])
     return EncodedPart(id=header.id, part=header.part, modality=header.modality, sent_at_ms=last.sent_at_ms,
-                       embedding=to_wire(pooled, "float16"), extras=extras, trace=trace)
+                       embedding=to_wire(pooled, "float16"), extras=extras, trace=trace, tenant=header.tenant,
+                       nonce=header.nonce)

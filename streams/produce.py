@@ -8,7 +8,9 @@ plus why (``x-mm-error``, stable code or reason first) and where from (``x-mm-so
 ``dead_letter`` builds every such record, so that they all read the same and all fit: a
 record as big as the broker allows, plus our headers, would be refused by the producer and
 leave the stage unable to park it, so the whole record is cut to ``max_bytes`` and the cut
-is named in ``x-mm-truncated``.
+is named in ``x-mm-truncated``. A deployment that must not keep what clients sent
+(``dlq.keep_payload`` off) parks the metadata only: the value is dropped, and
+``x-mm-truncated`` says how big it was.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def out_map(topic: str, key: str | bytes, obj: dict[str, Any], partition: int | 
 
 def dead_letter(dlq_topic: str, key: str | bytes | None, value: bytes | None, reason: str,
                 headers: Mapping[str, Any] | Iterable[tuple[str, Any]] | None = (), source: str | None = None,
-                *, max_bytes: int) -> Out:
+                *, max_bytes: int, keep_payload: bool = True) -> Out:
     """The DLQ record for an input that could not be handled.
 
     ``value`` and the original ``headers`` (pairs or a map; str values are UTF-8 encoded,
@@ -57,13 +59,17 @@ def dead_letter(dlq_topic: str, key: str | bytes | None, value: bytes | None, re
     ``settings.kafka.max_message_bytes``): when it would not, original headers are dropped
     from the last while they alone do not fit, the value is cut to the room left, and
     ``x-mm-truncated`` says what was cut (``value 9000000 -> 8386000 bytes; 1 original header
-    dropped``). The key is kept: it fitted the broker's limit when it arrived.
+    dropped``). The key is kept: it fitted the broker's limit when it arrived. Without
+    ``keep_payload`` the value is empty and ``x-mm-truncated`` says ``value N bytes dropped``.
     """
     k = key.encode() if isinstance(key, str) else key
     raw = bytes(value or b"")
     ours = [(ERROR_HEADER, _cut(reason, MAX_REASON_BYTES))]
     if source is not None:
         ours.append((SOURCE_HEADER, _cut(source, MAX_SOURCE_BYTES)))
+    if not keep_payload:
+        ours.append((TRUNCATED_HEADER, f"value {len(raw)} bytes dropped (dlq.keep_payload off)".encode()))
+        raw = b""
     original = [(str(name), _header_bytes(v)) for name, v in _pairs(headers)]
     room = max_bytes - RECORD_OVERHEAD_BYTES - _size(k) - _size(raw) - sum(_header_size(h) for h in ours + original)
     if room >= 0:

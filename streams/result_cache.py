@@ -15,16 +15,15 @@ from typing import Any
 import msgpack
 
 from workers.breaker import CircuitBreaker
+from workers.redisconn import connect_async
 
 log = logging.getLogger(__name__)
 
 
 class ResultCache:
     def __init__(self, redis_url: str, ttl_s: int, timeout_s: float = 0.05,
-                 breaker: CircuitBreaker | None = None) -> None:
-        import redis.asyncio
-
-        self.redis = redis.asyncio.Redis.from_url(redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+                 breaker: CircuitBreaker | None = None, tls_ca: str | None = None) -> None:
+        self.redis = connect_async(redis_url, tls_ca, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         self.ttl_s = ttl_s
         self.breaker = breaker or CircuitBreaker()
 

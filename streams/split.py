@@ -55,11 +55,15 @@ def split_request(
     started_at_ms: float,
     now_ms: float,
     default_deadline_ms: int,
+    nonce: str | None = None,
+    digest: str | None = None,
 ) -> RoutePlan:
     """Split ``req`` into per-part encode jobs on each modality's topic for the request's lane.
 
     ``client_sent_at_ms`` is the ingress record's timestamp; the router's span runs from it
-    (queued) through ``started_at_ms`` to ``now_ms``.
+    (queued) through ``started_at_ms`` to ``now_ms``. ``nonce`` goes into the manifest, every
+    job and every part answered here (``schemas.jobs``: how the assembler knows its parts);
+    ``digest`` names the ingress record in the manifest.
     """
     deadline_at = now_ms + (req.deadline_ms or default_deadline_ms)
     reply_to = req.reply_to or topics.results
@@ -68,7 +72,7 @@ def split_request(
         id=req.id, task=str(req.task), tenant=req.tenant, lane=str(req.lane), reply_to=reply_to,
         n_parts=len(req.parts), modalities=[str(p.modality) for p in req.parts], deadline_at_ms=deadline_at,
         accepted_at_ms=now_ms, client_sent_at_ms=client_sent_at_ms, sent_at_ms=now_ms,
-        params=req.params.to_wire(), trace=[router_span], result_key=result_key,
+        params=req.params.to_wire(), trace=[router_span], result_key=result_key, nonce=nonce, digest=digest,
     )
     jobs: list[RoutedJob] = []
     failed: list[EncodedPart] = []
@@ -90,18 +94,19 @@ def split_request(
         if req.task == Task.GENERATE and part.modality == Modality.TEXT:
             # The language model reads text as it is: nothing to encode.
             failed.append(EncodedPart(id=req.id, part=i, modality=modality, sent_at_ms=now_ms,
-                                      extras={"text": part.text}))
+                                      extras={"text": part.text}, tenant=req.tenant, nonce=nonce))
             continue
         if modality not in served_modalities:
             err = WireError(ErrorCode.UNSUPPORTED_MEDIA,
                             f"no {modality} encoder is deployed here (served: {', '.join(sorted(served_modalities))})",
                             f"parts.{i}.modality")
-            failed.append(EncodedPart(id=req.id, part=i, modality=modality, sent_at_ms=now_ms, error=err.to_wire()))
+            failed.append(EncodedPart(id=req.id, part=i, modality=modality, sent_at_ms=now_ms, error=err.to_wire(),
+                                      tenant=req.tenant, nonce=nonce))
             continue
         job = EncodeJob(
             id=req.id, part=i, n_parts=len(req.parts), modality=modality, lane=str(req.lane), tenant=req.tenant,
             deadline_at_ms=deadline_at, sent_at_ms=now_ms, text=part.text, data=part.data, ref=part.ref,
-            mime=part.mime,
+            mime=part.mime, nonce=nonce,
         )
         jobs.append(RoutedJob(topic_of(part), f"{req.id}:{i}".encode(), job, chosen[i]))
     return RoutePlan(manifest, jobs, failed)

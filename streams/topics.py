@@ -16,6 +16,13 @@ own ingress and reply topics (``streams.tenancy``), created by `mmstream tenant 
 
 Every other ``<p>.*`` topic is internal: written by the pipeline's service principal only,
 never a valid ``reply_to`` (``is_internal``).
+
+Every topic is stored uncompressed (``compression.type=uncompressed``): the broker then
+unpacks a compressed batch before storing it and refuses it when the result is over
+``max.message.bytes``, so no consumer of ours ever decompresses more than that (a few KB
+of gzip can unpack to gigabytes). No producer of the pipeline compresses. The DLQ keeps
+``dlq.retention_ms`` and at most ``dlq.retention_bytes`` per partition. These configs are
+set when a topic is created; an existing one keeps its own (``kafka-configs --alter``).
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schemas.request import Lane
-from schemas.settings import KafkaSettings
+from schemas.settings import DlqSettings, KafkaSettings
 from streams.tenancy import TENANT_RE, tenant_ingress, tenant_results
 from workers import modalities
 
@@ -118,13 +125,14 @@ class TopicNames:
         return f"{self.prefix}.generator.done"
 
 
-def topic_specs(kafka: KafkaSettings) -> list[TopicSpec]:
+def topic_specs(kafka: KafkaSettings, dlq: DlqSettings | None = None) -> list[TopicSpec]:
     """Every topic the pipeline uses (encode topics for the modalities registered now). All
     stage topics share one partition count so the assembler's table (partitioned like its
-    input) stays co-partitioned."""
+    input) stays co-partitioned. ``dlq``: the DLQ's retention (default: the settings' defaults)."""
     names = TopicNames(kafka.topic_prefix)
     n = kafka.partitions
-    big = {"max.message.bytes": str(kafka.max_message_bytes)}
+    dlq = dlq or DlqSettings()
+    big = {"max.message.bytes": str(kafka.max_message_bytes), "compression.type": "uncompressed"}
     specs: list[TopicSpec] = []
     for lane in LANES:
         specs.append(TopicSpec(names.ingress(lane), n, f"client requests, {lane} lane", big))
@@ -136,11 +144,15 @@ def topic_specs(kafka: KafkaSettings) -> list[TopicSpec]:
     # replayed request is not answered twice. Compacted (one record per request), and
     # deleted after a while: only requests whose records can still be replayed matter.
     done = {"cleanup.policy": "compact,delete", "retention.ms": str(DONE_RETENTION_MS),
-            "segment.ms": str(DONE_RETENTION_MS // 4)}
+            "segment.ms": str(DONE_RETENTION_MS // 4), "compression.type": "uncompressed"}
     specs.append(TopicSpec(names.assembler_done, n, "requests the assembler answered", done))
     specs.append(TopicSpec(names.generator_done, n, "generations the generator finished", done))
     specs.append(TopicSpec(names.results, n, "default reply topic", big))
-    specs.append(TopicSpec(names.dlq, 1, "undecodable input with original headers", big))
+    # Segments roll at least hourly (and well under the byte cap), so retention can act.
+    kept = {**big, "retention.ms": str(dlq.retention_ms), "retention.bytes": str(dlq.retention_bytes),
+            "segment.ms": str(min(dlq.retention_ms, 3_600_000)),
+            "segment.bytes": str(max(1024 * 1024, min(dlq.retention_bytes // 4, 1024 ** 3)))}
+    specs.append(TopicSpec(names.dlq, 1, "undecodable input with original headers", kept))
     return specs
 
 

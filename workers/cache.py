@@ -20,6 +20,7 @@ import numpy as np
 from schemas.tensor import from_wire, to_wire
 from workers.breaker import CircuitBreaker
 from workers.outputs import Encoded, Observer
+from workers.redisconn import connect
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +29,9 @@ class EncoderCache:
     """MGET/SET of packed outputs, behind a circuit breaker. Thread-compatible: one caller."""
 
     def __init__(self, url: str, ttl_s: int, timeout_s: float = 0.05, breaker: CircuitBreaker | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        import redis
-
-        self.client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                                           retry_on_timeout=False)
+                 clock: Callable[[], float] = time.monotonic, tls_ca: str | None = None) -> None:
+        self.client = connect(url, tls_ca, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                              retry_on_timeout=False)
         self.ttl_s = ttl_s
         self.breaker = breaker or CircuitBreaker()
         self.clock = clock

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import hashlib
 
+from schemas.request import TENANT_RE
+
 KEY_VERSION = "v1"
 
 
@@ -18,7 +20,7 @@ def content_digest(content: bytes) -> str:
 def cache_key(*, modality: str, digest: str, model: str, version: str, precision: str,
               preprocessing: str, tenant: str | None) -> str:
     """The Redis key of one encoder output. ``tenant=None`` means shared across tenants."""
-    scope = f"t={tenant}" if tenant is not None else "shared"
+    scope = _scope(tenant)
     for name, value in (("modality", modality), ("model", model), ("version", version), ("precision", precision),
                         ("preprocessing", preprocessing)):
         if not value or "|" in value:
@@ -37,5 +39,15 @@ def result_key(*, tenant: str | None, task: str, parts: list[tuple[str, str]], m
         if not identity:
             return None
         items.append(f"{modality}={identity}={digest}")
-    scope = f"t={tenant}" if tenant is not None else "shared"
+    scope = _scope(tenant)
     return f"mm:res:{KEY_VERSION}|{task}|{scope}|" + content_digest("\n".join(items).encode())
+
+
+def _scope(tenant: str | None) -> str:
+    """The tenant's part of a key; a name that is no tenant's (one that could end its own
+    field and start another) raises ``ValueError`` rather than land in someone's scope."""
+    if tenant is None:
+        return "shared"
+    if not TENANT_RE.fullmatch(tenant):
+        raise ValueError(f"{tenant[:40]!r} is not a tenant name")
+    return f"t={tenant}"

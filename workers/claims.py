@@ -1,10 +1,19 @@
 """Claim checks: payloads too big to travel inline are fetched by reference where they are
 used (in the engine thread, off the event loop).
 
-``redis:<key>`` — bytes the SDK stored with a TTL; they are read, never deleted, so a job
-that runs twice (after a crash) finds them again. ``file:///abs/path`` — only under the
-deployment's allow-listed directory (none by default), so a request cannot read the
-worker's own files.
+A ref resolves only inside the requesting tenant's namespace (the job's ``tenant``, which
+the router set):
+
+- ``redis:<key>`` — bytes the SDK stored with a TTL under ``mm:claim:<tenant>:`` (see
+  ``schemas.request.claim_key``); they are read, never deleted, so a job that runs twice
+  (after a crash) finds them again. A key outside the tenant's prefix is refused exactly as
+  a missing one is, so no answer tells whether another key exists; at most ``max_bytes + 1``
+  bytes are read (GETRANGE), so an oversized value is refused without holding all of it.
+- ``file:///abs/path`` — only under ``<file_root>/<tenant>/`` (no file refs when the
+  deployment names no root), so a request cannot read the worker's files or another
+  tenant's. Every refusal reads the same, whether the file exists or not.
+
+No error message quotes the referenced bytes or the server's paths.
 """
 
 from __future__ import annotations
@@ -13,62 +22,78 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Callable
 
+import redis
+
 from schemas.errors import ErrorCode, WireError
 from schemas.jobs import EncodeJob
+from schemas.request import TENANT_RE, claim_prefix
+from workers.redisconn import connect
+
+UNKNOWN = "the claim check is unknown or expired: send the payload again"
+NO_FILE = "the referenced file is unknown or not readable by this deployment"
 
 
 class ClaimResolver:
-    def __init__(self, redis_url: str, file_root: Path | None, max_bytes: int, timeout_s: float = 2.0) -> None:
+    def __init__(self, redis_url: str, file_root: Path | None, max_bytes: int, timeout_s: float = 2.0,
+                 tls_ca: str | None = None) -> None:
         self.redis_url = redis_url
+        self.tls_ca = tls_ca
         self.file_root = file_root.resolve() if file_root else None
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
         self._redis: Any = None
 
-    def fetch(self, ref: str, field: str) -> bytes:
-        """The referenced bytes; raises ``WireError`` naming ``field`` when they cannot be had."""
+    def fetch(self, ref: str, field: str, tenant: str) -> bytes:
+        """The bytes ``ref`` names inside ``tenant``'s namespace; raises ``WireError`` naming
+        ``field`` when they cannot be had (``invalid_request`` for a ref that is not the
+        tenant's, unknown or expired, alike; ``payload_too_large``; ``internal`` when Redis is
+        unreachable, retriable)."""
+        if not isinstance(tenant, str) or not TENANT_RE.fullmatch(tenant):
+            raise WireError(ErrorCode.INVALID_REQUEST, UNKNOWN, field)
         if ref.startswith("redis:"):
-            data = self._from_redis(ref[len("redis:"):], field)
+            data = self._from_redis(ref[len("redis:"):], field, tenant)
         elif ref.startswith("file://"):
-            data = self._from_file(ref[len("file://"):], field)
+            data = self._from_file(ref[len("file://"):], field, tenant)
         else:
             raise WireError(ErrorCode.INVALID_REQUEST, "unknown claim-check scheme", field)
         if len(data) > self.max_bytes:
             raise WireError(ErrorCode.PAYLOAD_TOO_LARGE,
-                            f"the referenced payload is {len(data)} bytes; the limit is {self.max_bytes}", field)
+                            f"the referenced payload is over the limit of {self.max_bytes} bytes", field)
         return data
 
-    def _from_redis(self, key: str, field: str) -> bytes:
-        import redis
-
+    def _from_redis(self, key: str, field: str, tenant: str) -> bytes:
+        prefix = claim_prefix(tenant)
+        if not key.startswith(prefix) or len(key) == len(prefix):
+            raise WireError(ErrorCode.INVALID_REQUEST, UNKNOWN, field)
         if self._redis is None:
-            self._redis = redis.Redis.from_url(self.redis_url, socket_timeout=self.timeout_s,
-                                               socket_connect_timeout=self.timeout_s)
+            self._redis = connect(self.redis_url, self.tls_ca, socket_timeout=self.timeout_s,
+                                  socket_connect_timeout=self.timeout_s)
         try:
-            data = self._redis.get(key)
+            data = self._redis.getrange(key, 0, self.max_bytes)  # at most max_bytes + 1: enough to refuse
+        except redis.ResponseError:  # not a string (WRONGTYPE): as good as absent
+            raise WireError(ErrorCode.INVALID_REQUEST, UNKNOWN, field) from None
         except redis.RedisError as exc:
             raise WireError(ErrorCode.INTERNAL, f"could not read the claim check from Redis ({exc.__class__.__name__})",
                             field, retry_after_ms=1000) from None
-        if data is None:
-            raise WireError(ErrorCode.INVALID_REQUEST, "the claim check is unknown or expired: send the payload again",
-                            field)
+        if not data:  # GETRANGE of a missing key is empty; an empty claim check is no payload either
+            raise WireError(ErrorCode.INVALID_REQUEST, UNKNOWN, field)
         return bytes(data)
 
-    def _from_file(self, path: str, field: str) -> bytes:
+    def _from_file(self, path: str, field: str, tenant: str) -> bytes:
         if self.file_root is None:
             raise WireError(ErrorCode.INVALID_REQUEST, "file refs are not allowed by this deployment", field)
-        target = Path(path).resolve()
-        if not target.is_relative_to(self.file_root):
-            raise WireError(ErrorCode.INVALID_REQUEST, f"file refs must be under {self.file_root}", field)
+        root = self.file_root / tenant
         try:
-            size = target.stat().st_size
-            if size > self.max_bytes:
+            target = Path(path).resolve()
+            if not target.is_relative_to(root.resolve()) or not target.is_file():
+                raise WireError(ErrorCode.INVALID_REQUEST, NO_FILE, field)
+            if target.stat().st_size > self.max_bytes:
                 raise WireError(ErrorCode.PAYLOAD_TOO_LARGE,
-                                f"the referenced file is {size} bytes; the limit is {self.max_bytes}", field)
-            return target.read_bytes()
-        except OSError as exc:
-            raise WireError(ErrorCode.INVALID_REQUEST, f"the referenced file cannot be read ({exc.strerror})",
-                            field) from None
+                                f"the referenced file is over the limit of {self.max_bytes} bytes", field)
+            with target.open("rb") as f:
+                return f.read(self.max_bytes + 1)
+        except (OSError, ValueError, RuntimeError):  # unreadable, a NUL in the path, a symlink loop
+            raise WireError(ErrorCode.INVALID_REQUEST, NO_FILE, field) from None
 
 
 def with_claims(run_batch: Callable[[list[EncodeJob]], list[Any]], resolver: ClaimResolver
@@ -85,7 +110,7 @@ def with_claims(run_batch: Callable[[list[EncodeJob]], list[Any]], resolver: Cla
                 ready.append(job)
                 continue
             try:
-                data = resolver.fetch(job.ref, f"parts.{job.part}.ref")
+                data = resolver.fetch(job.ref, f"parts.{job.part}.ref", job.tenant)
             except WireError as err:
                 slots.append(err)
                 continue

@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from schemas.errors import ErrorCode, WireError
@@ -79,7 +80,8 @@ class EncoderFront:
                 if job.ref is not None:  # a claim check: its bytes, fetched here (never on the engine's time)
                     if self.resolver is None:
                         raise refs_not_served(job)
-                    job = dataclasses.replace(job, data=self.resolver.fetch(job.ref, f"parts.{job.part}.ref"), ref=None)
+                    data = self.resolver.fetch(job.ref, f"parts.{job.part}.ref", job.tenant)
+                    job = dataclasses.replace(job, data=data, ref=None)
                 elif job.data is None and job.text is None:
                     raise refs_not_served(job)
                 item = self.runner.prepare(job)
@@ -135,12 +137,9 @@ def refs_not_served(job: EncodeJob) -> WireError:
 
 
 def claim_resolver(settings: Settings) -> Any:
-    from pathlib import Path
-
-
     lim = settings.limits
     return ClaimResolver(settings.redis.url, Path(lim.ref_file_root) if lim.ref_file_root else None,
-                         lim.max_ref_bytes)
+                         lim.max_ref_bytes, tls_ca=settings.redis.tls_ca)
 
 
 def load_engine(settings: Settings, metrics: Observer, model: str, stage: str, engine_cls: Any = None,
@@ -175,7 +174,7 @@ def cache_front(settings: Settings, metrics: Observer, modality: str, config: An
         return None, None
     c = settings.cache
     cache = EncoderCache(settings.redis.url, ttl_s, c.timeout_ms / 1000.0,
-                         CircuitBreaker(c.breaker_failures, c.breaker_cooldown_s))
+                         CircuitBreaker(c.breaker_failures, c.breaker_cooldown_s), tls_ca=settings.redis.tls_ca)
 
     def key_of(job: EncodeJob, content: bytes) -> str:
         return cache_key(modality=modality, digest=content_digest(content), model=config.name, version=config.version,

@@ -52,9 +52,12 @@ class PrefixCache:
         self._bytes = 0
         self._hits = self._misses = self._evictions = 0
 
-    def block_hashes(self, tokens: Sequence[int]) -> list[bytes]:
-        """Keys of the full blocks of ``tokens``, in order (a trailing partial block has none)."""
-        keys, parent = [], self._root
+    def block_hashes(self, tokens: Sequence[int], scope: str = "") -> list[bytes]:
+        """Keys of the full blocks of ``tokens``, in order (a trailing partial block has none).
+        ``scope`` (a tenant) is mixed in like the namespace: prompts of different scopes
+        never share a block, so no tenant learns from a hit what another one sent."""
+        keys = []
+        parent = self._root if not scope else hashlib.blake2b(self._root + scope.encode(), digest_size=16).digest()
         n = len(tokens) - len(tokens) % self.block_tokens
         for start in range(0, n, self.block_tokens):
             block = np.asarray(tokens[start:start + self.block_tokens], dtype=np.int64).tobytes()

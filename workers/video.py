@@ -1,7 +1,8 @@
 """Video parts: decode, sample frames, and fan them out as frame chunks to the image pool.
 
 The video stage does no model work of its own. It decodes a clip (PyAV, off the event
-loop), samples up to ``max_frames`` frames at ``fps``, and cuts them into chunks of
+loop; the container and codecs from an allow-list, opened without FFmpeg's probing:
+``workers.media``), samples up to ``max_frames`` frames at ``fps``, and cuts them into chunks of
 ``frames_per_chunk``. Each chunk becomes an encode job on the IMAGE topic (so N image
 replicas encode one video's chunks in parallel); a header part tells the assembler how
 many chunk results to pool into the video's embedding (streams/pooling.py).
@@ -22,6 +23,7 @@ from PIL import Image
 from schemas.errors import ErrorCode, WireError
 from workers.audio import SAMPLE_RATE, decode_stream
 from workers.image import decode_image
+from workers.media import VIDEO_CODECS, VIDEO_CONTAINERS, check_audio_stream, check_codec, open_container
 
 FRAMES_MIME = "video/x-mm-jpeg-frames"
 """A frame chunk on the image pool's topic: a MessagePack list of JPEG frames (256x256, quality
@@ -41,30 +43,46 @@ class SampledVideo:
     has_audio: bool
 
 
-def decode_video(data: bytes, max_seconds: float, max_frames: int, fps: float) -> SampledVideo:
-    """Sample frames of an MP4/WebM/... clip at ``fps`` (at most ``max_frames``).
+MAX_FPS = 240
+"""Decoded frames per second of clip past which a video is refused (frames are decoded to
+find the sampled ones, so this bounds the work one clip can ask for)."""
 
-    Raises ``WireError``: ``payload_too_large`` past ``max_seconds``, ``unsupported_media``
-    for bytes PyAV cannot read as a video.
+
+def decode_video(data: bytes, max_seconds: float, max_frames: int, fps: float,
+                 max_pixels: int = 25_000_000) -> SampledVideo:
+    """Sample frames of an MP4/MOV, Matroska/WebM or AVI clip at ``fps`` (at most ``max_frames``).
+
+    Before a frame is decoded: the container and the video codec must be on the allow-lists
+    of ``workers.media``, the frame size (from the header) at most ``max_pixels``, the stated
+    duration at most ``max_seconds``. While decoding: each frame's size again, its time, and
+    at most ``MAX_FPS`` frames per second of the limit.
+
+    Raises ``WireError``: ``payload_too_large`` past a bound, ``unsupported_media`` for bytes
+    that are not an allowed video or do not decode.
     """
     import av
 
-    try:
-        container = av.open(io.BytesIO(data), mode="r")
-    except (av.error.FFmpegError, ValueError) as exc:
-        raise WireError(ErrorCode.UNSUPPORTED_MEDIA, f"not a readable video ({exc.__class__.__name__})") from None
+    container = open_container(data, VIDEO_CONTAINERS, "video")
     with container:
         if not container.streams.video:
             raise WireError(ErrorCode.UNSUPPORTED_MEDIA, "the file has no video stream")
         stream = container.streams.video[0]
+        check_codec(stream, VIDEO_CODECS, "video")
+        _check_pixels(stream.codec_context.width, stream.codec_context.height, max_pixels)
         duration = _duration_s(container, stream)
         if duration is not None and duration > max_seconds:
             raise WireError(ErrorCode.PAYLOAD_TOO_LARGE,
                             f"video is {duration:.1f} s long; the limit is {max_seconds:.0f} s")
+        max_decoded = max(max_frames, int(max_seconds * MAX_FPS))
         frames: list[np.ndarray] = []
-        next_t, last_t = 0.0, 0.0
+        next_t, last_t, decoded = 0.0, 0.0, 0
         try:
             for frame in container.decode(stream):
+                decoded += 1
+                if decoded > max_decoded:
+                    raise WireError(ErrorCode.PAYLOAD_TOO_LARGE,
+                                    f"video has more than {max_decoded} frames in its first {max_seconds:.0f} s")
+                _check_pixels(frame.width, frame.height, max_pixels)
                 t = float(frame.time) if frame.time is not None else last_t
                 last_t = t
                 if t > max_seconds:
@@ -74,13 +92,24 @@ def decode_video(data: bytes, max_seconds: float, max_frames: int, fps: float) -
                     next_t = t + 1.0 / fps
                     if len(frames) >= max_frames:
                         break
-        except av.error.FFmpegError as exc:
+        except WireError:
+            raise
+        except MemoryError:
+            raise
+        except (av.error.FFmpegError, ValueError, OSError) as exc:
             if not frames:
-                raise WireError(ErrorCode.UNSUPPORTED_MEDIA, f"the video stream does not decode ({exc})") from None
+                raise WireError(ErrorCode.UNSUPPORTED_MEDIA,
+                                f"the video stream does not decode ({exc.__class__.__name__})") from None
         if not frames:
             raise WireError(ErrorCode.UNSUPPORTED_MEDIA, "the video has no decodable frame")
         return SampledVideo(np.stack(frames), duration if duration is not None else last_t,
                             bool(container.streams.audio))
+
+
+def _check_pixels(width: int | None, height: int | None, max_pixels: int) -> None:
+    if (width or 0) * (height or 0) > max_pixels:
+        raise WireError(ErrorCode.PAYLOAD_TOO_LARGE,
+                        f"video frames of {width}x{height} exceed the limit of {max_pixels} pixels")
 
 
 def _duration_s(container, stream) -> float | None:
@@ -145,13 +174,13 @@ def extract_audio_wav(data: bytes, max_seconds: float) -> bytes | None:
 
     import av
 
-
     try:
-        with av.open(io.BytesIO(data), mode="r") as container:
+        with open_container(data, VIDEO_CONTAINERS, "video") as container:
             if not container.streams.audio:
                 return None
+            check_audio_stream(container.streams.audio[0])
             samples = decode_stream(container, int(max_seconds * SAMPLE_RATE))
-    except (av.error.FFmpegError, ValueError) as exc:
+    except (av.error.FFmpegError, ValueError, OSError) as exc:
         raise WireError(ErrorCode.UNSUPPORTED_MEDIA, f"the audio track does not decode ({exc.__class__.__name__})") from None
     pcm = (np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
     out = io.BytesIO()

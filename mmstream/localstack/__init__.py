@@ -65,5 +65,5 @@ def _kafka(settings: Settings, repo_root: Path) -> LocalKafka:
 
 
 def _redis(settings: Settings, repo_root: Path) -> LocalRedis:
-    return LocalRedis(settings.local, settings.redis.url,
-                      template=repo_root / "infra" / "redis" / "redis.conf")
+    return LocalRedis(settings.local, settings.redis.url, template=repo_root / "infra" / "redis" / "redis.conf",
+                      client_url=settings.redis.client_url, tls_ca=settings.redis.tls_ca)

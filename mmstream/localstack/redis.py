@@ -3,11 +3,20 @@
 Configured from infra/redis/redis.conf (loopback only, a memory cap with LRU eviction, no
 persistence). Its state lives under ``<state_dir>/redis``: ``redis.json`` (pid file),
 ``redis.conf`` (the filled template) and ``redis.log``.
+
+Secured when the URLs say so: a password in the workers' or the clients' URL turns on ACL
+users (``users.acl``, from ``mmstream.localstack.redis_acl``; the default user off), plus
+``mmadmin`` for this module's own management (its password in ``admin.secret``, mode 0600);
+``add_client_user`` adds one tenant's claim-check user. A ``rediss://`` URL makes the server
+listen with TLS only, on a certificate signed by a CA generated under ``tls/`` (clients
+trust ``tls/ca.crt``: point ``MMSTREAM_REDIS_TLS_CA`` at it). No password is printed or
+logged; a status never shows the URL's password.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import time
 from dataclasses import dataclass
@@ -17,9 +26,11 @@ from urllib.parse import urlsplit
 
 import redis
 
-from mmstream.localstack import procs
+from mmstream.localstack import procs, redis_acl
 from mmstream.localstack.procs import LocalStackError
-from schemas.settings import LocalSettings
+from schemas.request import TENANT_RE, claim_prefix
+from schemas.settings import LocalSettings, redact
+from workers.redisconn import connect
 
 _TEMPLATE = Path(__file__).resolve().parents[2] / "infra" / "redis" / "redis.conf"
 _HINT = "Redis is needed for the local cache: sudo apt-get install redis-server"
@@ -31,7 +42,7 @@ class RedisStatus:
 
     running: bool  # a server answers on the URL's port (or, if ours, its process lives)
     pid: int | None  # our server's pid; None when not running or external
-    url: str
+    url: str  # its password masked
     healthy: bool  # answered PING just now
     external: bool  # a server we did not start (never stopped by us)
     used_memory_bytes: int | None
@@ -47,12 +58,14 @@ class LocalRedis:
     """
 
     def __init__(self, local: LocalSettings, url: str, template: Path = _TEMPLATE,
-                 probe_timeout_s: float = 2.0) -> None:
+                 probe_timeout_s: float = 2.0, client_url: str = "", tls_ca: str = "") -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("redis", "rediss") or not parts.hostname:
-            raise LocalStackError(f"Redis URL {url!r} is not redis://host:port/db.")
+            raise LocalStackError(f"Redis URL {redact(url)!r} is not redis://host:port/db.")
         self.local = local
         self.url = url
+        self.client_url = client_url
+        self.tls = parts.scheme == "rediss"
         self.host = parts.hostname
         self.port = parts.port or 6379
         self.template = template
@@ -60,7 +73,15 @@ class LocalRedis:
         self.pid_file = self.root / "redis.json"
         self.conf = self.root / "redis.conf"
         self.log_file = self.root / "redis.log"
+        self.acl_file = self.root / "users.acl"
+        self.admin_secret = self.root / "admin.secret"
+        self.tls_dir = self.root / "tls"
+        self.tls_ca = tls_ca or str(self.tls_dir / "ca.crt")
         self.probe_timeout_s = probe_timeout_s
+        try:
+            self.secured = bool(redis_acl.users(url, client_url))
+        except ValueError as exc:
+            raise LocalStackError(f"Redis users: {exc}") from None
 
     def ensure_installed(self) -> str:
         """The path of redis-server, installed with apt-get when missing and we are root.
@@ -119,7 +140,7 @@ class LocalRedis:
         return RedisStatus(
             running=ours or healthy,
             pid=record.pid if ours and record else None,
-            url=self.url,
+            url=redact(self.url),
             healthy=healthy,
             external=healthy and not ours,
             used_memory_bytes=memory.get("used_memory"),
@@ -142,9 +163,20 @@ class LocalRedis:
 
     def _launch(self, server: str) -> procs.PidRecord:
         self.root.mkdir(parents=True, exist_ok=True)
+        security: list[str] = []
+        if self.secured:
+            entries = redis_acl.users(self.url, self.client_url, self._admin_password())
+            kept = self._extra_users()
+            _write_private(self.acl_file, redis_acl.acl_file(entries, kept))
+            security.append(f'aclfile "{self.acl_file}"')
+        if self.tls:
+            self._ensure_certificate()
+            security += [f"tls-port {self.port}", f'tls-cert-file "{self.tls_dir / "server.crt"}"',
+                         f'tls-key-file "{self.tls_dir / "server.key"}"', f'tls-ca-cert-file "{self.tls_dir / "ca.crt"}"',
+                         "tls-auth-clients no"]
         self.conf.write_text(Template(self.template.read_text()).substitute(
-            host=self.host, port=self.port, dir=self.root, logfile=self.log_file,
-            maxmemory_mb=self.local.redis_maxmemory_mb))
+            host=self.host, port=0 if self.tls else self.port, dir=self.root, logfile=self.log_file,
+            maxmemory_mb=self.local.redis_maxmemory_mb, security="\n".join(security)))
         self.log_file.write_bytes(b"")  # so a failure's tail shows this run, not the last
         pid = procs.start_detached([server, str(self.conf)], self.log_file, cwd=self.root)
         return procs.write_pid_file(self.pid_file, pid, url=self.url)
@@ -162,8 +194,70 @@ class LocalRedis:
             time.sleep(0.05)
 
     def _client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.url, socket_connect_timeout=self.probe_timeout_s,
-                                    socket_timeout=self.probe_timeout_s)
+        return connect(self.url, self.tls_ca if self.tls else None, socket_connect_timeout=self.probe_timeout_s,
+                       socket_timeout=self.probe_timeout_s)
+
+    # -- users and certificates -------------------------------------------------------------
+
+    def add_client_user(self, name: str, password: str, tenant: str) -> None:
+        """Give tenant ``tenant`` a Redis user ``name`` that may only SET and GET its own
+        claim checks (``mm:claim:<tenant>:*``), on the running server and in ``users.acl``
+        (kept across restarts of this server). What `mmstream tenant add` calls when the
+        local Redis is secured. Raises LocalStackError when it is not secured or not ours."""
+        if not self.secured:
+            raise LocalStackError("the local Redis has no users: put a password in MMSTREAM_REDIS_URL first")
+        if not TENANT_RE.fullmatch(tenant):
+            raise LocalStackError(f"{tenant!r} is not a tenant name")
+        user = redis_acl.AclUser(name, password, redis_acl.client_rule(claim_prefix(tenant)))
+        lines = [ln for ln in self._extra_users() if not ln.startswith(f"user {name} ")] + [user.line()]
+        self.root.mkdir(parents=True, exist_ok=True)
+        _write_private(self.root / "tenants.acl", "\n".join(lines) + "\n")
+        entries = redis_acl.users(self.url, self.client_url, self._admin_password())
+        _write_private(self.acl_file, redis_acl.acl_file(entries, lines))
+        admin = connect(self._admin_url(), self.tls_ca if self.tls else None, socket_timeout=self.probe_timeout_s,
+                        socket_connect_timeout=self.probe_timeout_s)
+        try:
+            admin.execute_command("ACL", "LOAD")
+        except (redis.RedisError, OSError) as exc:
+            raise LocalStackError(f"could not reload the Redis users ({exc.__class__.__name__})") from None
+        finally:
+            admin.close()
+
+    def _extra_users(self) -> list[str]:
+        path = self.root / "tenants.acl"
+        return [ln for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
+
+    def _admin_password(self) -> str:
+        if not self.admin_secret.exists():
+            self.root.mkdir(parents=True, exist_ok=True)
+            _write_private(self.admin_secret, secrets.token_urlsafe(24))
+        return self.admin_secret.read_text().strip()
+
+    def _admin_url(self) -> str:
+        scheme = "rediss" if self.tls else "redis"
+        return f"{scheme}://mmadmin:{self._admin_password()}@{self.host}:{self.port}/0"
+
+    def _ensure_certificate(self) -> None:
+        """A CA and a server certificate for ``host`` under ``tls/`` (made once, with openssl)."""
+        d = self.tls_dir
+        if (d / "server.crt").exists() and (d / "server.key").exists() and (d / "ca.crt").exists():
+            return
+        d.mkdir(parents=True, exist_ok=True)
+        openssl = procs.require_tool("openssl", "openssl makes the local TLS certificates: apt-get install openssl")
+        san = f"IP:{self.host}" if self.host.replace(".", "").isdigit() else f"DNS:{self.host}"
+        (d / "san.ext").write_text(f"subjectAltName={san},DNS:localhost,IP:127.0.0.1\n")
+        steps = [
+            [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "825", "-subj", "/CN=mmstream local CA",
+             "-keyout", str(d / "ca.key"), "-out", str(d / "ca.crt")],
+            [openssl, "req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={self.host}",
+             "-keyout", str(d / "server.key"), "-out", str(d / "server.csr")],
+            [openssl, "x509", "-req", "-in", str(d / "server.csr"), "-CA", str(d / "ca.crt"), "-CAkey", str(d / "ca.key"),
+             "-CAcreateserial", "-days", "825", "-extfile", str(d / "san.ext"), "-out", str(d / "server.crt")],
+        ]
+        for argv in steps:
+            procs.run_tool(argv, "Making the local Redis TLS certificate", timeout_s=60)
+        for key in ("ca.key", "server.key"):
+            os.chmod(d / key, 0o600)
 
     def _ping(self) -> bool:
         return self._memory_info() is not None
@@ -180,3 +274,11 @@ class LocalRedis:
             return None
         finally:
             client.close()
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` readable by this user only (it holds password hashes or a secret)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o600)

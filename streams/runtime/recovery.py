@@ -1,9 +1,9 @@
 """Taking over partitions of a stage that answers clients, without answering anything twice.
 
 Such a stage (the assembler, the generator) writes a *done marker* — a small record keyed by
-request id on its own compacted topic, partitioned like its input — with every answer, and
-finishes a request's input records only when both are with the broker. A replica that takes
-over a partition calls ``recover`` before reading it:
+the request (``<tenant>/<id>``) on its own compacted topic, partitioned like its input — with
+every answer, and finishes a request's input records only when both are with the broker. A
+replica that takes over a partition calls ``recover`` before reading it:
 
 1. the done markers of the partition (younger than ``retention_ms``): requests answered, so
    a replayed or late duplicate record of theirs is dropped;
@@ -30,20 +30,27 @@ from streams.runtime.replies import BrokerReader
 
 log = logging.getLogger(__name__)
 
-# record -> (request id, reply topic) when the record opens a request, else None
-Opens = Callable[[ConsumerRecord], tuple[str, str] | None]
+# record -> (request key, reply topic, the request's key on its reply topic: its id) when
+# the record opens a request, else None
+Opens = Callable[[ConsumerRecord], tuple[str, str, str] | None]
 
 
-def done_marker(topic: str, rid: str, reply_to: str, at_ms: float) -> Out:
-    return Out(topic, rid.encode(), msgpack.packb({"r": reply_to, "t": at_ms}))
+def done_marker(topic: str, key: str, reply_to: str, at_ms: float, digest: str | None = None) -> Out:
+    """The done marker of request ``key``; ``digest`` names the ingress record answered."""
+    value: dict[str, Any] = {"r": reply_to, "t": at_ms}
+    if digest is not None:
+        value["d"] = digest
+    return Out(topic, key.encode(), msgpack.packb(value))
 
 
 @dataclass
 class Recovered:
     done: dict[TopicPartition, dict[str, float]] = field(default_factory=dict)
-    """Input partition -> request id -> when it was answered (epoch ms)."""
+    """Input partition -> request key -> when it was answered (epoch ms)."""
+    digests: dict[str, str] = field(default_factory=dict)
+    """Request key -> digest of the ingress record answered (markers that name one)."""
     sent: dict[str, set[tuple[str, int]]] = field(default_factory=dict)
-    """Request id -> (kind, seq) of its events already on its reply topic ("terminal" for
+    """Request key -> (kind, seq) of its events already on its reply topic ("terminal" for
     a result or error)."""
 
 
@@ -58,10 +65,13 @@ async def recover(consumer: AIOKafkaConsumer, bootstrap: str, client_kwargs: dic
         for tp in tps:
             done = out.done.setdefault(tp, {})
             for rec in markers.get(tp.partition, []):
-                at = _marker_time(rec.value)
-                if rec.key and at is not None and now_ms - at < retention_ms:
-                    done[rec.key.decode()] = at
+                marker = _marker(rec.value)
+                if rec.key and marker is not None and now_ms - marker[0] < retention_ms:
+                    done[rec.key.decode()] = marker[0]
+                    if marker[1] is not None:
+                        out.digests[rec.key.decode()] = marker[1]
         wanted: list[tuple[str, bytes, float]] = []
+        owners: dict[tuple[str, bytes], set[str]] = {}
         for tp in tps:
             committed = await consumer.committed(tp)
             if committed is None:  # nothing committed yet: the replay starts at the beginning
@@ -70,23 +80,29 @@ async def recover(consumer: AIOKafkaConsumer, bootstrap: str, client_kwargs: dic
             for rec in await reader.read_range(tp, committed, end):
                 opened = _safe(opens, rec)
                 if opened is not None and opened[0] not in out.done[tp]:
-                    wanted.append((opened[1], opened[0].encode(), float(rec.timestamp)))
-        for key, marks in (await reader.events_on_replies(wanted)).items():
-            out.sent[key.decode()] = marks
+                    key, reply_to, reply_key = opened
+                    wanted.append((reply_to, reply_key.encode(), float(rec.timestamp)))
+                    owners.setdefault((reply_to, reply_key.encode()), set()).add(key)
+        for (topic, reply_key), marks in (await reader.events_on_replies(wanted)).items():
+            for key in owners.get((topic, reply_key), ()):
+                out.sent.setdefault(key, set()).update(marks)
     if wanted:
         log.info("%s: %d requests to replay, %d with events already sent", done_topic, len(wanted), len(out.sent))
     return out
 
 
-def _safe(opens: Opens, rec: ConsumerRecord) -> tuple[str, str] | None:
+def _safe(opens: Opens, rec: ConsumerRecord) -> tuple[str, str, str] | None:
     try:
         return opens(rec)
     except Exception:  # an undecodable record opens nothing; the stage dead-letters it on replay
         return None
 
 
-def _marker_time(raw: bytes | None) -> float | None:
+def _marker(raw: bytes | None) -> tuple[float, str | None] | None:
+    """(when, digest or None) of a done marker's value; None when it is unreadable."""
     try:
-        return float(msgpack.unpackb(raw)["t"]) if raw else None
+        m = msgpack.unpackb(raw) if raw else None
+        digest = m.get("d")
+        return float(m["t"]), digest if isinstance(digest, str) else None
     except Exception:
         return None

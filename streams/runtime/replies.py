@@ -79,9 +79,11 @@ class BrokerReader:
         ordered = sorted(parts)
         return TopicPartition(topic, _partitioner(key, ordered, ordered))
 
-    async def events_on_replies(self, wanted: Iterable[tuple[str, bytes, float]]) -> dict[bytes, set[tuple[str, int]]]:
+    async def events_on_replies(self, wanted: Iterable[tuple[str, bytes, float]]
+                                ) -> dict[tuple[str, bytes], set[tuple[str, int]]]:
         """For (reply topic, request key, earliest ms it can have been answered) triples:
-        the (kind, seq) of every event of those keys now on their reply topics."""
+        the (kind, seq) of every event of those keys now on their reply topics, by (reply
+        topic, key) (the same id may be another tenant's request on another topic)."""
         by_tp: dict[TopicPartition, tuple[set[bytes], float]] = {}
         for topic, key, since in wanted:
             tp = await self.reply_partition(topic, key)
@@ -90,7 +92,7 @@ class BrokerReader:
             keys, earliest = by_tp.get(tp, (set(), since))
             keys.add(key)
             by_tp[tp] = (keys, min(earliest, since))
-        found: dict[bytes, set[tuple[str, int]]] = {}
+        found: dict[tuple[str, bytes], set[tuple[str, int]]] = {}
         for tp, (keys, since) in by_tp.items():
             self.consumer.assign([tp])
             start = (await self.consumer.offsets_for_times({tp: max(0, int(since - CLOCK_SKEW_MS))}))[tp]
@@ -102,5 +104,5 @@ class BrokerReader:
                     ev = Event.from_wire(unpack(r.value))
                 except (DecodeError, ValueError, TypeError):
                     continue
-                found.setdefault(r.key, set()).add(("terminal" if ev.terminal else str(ev.kind), ev.seq))
+                found.setdefault((tp.topic, r.key), set()).add(("terminal" if ev.terminal else str(ev.kind), ev.seq))
         return found

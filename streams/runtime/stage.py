@@ -120,7 +120,7 @@ class RecordStage(mode.Service):
     def dlq(self, r: ConsumerRecord, reason: str) -> Out:
         """The dead letter of input record ``r``: ``reason`` starts with a stable code."""
         return dead_letter(self.names.dlq, r.key, r.value, reason, headers=r.headers, source=_where(r),
-                           max_bytes=self.settings.kafka.max_message_bytes)
+                           max_bytes=self.settings.kafka.max_message_bytes, keep_payload=self.settings.dlq.keep_payload)
 
     def lane_of_topic(self, topic: str) -> str:
         """``rt`` or ``bulk``: the lane of one of this stage's input topics."""

@@ -1,15 +1,19 @@
 """The assembler stage: fan-in of each request's parts, and every client-visible event of an
 embed request — sent exactly once.
 
-It reads the encoded topics (keyed by request id, so one partition holds all of a request):
-manifests from the router, encoded parts from the encoders, and the router's verdicts (a
-rejection or a whole cached answer). ``streams.assembly.step`` is the pure state machine;
-this module keeps its state in memory and carries its decisions out:
+It reads the encoded topics (keyed ``<tenant>/<id>``, so one partition holds all of a
+request): manifests from the router, encoded parts from the encoders, and the router's
+verdicts (a rejection or a whole cached answer). ``streams.assembly.step`` is the pure state
+machine; this module keeps its state in memory, per request key (a tenant's id is its own:
+the same id from two tenants is two requests), and carries its decisions out:
 
 - a request's first manifest: its ``accepted`` event;
 - its last part (or its deadline, checked by a sweep in this process): its terminal event,
   or for a generate request the assembled job for the generator;
-- a verdict: its events.
+- a verdict: its events;
+- a manifest or verdict of another ingress record with the key of a request open or
+  recently answered (a reused id): an ``invalid_request`` error to its own reply topic.
+  The first request goes on untouched; nothing is swallowed.
 
 Exactly once, through crashes, without a state changelog: a request's input records are
 finished (so their offsets can be committed) only when its answer and its *done marker*
@@ -19,11 +23,13 @@ then the records it is about to replay, and looks on their reply topics for even
 sent (an answer whose marker had not landed when the last owner died); the replay then
 rebuilds the state of the requests still open and sends only what was never sent.
 
-Bounds: at most ``max_pending`` open requests (new manifests past it are answered
-``overloaded``), counted apart from the tombstones of answered ones; parts without a
-manifest (forged or stale: a request's manifest precedes its parts on the partition) are
-kept ``orphan_ttl_ms`` at most and ``max_orphans`` at most (the oldest are dropped first),
-never answered; finished requests are remembered ``retention_ms`` so late duplicates are
+Trust and bounds: a part counts only with its request's nonce (``streams.assembly``); parts
+that come before their manifest ("orphans": forged or stale, since a request's manifest
+precedes its parts on the partition) are held at most ``orphan_ttl_ms`` and at most
+``max_orphans`` requests' worth at a time (the oldest are dropped first), and never answered;
+the whole answer is cached only for a manifest with a nonce. At most ``max_pending`` open
+requests, counted apart from orphans and tombstones (new manifests past it are answered
+``overloaded``); finished requests are remembered ``retention_ms`` so late duplicates are
 dropped. Deadlines wait in a heap, so a sweep costs what expires, not what is open.
 """
 
@@ -43,10 +49,11 @@ from aiokafka.structs import ConsumerRecord
 from schemas.codec import DecodeError, unpack
 from schemas.errors import ErrorCode, WireError
 from schemas.events import Event, EventKind
-from schemas.jobs import DeadlineTick, Manifest, Verdict, fan_in_from_wire
+from schemas.jobs import DeadlineTick, EncodedPart, Manifest, Verdict, fan_in_from_wire, request_key
+from schemas.request import TENANT_RE
 from schemas.settings import Settings
 from schemas.trace import now_ms
-from streams.assembly import Assembly, AssemblyPolicy, Step, step
+from streams.assembly import Assembly, AssemblyPolicy, Step, reused_id, same_record, step
 from streams.lifecycle import RequestStatus
 from streams.metrics import Metrics, request_modality
 from streams.produce import Out, out_map
@@ -70,30 +77,45 @@ class Open:
 @dataclass
 class PartitionState:
     open: dict[str, Open] = field(default_factory=dict)
-    """Requests being assembled, orphans included."""
+    """Request key (``<tenant>/<id>``) -> its state, orphans included."""
     orphans: dict[str, float] = field(default_factory=dict)
-    """Ids in ``open`` without a manifest -> when first seen (insertion order is age order)."""
+    """Keys in ``open`` without a manifest -> when first seen (insertion order is age order)."""
     deadlines: list[tuple[float, str]] = field(default_factory=list)
-    """(deadline, id) of open requests, a min-heap; stale entries are skipped when popped."""
+    """(deadline, key) of open requests, a min-heap; stale entries are skipped when popped."""
     done: dict[str, float] = field(default_factory=dict)
-    """Answered request id -> when (epoch ms): late duplicates are dropped."""
+    """Answered request key -> when (epoch ms): late duplicates are dropped."""
+    digests: dict[str, str] = field(default_factory=dict)
+    """Answered request key -> the digest of the ingress record answered (when known)."""
     done_order: deque[tuple[float, str]] = field(default_factory=deque)
     sent: dict[str, set[tuple[str, int]]] = field(default_factory=dict)
     """Events a previous owner already sent for requests being replayed."""
 
-    def mark_done(self, rid: str, at: float) -> None:
-        self.done[rid] = at
-        self.done_order.append((at, rid))
-
-    def close(self, rid: str) -> Open | None:
-        """Stop tracking ``rid`` as open (answered, dropped or overtaken by a verdict)."""
-        self.orphans.pop(rid, None)
-        return self.open.pop(rid, None)
+    def close(self, key: str) -> Open | None:
+        """Stop tracking ``key`` as open (answered, dropped or overtaken by a verdict)."""
+        self.orphans.pop(key, None)
+        return self.open.pop(key, None)
 
     @property
     def pending(self) -> int:
         """Open requests that have their manifest (what ``max_pending`` bounds)."""
         return len(self.open) - len(self.orphans)
+
+    def mark_done(self, key: str, at: float, digest: str | None = None) -> None:
+        self.done[key] = at
+        if digest is not None:
+            self.digests[key] = digest
+        self.done_order.append((at, key))
+
+
+def fan_in_key(msg: Any) -> str | None:
+    """The request key a fan-in message belongs to; None for one that names no valid tenant
+    (no stage of the pipeline makes such a record)."""
+    tenant = getattr(msg, "tenant", None)
+    if tenant is None and isinstance(msg, (EncodedPart, DeadlineTick)):
+        tenant = "default"  # a part from an encoder older than tenant-scoped keys
+    if not isinstance(tenant, str) or not TENANT_RE.fullmatch(tenant):
+        return None
+    return request_key(tenant, msg.id)
 
 
 class AssemblerStage(RecordStage):
@@ -108,9 +130,9 @@ class AssemblerStage(RecordStage):
         self.max_pending = a.max_pending
         self.max_orphans = a.max_orphans
         self.sweep_s = a.sweep_interval_ms / 1000.0
-        self.partitions: dict[TopicPartition, PartitionState] = {}
         self.orphans_dropped = 0
-        self.results = (ResultCache(settings.redis.url, settings.cache.ttl_result_s)
+        self.partitions: dict[TopicPartition, PartitionState] = {}
+        self.results = (ResultCache(settings.redis.url, settings.cache.ttl_result_s, tls_ca=settings.redis.tls_ca)
                         if settings.cache.enabled and settings.cache.whole_result else None)
 
     # -- records -------------------------------------------------------------------------
@@ -124,94 +146,125 @@ class AssemblerStage(RecordStage):
                 continue
             try:
                 msg = fan_in_from_wire(unpack(r.value))
+                key = fan_in_key(msg)
+                if key is None:
+                    raise ValueError("the message names no valid tenant")
             except (DecodeError, ValueError, TypeError, RecursionError) as exc:
                 self.metrics.to_dlq(self.stage)
                 self.io.deliver([self.dlq(r, f"invalid_request: undecodable fan-in message: {exc}")], [r])
                 continue
-            self._apply(part, r, msg, now)
+            self._apply(part, r, msg, key, now)
 
-    def _apply(self, part: PartitionState, r: ConsumerRecord, msg: Any, now: float) -> None:
-        rid = msg.id
-        if rid in part.done or isinstance(msg, DeadlineTick):
-            self.io.finish([r])  # a late duplicate (or a tick from an older version): nothing to do
+    def _apply(self, part: PartitionState, r: ConsumerRecord, msg: Any, key: str, now: float) -> None:
+        if isinstance(msg, DeadlineTick):
+            self.io.finish([r])  # a tick from an older version: the sweep keeps the deadlines
+            return
+        if key in part.done:
+            if isinstance(msg, (Manifest, Verdict)) and not same_record(part.digests.get(key), msg.digest):
+                self._refuse(r, msg, now)  # another request with the id of one just answered
+            else:
+                self.io.finish([r])  # a late duplicate: nothing to do
             return
         if isinstance(msg, Verdict):
-            self._verdict(part, r, msg, now)
+            self._verdict(part, r, key, msg, now)
             return
-        entry = part.open.get(rid)
+        entry = part.open.get(key)
         opens = isinstance(msg, Manifest) and (entry is None or entry.state.manifest is None)
         if opens and self._open_count() >= self.max_pending:
-            self._overloaded(part, r, msg, now)
+            self._overloaded(part, r, key, msg, now)
             return
         if entry is None:
             if not isinstance(msg, Manifest) and self._orphan_count() >= self.max_orphans:
                 self._drop_oldest_orphan()
             entry = Open(Assembly(status=RequestStatus.ACCEPTED, first_seen_ms=now, lane=self.lane_of(r)))
-            part.open[rid] = entry
+            part.open[key] = entry
             if not isinstance(msg, Manifest):
-                part.orphans[rid] = now
+                part.orphans[key] = now
         result = step(entry.state, msg, now, self.policy, lane=self.lane_of(r))
-        if not result.changed:
-            self.io.finish([r])  # a duplicate part or manifest: the first one counts
+        if result.refused is not None:
+            if not entry.records and entry.state.manifest is None:
+                part.close(key)
+            self._refuse(r, msg, now, result.refused)
             return
+        if not result.changed:
+            if not entry.records and entry.state.manifest is None:
+                part.close(key)  # an orphan entry that never held anything
+            self.io.finish([r])  # a duplicate part or manifest, or a part that is not this request's
+            return
+        if opens and result.state is not None and result.state.manifest is not None:
+            part.orphans.pop(key, None)  # the parts it held are the request's now (or dropped by it)
+            heapq.heappush(part.deadlines, (result.state.manifest.deadline_at_ms, key))
         entry.records.append(r)
         entry.state = result.state
-        if opens and entry.state.manifest is not None:
-            part.orphans.pop(rid, None)
-            heapq.heappush(part.deadlines, (entry.state.manifest.deadline_at_ms, rid))
         if isinstance(msg, Manifest) and not entry.accepted_sent:
             entry.accepted_sent = True
             m = msg
             accepted = Event(m.id, EventKind.ACCEPTED, 0, m.accepted_at_ms,
                              payload={"task": m.task, "parts": m.n_parts, "deadline_at_ms": m.deadline_at_ms})
-            if ("accepted", 0) not in part.sent.get(rid, ()):
+            if ("accepted", 0) not in part.sent.get(key, ()):
                 self.io.deliver([out_map(m.reply_to, m.id, accepted.to_wire())])
         if result.emit is not None or result.forward is not None:
-            self._answer(part, rid, entry, result)
+            self._answer(part, key, entry, result)
 
-    def _answer(self, part: PartitionState, rid: str, entry: Open, result: Step) -> None:
+    def _answer(self, part: PartitionState, key: str, entry: Open, result: Step) -> None:
         state = result.state
         assert state is not None and state.manifest is not None
         m = state.manifest
         outs: list[Out] = []
         if result.forward is not None:  # a generate request goes on; the generator answers it
-            outs.append(out_map(self.names.generate(result.forward.lane), m.id, result.forward.to_wire()))
+            outs.append(out_map(self.names.generate(result.forward.lane), key, result.forward.to_wire()))
             self.metrics.request_done(self.stage, "ok")
         elif result.emit is not None:
-            if ("terminal", result.emit.seq) not in part.sent.get(rid, ()):
+            if ("terminal", result.emit.seq) not in part.sent.get(key, ()):
                 outs.append(out_map(m.reply_to, m.id, result.emit.to_wire()))
             _observe_terminal(self.metrics, result.emit, state)
-            if self.results is not None and m.result_key and state.status == RequestStatus.FINISHED:
-                asyncio.ensure_future(self.results.put(m.result_key, result.emit.payload or {}))  # complete answers only
-        outs.append(self._done_marker(rid, m.reply_to, state.done_at_ms or now_ms()))
+            if (self.results is not None and m.result_key and m.nonce is not None
+                    and state.status == RequestStatus.FINISHED):  # complete answers of the pipeline's own parts only
+                asyncio.ensure_future(self.results.put(m.result_key, result.emit.payload or {}))
+        outs.append(self._done_marker(key, m.reply_to, state.done_at_ms or now_ms(), m.digest))
         self.io.deliver(outs, entry.records)
-        part.close(rid)
-        part.sent.pop(rid, None)
-        part.mark_done(rid, state.done_at_ms or now_ms())
+        part.close(key)
+        part.sent.pop(key, None)
+        part.mark_done(key, state.done_at_ms or now_ms(), m.digest)
 
-    def _verdict(self, part: PartitionState, r: ConsumerRecord, v: Verdict, now: float) -> None:
-        sent = part.sent.pop(v.id, set())
+    def _verdict(self, part: PartitionState, r: ConsumerRecord, key: str, v: Verdict, now: float) -> None:
+        stray = part.open.get(key)
+        if stray is not None and stray.state.manifest is not None:
+            if same_record(stray.state.manifest.digest, v.digest):
+                self.io.finish([r])  # the router answered a replay of an accepted record: the first answer stands
+            else:
+                self._refuse(r, v, now)  # another request with the id of one still open
+            return
+        sent = part.sent.pop(key, set())
         outs = []
         for ev in v.events:
             mark = ("terminal", ev.get("seq")) if ev.get("kind") in ("result", "error") else (ev.get("kind"), ev.get("seq"))
             if mark not in sent:
                 outs.append(out_map(v.reply_to, v.id, ev))
-        outs.append(self._done_marker(v.id, v.reply_to, now))
+        outs.append(self._done_marker(key, v.reply_to, now, v.digest))
         self.io.deliver(outs, [r])
-        stray = part.close(v.id)  # parts of a request the router answered itself
-        if stray is not None:
+        if stray is not None:  # parts without a manifest under the key of a request the router answered itself
+            part.close(key)
             self.io.finish(stray.records)
-        part.mark_done(v.id, now)
+        part.mark_done(key, now, v.digest)
 
-    def _overloaded(self, part: PartitionState, r: ConsumerRecord, m: Manifest, now: float) -> None:
+    def _refuse(self, r: ConsumerRecord, msg: Manifest | Verdict, now: float, event: Event | None = None) -> None:
+        """Answer a request that reuses the id of another (open or just answered): its own
+        error, to its own reply topic; the other request is not touched."""
+        ev = event if event is not None else reused_id(msg, now)
+        self.io.deliver([out_map(msg.reply_to, msg.id, ev.to_wire())], [r])
+        self.metrics.request_done(self.stage, "error", str(ErrorCode.INVALID_REQUEST))
+
+    def _overloaded(self, part: PartitionState, r: ConsumerRecord, key: str, m: Manifest, now: float) -> None:
         err = WireError(ErrorCode.OVERLOADED, "the assembler is tracking its maximum of requests")
         ev = Event(m.id, EventKind.ERROR, 0, now, error=err.to_wire())
-        self.io.deliver([out_map(m.reply_to, m.id, ev.to_wire()), self._done_marker(m.id, m.reply_to, now)], [r])
-        part.mark_done(m.id, now)
+        self.io.deliver([out_map(m.reply_to, m.id, ev.to_wire()), self._done_marker(key, m.reply_to, now, m.digest)],
+                        [r])
+        part.mark_done(key, now, m.digest)
         self.metrics.request_done(self.stage, "error", str(ErrorCode.OVERLOADED))
 
-    def _done_marker(self, rid: str, reply_to: str, at: float) -> Out:
-        return done_marker(self.names.assembler_done, rid, reply_to, at)
+    def _done_marker(self, key: str, reply_to: str, at: float, digest: str | None) -> Out:
+        return done_marker(self.names.assembler_done, key, reply_to, at, digest)
 
     def _open_count(self) -> int:
         return sum(p.pending for p in self.partitions.values())
@@ -225,8 +278,8 @@ class AssemblerStage(RecordStage):
                      key=lambda p: next(iter(p.orphans.values())), default=None)
         if oldest is None:
             return
-        rid = next(iter(oldest.orphans))
-        entry = oldest.close(rid)
+        key = next(iter(oldest.orphans))
+        entry = oldest.close(key)
         if entry is not None:
             self.io.finish(entry.records)
         self.orphans_dropped += 1
@@ -250,25 +303,27 @@ class AssemblerStage(RecordStage):
         manifest) are finished unanswered: forged or stale, they never complete a request."""
         for part in list(self.partitions.values()):
             while part.orphans:
-                rid, seen = next(iter(part.orphans.items()))
+                key, seen = next(iter(part.orphans.items()))
                 if now - seen < self.policy.orphan_ttl_ms:
                     break
-                entry = part.close(rid)
+                entry = part.close(key)
                 if entry is not None:
                     self.io.finish(entry.records)
             while part.deadlines and part.deadlines[0][0] <= now:
-                _, rid = heapq.heappop(part.deadlines)
-                entry = part.open.get(rid)
+                _, key = heapq.heappop(part.deadlines)
+                entry = part.open.get(key)
                 if entry is None or entry.state.manifest is None:
                     continue  # answered already
-                result = step(entry.state, DeadlineTick(rid), now, self.policy, lane=entry.state.lane)
+                result = step(entry.state, DeadlineTick(entry.state.manifest.id), now, self.policy,
+                              lane=entry.state.lane)
                 if result.emit is not None or result.forward is not None:
                     entry.state = result.state
-                    self._answer(part, rid, entry, result)
+                    self._answer(part, key, entry, result)
             while part.done_order and now - part.done_order[0][0] >= self.policy.retention_ms:
-                at, rid = part.done_order.popleft()
-                if part.done.get(rid) == at:
-                    del part.done[rid]
+                at, key = part.done_order.popleft()
+                if part.done.get(key) == at:
+                    del part.done[key]
+                    part.digests.pop(key, None)
         self.metrics.set_inflight(self.stage, self._open_count())
         self.metrics.set_state(self.stage, open=self._open_count(), orphans=self._orphan_count(),
                                tombstones=sum(len(p.done) for p in self.partitions.values()))
@@ -289,9 +344,9 @@ class AssemblerStage(RecordStage):
             return
         for tp, done in found.done.items():
             part = self.partitions[tp]
-            for rid, at in sorted(done.items(), key=lambda kv: kv[1]):
-                part.mark_done(rid, at)
-            part.sent.update(found.sent)  # ids are unique to their partition; extra keys are harmless
+            for key, at in sorted(done.items(), key=lambda kv: kv[1]):
+                part.mark_done(key, at, found.digests.get(key))
+            part.sent.update(found.sent)  # keys are unique to their partition; extra keys are harmless
         log.info("assembler: took over %s in %.0f ms", sorted(f"{t.topic}[{t.partition}]" for t in tps),
                  now_ms() - started)
 
@@ -300,10 +355,13 @@ class AssemblerStage(RecordStage):
             self.partitions.pop(tp, None)  # the next owner replays what was open here
 
 
-def _opens(rec: ConsumerRecord) -> tuple[str, str] | None:
-    """(id, reply topic) of a record that opens a request the assembler answers."""
+def _opens(rec: ConsumerRecord) -> tuple[str, str, str] | None:
+    """(request key, reply topic, id) of a record that opens a request the assembler answers."""
     msg = fan_in_from_wire(unpack(rec.value))
-    return (msg.id, msg.reply_to) if isinstance(msg, (Manifest, Verdict)) else None
+    if not isinstance(msg, (Manifest, Verdict)):
+        return None
+    key = fan_in_key(msg)
+    return (key, msg.reply_to, msg.id) if key is not None else None
 
 
 def _where(r: ConsumerRecord) -> str:

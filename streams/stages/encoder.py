@@ -31,12 +31,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import faust
-import redis.asyncio
 from aiokafka.structs import ConsumerRecord
 
 from schemas.codec import DecodeError, unpack
 from schemas.errors import ErrorCode, WireError
-from schemas.jobs import EncodedPart, EncodeJob
+from schemas.jobs import EncodedPart, EncodeJob, request_key
 from schemas.settings import Settings
 from schemas.tensor import to_wire
 from schemas.trace import Span, now_ms
@@ -48,6 +47,7 @@ from streams.policies.cost_model import BatchCostModel, Observation
 from streams.produce import Out, out_map
 from streams.runtime.stage import RecordStage
 from workers.outputs import Encoded, EncoderRunner, Prepared
+from workers.redisconn import connect_async
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,8 @@ class EncoderStage(RecordStage):
         self.prep = ThreadPoolExecutor(1, thread_name_prefix=f"prep-{modality}")
         self.running_ms = 0.0
         self.replica = f"{self.stage}/{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self.redis = redis.asyncio.Redis.from_url(settings.redis.url, socket_timeout=0.2, socket_connect_timeout=0.2)
+        self.redis = connect_async(settings.redis.url, settings.redis.tls_ca, socket_timeout=0.2,
+                                   socket_connect_timeout=0.2)
 
     # -- intake --------------------------------------------------------------------------
 
@@ -249,16 +250,18 @@ class EncoderStage(RecordStage):
         out = result if isinstance(result, Encoded) else Encoded(result, {})
         part = EncodedPart(id=job.id, part=job.part, modality=self._modality(job), sent_at_ms=now_ms(),
                            embedding=to_wire(out.embedding, self.wire_dtype), extras=out.extras,
-                           trace=job.trace + ([span] if span else []), chunk=job.chunk, cache=out.cache)
-        return out_map(self.names.encoded(job.lane), job.id, part.to_wire())
+                           trace=job.trace + ([span] if span else []), chunk=job.chunk, cache=out.cache,
+                           tenant=job.tenant, nonce=job.nonce)
+        return out_map(self.names.encoded(job.lane), request_key(job.tenant, job.id), part.to_wire())
 
     def _failed(self, job: EncodeJob, err: WireError, span: list[Any] | None = None) -> Out:
         self.metrics.request_done(self.stage, "error", str(err.code))
         if err.field is None:  # say which part of the request it was
             err = WireError(err.code, err.message, f"parts.{job.part}", err.retry_after_ms)
         part = EncodedPart(id=job.id, part=job.part, modality=self._modality(job), sent_at_ms=now_ms(),
-                           error=err.to_wire(), trace=job.trace + ([span] if span else []), chunk=job.chunk)
-        return out_map(self.names.encoded(job.lane), job.id, part.to_wire())
+                           error=err.to_wire(), trace=job.trace + ([span] if span else []), chunk=job.chunk,
+                           tenant=job.tenant, nonce=job.nonce)
+        return out_map(self.names.encoded(job.lane), request_key(job.tenant, job.id), part.to_wire())
 
     # -- load reports --------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from aiokafka.structs import ConsumerRecord
 from schemas.codec import DecodeError, unpack
 from schemas.errors import ErrorCode, WireError
 from schemas.events import Event, EventKind
-from schemas.jobs import GenerateJob
+from schemas.jobs import GenerateJob, request_key
 from schemas.settings import Settings
 from schemas.trace import now_ms
 from streams.app import topic_names
@@ -108,6 +108,7 @@ class GeneratorStage(RecordStage):
         self.wake = asyncio.Event()
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="engine-lm")
         self.every = max(1, settings.generator.stream_every_tokens)
+        self.cross_tenant = settings.cache.cross_tenant
         self.max_active = settings.generator.max_queued
         self.done_retention_ms = float(settings.generator.done_retention_ms)
         self.stepping = False
@@ -129,9 +130,10 @@ class GeneratorStage(RecordStage):
             self.metrics.to_dlq(STAGE)
             self.io.deliver([self.dlq(r, f"invalid_request: undecodable generate job: {exc}")], [r])
             return
-        if job.id in self.active or job.id in self.done:  # a repeat of a job running or answered
-            if job.id in self.done:
-                self.sent.pop(job.id, None)
+        key = request_key(job.tenant, job.id)  # a tenant's id is its own: another tenant's is another job
+        if key in self.active or key in self.done:  # a repeat of a job running or answered
+            if key in self.done:
+                self.sent.pop(key, None)
             self.io.finish([r])
             return
         now = now_ms()
@@ -145,14 +147,19 @@ class GeneratorStage(RecordStage):
             sampling = SamplingParams(max_tokens=int(params.get("max_tokens", 64)),
                                       temperature=float(params.get("temperature", 0.0)),
                                       stop=tuple(params.get("stop") or ()))
-            seq = self.engine.new_sequence(job.id, ids, sampling)
+            seq = self.engine.new_sequence(key, ids, sampling, cache_scope=self.cache_scope(job))
         except (LMError, ValueError, TypeError) as exc:
             self._fail(job, r, WireError(ErrorCode.INVALID_REQUEST, str(exc)))
             return
-        self.active[job.id] = Active(job, r, seq, now, cached_tokens=seq.num_cached)
+        self.active[key] = Active(job, r, seq, now, cached_tokens=seq.num_cached)
         deadline = time.monotonic() + (job.deadline_at_ms - now) / 1000.0
-        self.scheduler.add(SequenceRequest(job.id, len(ids), sampling.max_tokens, job.lane, arrived_at=time.monotonic(),
+        self.scheduler.add(SequenceRequest(key, len(ids), sampling.max_tokens, job.lane, arrived_at=time.monotonic(),
                                            deadline=deadline, num_cached_tokens=seq.num_cached))
+
+    def cache_scope(self, job: GenerateJob) -> str:
+        """Whose prompt prefixes ``job`` may reuse: its tenant's only (a hit shows in the
+        result's cached tokens), unless the deployment shares caches across tenants."""
+        return "" if self.cross_tenant else job.tenant
 
     def _flow(self) -> None:
         """Bounded intake: stop fetching while ``max_queued`` jobs are held."""
@@ -222,7 +229,7 @@ class GeneratorStage(RecordStage):
             if delta and due:
                 ev = Event(a.job.id, EventKind.TOKEN, a.next_seq, now,
                            payload={"text": delta, "tokens": len(a.seq.generated)})
-                if ("token", a.next_seq) not in self.sent.get(a.job.id, ()):  # not sent before a takeover
+                if ("token", a.next_seq) not in self.sent.get(seq_id, ()):  # not sent before a takeover
                     outs.append(out_map(a.job.reply_to, a.job.id, ev.to_wire()))
                 a.next_seq += 1
                 a.sent_text = a.seq.text
@@ -273,21 +280,22 @@ class GeneratorStage(RecordStage):
 
     def _terminal(self, job: GenerateJob, record: ConsumerRecord, ev: Event) -> None:
         """The job's last event and its done marker; the job record is finished with them."""
-        outs = [] if ("terminal", ev.seq) in self.sent.pop(job.id, set()) else [out_map(job.reply_to, job.id, ev.to_wire())]
-        outs.append(done_marker(self.names.generator_done, job.id, job.reply_to, now_ms()))
+        key = request_key(job.tenant, job.id)
+        outs = [] if ("terminal", ev.seq) in self.sent.pop(key, set()) else [out_map(job.reply_to, job.id, ev.to_wire())]
+        outs.append(done_marker(self.names.generator_done, key, job.reply_to, now_ms()))
         self.io.deliver(outs, [record])
         now = now_ms()
-        self.done[job.id] = now
+        self.done[key] = now
         self._prune_done(now)
 
     def _prune_done(self, now: float) -> None:
         """Forget generations finished over ``done_retention_ms`` ago (oldest first)."""
         cutoff = now - self.done_retention_ms
         while self.done:
-            rid, at = next(iter(self.done.items()))
+            key, at = next(iter(self.done.items()))
             if at >= cutoff:
                 break
-            del self.done[rid]
+            del self.done[key]
 
     def on_failed_output(self, out: Out, exc: BaseException) -> Out | None:
         """An event the reply topic refuses (too large for it, topic gone): the client gets a
@@ -341,9 +349,9 @@ class GeneratorStage(RecordStage):
         self.metrics.set_state(STAGE, active=len(self.active), done=len(self.done))
 
 
-def _opens(rec: ConsumerRecord) -> tuple[str, str] | None:
+def _opens(rec: ConsumerRecord) -> tuple[str, str, str] | None:
     job = GenerateJob.from_wire(unpack(rec.value))
-    return job.id, job.reply_to
+    return request_key(job.tenant, job.id), job.reply_to, job.id
 
 
 def install_generator(app: faust.App, settings: Settings, metrics: Metrics) -> None:

@@ -19,34 +19,42 @@ ingress, encode, encoded, generate, done and DLQ topics, changelogs) in any mode
 request only inside its own reply namespace (``<p>.results.<tenant>`` by default, or an
 existing ``<p>.results.<tenant>.*``). A refused ``reply_to`` is answered with an error on
 the default reply topic of whoever sent it.
+
+Every record the router sends for a request is keyed ``<tenant>/<id>`` (``request_key``),
+names the ingress record (``digest``: a replay of it is recognised downstream, another
+request reusing the id is refused) and carries a fresh ``nonce`` that the request's parts
+must carry back (``schemas.jobs``). Before admission, the tenant's quota
+(``streams.policies.quota``) may shed the request with ``overloaded``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import logging
+import secrets
 import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 import faust
-import redis.asyncio
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import ConsumerRecord
 
 from schemas.codec import CONTENT_TYPE_HEADER, JSON, DecodeError, header, unpack
 from schemas.errors import ErrorCode, WireError
 from schemas.events import Event, EventKind
-from schemas.jobs import Verdict
-from schemas.request import Limits, peek_reply, validate_request
-from schemas.settings import Settings
+from schemas.jobs import Verdict, request_key
+from schemas.request import TENANT_RE, Limits, peek_reply, validate_request
+from schemas.settings import Settings, parse_overrides
 from schemas.trace import now_ms
 from streams import costs
 from streams.load import LoadView
 from streams.metrics import Metrics
 from streams.policies.admission import AdmissionLimits, Admit, Backpressure, Reject, admit
 from streams.policies.partitioning import Partitioner
+from streams.policies.quota import QuotaLimits, Shed, TenantLabels, TenantQuotas
 from streams.produce import Out, dead_letter, out_map
 from streams.result_cache import ResultCache
 from streams.split import split_request
@@ -55,6 +63,7 @@ from streams.security import client_kwargs
 from streams.topics import TopicNames
 from workers import modalities
 from workers.cache_keys import content_digest, result_key
+from workers.redisconn import connect_async
 from workers.text import normalize
 
 log = logging.getLogger(__name__)
@@ -81,6 +90,8 @@ class Routed:
     service_ms: float = 0.0
     admission: str | None = None
     """``admit`` or ``reject`` when admission decided; None when it was off or not reached."""
+    shed: tuple[str, str] | None = None
+    """(tenant, reason) when the tenant's quota shed the request."""
 
 
 class Router:
@@ -88,7 +99,8 @@ class Router:
     reply-topic existence check, which is injected."""
 
     def __init__(self, settings: Settings, topic_exists: Callable[[str], Awaitable[bool]],
-                 load: LoadView | None = None, results: Any = None) -> None:
+                 load: LoadView | None = None, results: Any = None,
+                 nonce: Callable[[], str] = lambda: secrets.token_hex(12)) -> None:
         self.settings = settings
         self.topics = TopicNames(settings.kafka.topic_prefix)
         self.limits = limits_from(settings)
@@ -105,6 +117,12 @@ class Router:
         """modality -> model identity, as the encoders publish them (refreshed by the agent)."""
         a = settings.admission
         self.admission = AdmissionLimits(a.max_queued_ms_rt, a.max_queued_ms_bulk) if a.enabled else None
+        self.lane_limit_ms = {"rt": a.max_queued_ms_rt, "bulk": a.max_queued_ms_bulk}
+        q = settings.quota
+        self.quotas = TenantQuotas(QuotaLimits(
+            rate_per_s=q.rate_per_s, burst=q.burst, overrides=parse_overrides(q.overrides), fair_share=q.fair_share,
+            max_queued_ms=q.max_queued_ms, window_ms=float(q.window_ms), max_tenants=q.max_tenants))
+        self.nonce = nonce
 
     async def handle(self, raw: bytes, headers: Any, record_ts_ms: float | None, source: str,
                      tenant: str | None = None) -> Routed:
@@ -119,6 +137,7 @@ class Router:
         except DecodeError as exc:
             return Routed([self._dlq(raw, headers, source, f"undecodable: {exc}")], "dlq")
         from_json = (content_type or "").startswith(JSON) or (content_type is None and bytes(raw).lstrip()[:1] == b"{")
+        digest = record_digest(raw, record_ts_ms)
         try:
             req = validate_request(obj, self.limits, from_json=from_json, modalities=self.known_modalities)
             if str(req.task) not in self.served_tasks:
@@ -144,35 +163,47 @@ class Router:
                 reply_to = self._default_reply(tenant)
             event = Event(rid, EventKind.ERROR, 0, now_ms(), error=err.to_wire())
             who_tenant = tenant if tenant is not None else obj.get("tenant")
-            return Routed([self._verdict(rid, who_tenant, "rt", reply_to, [event])], "error", str(err.code))
+            return Routed([self._verdict(rid, who_tenant, "rt", reply_to, [event], digest)], "error", str(err.code))
         client_sent = record_ts_ms if record_ts_ms else started
+        shed = self._quota(req, started)
+        if shed is not None:
+            err = WireError(ErrorCode.OVERLOADED, shed.message, None, shed.retry_after_ms)
+            event = Event(req.id, EventKind.ERROR, 0, now_ms(), error=err.to_wire())
+            return Routed([self._verdict(req.id, req.tenant, str(req.lane), req.reply_to, [event], digest)], "error",
+                          str(err.code), lane=str(req.lane), admission="reject", shed=(req.tenant, shed.reason))
         decision = self._admit(req)
         if isinstance(decision, Reject):
+            if decision.code == ErrorCode.OVERLOADED:  # kept out: the others keep to their fair share
+                self.quotas.note_refused(req.tenant, started)
             err = WireError(decision.code, decision.message, None, decision.retry_after_ms)
             event = Event(req.id, EventKind.ERROR, 0, now_ms(), error=err.to_wire())
-            return Routed([self._verdict(req.id, req.tenant, str(req.lane), req.reply_to, [event])], "error",
+            return Routed([self._verdict(req.id, req.tenant, str(req.lane), req.reply_to, [event], digest)], "error",
                           str(err.code), lane=str(req.lane), admission="reject")
         key = self._result_key(req)
         if key is not None:
             stored = await self.results.get(key)
             if stored is not None:
-                return self._answer_from_cache(req, stored, client_sent, started)
+                return self._answer_from_cache(req, stored, client_sent, started, digest)
         plan = split_request(
             req, topics=self.topics, partitions=self.settings.kafka.partitions, partitioner=self.partitioner,
             result_key=key,
             cost_ms=self._part_cost, modality_topics=self.settings.router.modality_topics,
             served_modalities=self.served_modalities, client_sent_at_ms=client_sent,
             started_at_ms=started, now_ms=now_ms(), default_deadline_ms=self.settings.limits.default_deadline_ms,
+            nonce=self.nonce(), digest=digest,
         )
         m = plan.manifest
         encoded = self.topics.encoded(req.lane)
-        # The jobs first: the manifest (which makes the assembler send `accepted`) follows
-        # them into the same producer batch; encoders start on the parts at once.
-        outs = [out_map(encoded, req.id, m.to_wire())]
-        outs += [out_map(encoded, req.id, p.to_wire()) for p in plan.failed_parts]
+        rkey = request_key(req.tenant, req.id)
+        # The manifest first (the assembler sends `accepted` when it arrives), the jobs in
+        # the same producer batch; encoders start on the parts at once.
+        outs = [out_map(encoded, rkey, m.to_wire())]
+        outs += [out_map(encoded, rkey, p.to_wire()) for p in plan.failed_parts]
         outs += [out_map(j.topic, j.key, j.job.to_wire(), j.partition) for j in plan.jobs]
         for j, part in ((j, req.parts[j.job.part]) for j in plan.jobs):
             self.load.note_sent(j.topic, j.partition, self._part_cost(part), m.accepted_at_ms)
+        wait = decision.predicted_wait_ms if isinstance(decision, Admit) else 0.0
+        self.quotas.note_sent(req.tenant, sum(self._part_cost(req.parts[j.job.part]) for j in plan.jobs), started, wait)
         modalities = set(m.modalities)
         return Routed(outs, "ok", modality=modalities.pop() if len(modalities) == 1 else "mixed", lane=str(req.lane),
                       queued_ms=max(0.0, started - client_sent), service_ms=m.accepted_at_ms - started,
@@ -212,7 +243,8 @@ class Router:
         tenant = None if self.settings.cache.cross_tenant else req.tenant
         return result_key(tenant=tenant, task="embed", parts=parts, models=self.models)
 
-    def _answer_from_cache(self, req: Any, payload: dict[str, Any], client_sent: float, started: float) -> Routed:
+    def _answer_from_cache(self, req: Any, payload: dict[str, Any], client_sent: float, started: float,
+                           digest: str) -> Routed:
         now = now_ms()
         reply_to = req.reply_to or self.topics.results
         span = {"stage": "route", "queued_ms": round(max(0.0, started - client_sent), 3),
@@ -222,7 +254,7 @@ class Router:
                        timings={"e2e_ms": round(now - client_sent, 3), "stages": [span], "parts": []},
                        cache={"hits": len(req.parts), "misses": 0, "result": "hit"})
         modalities = {str(p.modality) for p in req.parts}
-        return Routed([self._verdict(req.id, req.tenant, str(req.lane), reply_to, [accepted, result])],
+        return Routed([self._verdict(req.id, req.tenant, str(req.lane), reply_to, [accepted, result], digest)],
                       "ok", modality=modalities.pop() if len(modalities) == 1 else "mixed", lane=str(req.lane),
                       queued_ms=span["queued_ms"], service_ms=span["service_ms"], admission="admit")
 
@@ -246,6 +278,12 @@ class Router:
         found = self._part_stage(part)
         return found[1] if found is not None else 0.0
 
+    def _quota(self, req: Any, now: float) -> Shed | None:
+        """The tenant's quota decision (None: within it, or no quota is set)."""
+        if not self.quotas.enabled:
+            return None
+        return self.quotas.check(req.tenant, lane_limit_ms=self.lane_limit_ms.get(str(req.lane), 0.0), now_ms=now)
+
     def _admit(self, req: Any) -> Admit | Reject | None:
         """The admission decision for a valid request (None when admission is off)."""
         if self.admission is None:
@@ -261,17 +299,31 @@ class Router:
         return admit(lane=str(req.lane), stages=stages, queued_ms=self.load.queued_ms(str(req.lane)), deadline_ms=deadline,
                      limits=self.admission)
 
-    def _verdict(self, rid: str, tenant: Any, lane: str, reply_to: str | None, events: list[Event]) -> Out:
+    def _verdict(self, rid: str, tenant: Any, lane: str, reply_to: str | None, events: list[Event],
+                 digest: str | None) -> Out:
         """The router's own answer, sent through the assembler (which sends each client
-        event exactly once), on the lane's encoded topic keyed like the request's parts."""
-        v = Verdict(id=rid, tenant=tenant if isinstance(tenant, str) else "default", lane=lane,
-                    reply_to=reply_to or self.topics.results, events=[e.to_wire() for e in events], sent_at_ms=now_ms())
-        return out_map(self.topics.encoded(lane if lane in ("rt", "bulk") else "rt"), rid, v.to_wire())
+        event exactly once), on the lane's encoded topic keyed like the request's parts. An
+        unreadable tenant (of a request that failed validation) is answered as ``default``."""
+        if not (isinstance(tenant, str) and len(tenant) <= self.limits.max_tenant_chars and TENANT_RE.fullmatch(tenant)):
+            tenant = "default"
+        v = Verdict(id=rid, tenant=tenant, lane=lane, reply_to=reply_to or self.topics.results,
+                    events=[e.to_wire() for e in events], sent_at_ms=now_ms(), digest=digest)
+        return out_map(self.topics.encoded(lane if lane in ("rt", "bulk") else "rt"), request_key(tenant, rid),
+                       v.to_wire())
 
     def _dlq(self, raw: bytes, headers: Any, source: str, reason: str) -> Out:
         log.warning("router: to DLQ from %s: %s", source, reason)
         return dead_letter(self.topics.dlq, None, raw, reason, headers=headers, source=source,
-                           max_bytes=self.settings.kafka.max_message_bytes)
+                           max_bytes=self.settings.kafka.max_message_bytes, keep_payload=self.settings.dlq.keep_payload)
+
+
+def record_digest(raw: bytes, record_ts_ms: float | None) -> str:
+    """Which ingress record this is: its bytes and its timestamp (the producer's, kept by a
+    retry of the same batch), hashed. The same request sent again is another record."""
+    h = hashlib.sha256(repr(record_ts_ms).encode())
+    h.update(b"\0")
+    h.update(bytes(raw))
+    return h.hexdigest()[:32]
 
 
 class TopicCache:
@@ -313,12 +365,14 @@ class RouterStage(RecordStage):
         self.metrics = metrics
         self.topic_cache = TopicCache(settings.kafka.bootstrap, settings.router.topic_cache_s, client_kwargs(settings))
         self.load = LoadView()
-        results = ResultCache(settings.redis.url, settings.cache.ttl_result_s) \
+        results = ResultCache(settings.redis.url, settings.cache.ttl_result_s, tls_ca=settings.redis.tls_ca) \
             if settings.cache.enabled and settings.cache.whole_result else None
         self.router = Router(settings, self.topic_cache.exists, self.load, results)
+        self.tenant_labels = TenantLabels(settings.quota.metric_tenants)
         adm = settings.admission
         self.backpressure = Backpressure(adm.backpressure_high_ms, adm.backpressure_low_ms)
-        self.redis = redis.asyncio.Redis.from_url(settings.redis.url, socket_timeout=0.2, socket_connect_timeout=0.2)
+        self.redis = connect_async(settings.redis.url, settings.redis.tls_ca, socket_timeout=0.2,
+                                   socket_connect_timeout=0.2)
 
     async def handle(self, records: list[ConsumerRecord]) -> None:
         routed = await asyncio.gather(*(self._route(r) for r in records))
@@ -348,6 +402,8 @@ class RouterStage(RecordStage):
             m.request_done("route", "dlq")
             return
         m.request_done("route", routed.outcome, routed.code)
+        if routed.shed is not None:
+            m.tenant_shed(self.tenant_labels(routed.shed[0]), routed.shed[1])
         if routed.admission:
             m.admission(routed.lane, routed.admission)
         if routed.outcome == "ok":

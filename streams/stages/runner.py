@@ -88,7 +88,7 @@ def run_stage(settings: Settings, stage: str, replica: int = 0, loglevel: str = 
     """Load the modality plugins, create the topics, build the stage, serve its metrics and
     run it until SIGTERM/SIGINT."""
     modalities.load_plugins(settings.modalities.plugins)
-    asyncio.run(ensure_topics(settings.kafka.bootstrap, topic_specs(settings.kafka), settings.kafka.replication_factor,
+    asyncio.run(ensure_topics(settings.kafka.bootstrap, topic_specs(settings.kafka, settings.dlq), settings.kafka.replication_factor,
                               client_kwargs(settings)))
     if stage == "lagmon":
 

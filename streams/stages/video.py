@@ -14,7 +14,7 @@ from aiokafka.structs import ConsumerRecord
 
 from schemas.codec import DecodeError, unpack
 from schemas.errors import ErrorCode, WireError
-from schemas.jobs import EncodedPart, EncodeJob
+from schemas.jobs import EncodedPart, EncodeJob, request_key
 from schemas.settings import Settings
 from schemas.trace import Span, now_ms
 from streams.app import topic_names
@@ -40,14 +40,15 @@ def plan_fanout(job: EncodeJob, settings: Settings, decode: Any = decode_video, 
         if data is None:
             if resolver is None:
                 raise WireError(ErrorCode.INVALID_REQUEST, "the part has no bytes")
-            data = resolver.fetch(job.ref or "", f"parts.{job.part}.ref")
-        video = decode(data, v.max_seconds, v.max_frames, v.fps)
+            data = resolver.fetch(job.ref or "", f"parts.{job.part}.ref", job.tenant)
+        video = decode(data, v.max_seconds, v.max_frames, v.fps, max_pixels=settings.limits.max_image_pixels)
     except WireError as err:
         span = Span(STAGE, job.sent_at_ms, started, now_ms()).to_wire()
         field = err.field or f"parts.{job.part}"
         failed = EncodedPart(id=job.id, part=job.part, modality="video", sent_at_ms=now_ms(), trace=[span],
-                             error=WireError(err.code, err.message, field, err.retry_after_ms).to_wire())
-        return [out_map(names.encoded(job.lane), job.id, failed.to_wire())]
+                             error=WireError(err.code, err.message, field, err.retry_after_ms).to_wire(),
+                             tenant=job.tenant, nonce=job.nonce)
+        return [out_map(names.encoded(job.lane), request_key(job.tenant, job.id), failed.to_wire())]
     chunks = chunk_frames(video.frames, v.frames_per_chunk)
     extras: dict[str, Any] = {"duration_s": round(video.duration_s, 3), "frames_sampled": len(video.frames),
                               "has_audio": video.has_audio, "fps": v.fps}
@@ -62,20 +63,21 @@ def plan_fanout(job: EncodeJob, settings: Settings, decode: Any = decode_video, 
     span = Span(STAGE, job.sent_at_ms, started, now_ms()).to_wire()
     sent = now_ms()
     header = EncodedPart(id=job.id, part=job.part, modality="video", sent_at_ms=sent,
-                         n_chunks=len(chunks) + (audio is not None), extras=extras, trace=[span])
-    outs = [out_map(names.encoded(job.lane), job.id, header.to_wire())]
+                         n_chunks=len(chunks) + (audio is not None), extras=extras, trace=[span],
+                         tenant=job.tenant, nonce=job.nonce)
+    outs = [out_map(names.encoded(job.lane), request_key(job.tenant, job.id), header.to_wire())]
     spread = spread_partitions(f"{job.id}:{job.part}", len(chunks), settings.kafka.partitions)
     for k, data in enumerate(chunks):
         chunk_job = EncodeJob(id=job.id, part=job.part, n_parts=job.n_parts, modality="image", lane=job.lane,
                               tenant=job.tenant, deadline_at_ms=job.deadline_at_ms, sent_at_ms=sent, data=data,
-                              mime=FRAMES_MIME, trace=[span], chunk=k)
+                              mime=FRAMES_MIME, trace=[span], chunk=k, nonce=job.nonce)
         topic = names.encode("image", job.lane)
         outs.append(out_map(topic, f"{job.id}:{job.part}:{k}", chunk_job.to_wire(), spread[k]))
     if audio is not None:  # the soundtrack goes to the audio pool as the last chunk
         k = len(chunks)
         track = EncodeJob(id=job.id, part=job.part, n_parts=job.n_parts, modality="audio", lane=job.lane,
                           tenant=job.tenant, deadline_at_ms=job.deadline_at_ms, sent_at_ms=sent, data=audio,
-                          mime="audio/wav", trace=[span], chunk=k)
+                          mime="audio/wav", trace=[span], chunk=k, nonce=job.nonce)
         outs.append(out_map(names.encode("audio", job.lane), f"{job.id}:{job.part}:{k}", track.to_wire()))
     return outs
 
@@ -112,8 +114,9 @@ class VideoStage(RecordStage):
         except Exception as exc:  # a bug must cost this part, not the stage
             log.exception("%s: failed on %s part %d", STAGE, job.id, job.part)
             err = WireError(ErrorCode.INTERNAL, f"video stage failed: {exc!r}", f"parts.{job.part}")
-            outs = [out_map(self.names.encoded(job.lane), job.id, EncodedPart(
-                id=job.id, part=job.part, modality="video", sent_at_ms=now_ms(), error=err.to_wire()).to_wire())]
+            outs = [out_map(self.names.encoded(job.lane), request_key(job.tenant, job.id), EncodedPart(
+                id=job.id, part=job.part, modality="video", sent_at_ms=now_ms(), error=err.to_wire(),
+                tenant=job.tenant, nonce=job.nonce).to_wire())]
         self.io.deliver(outs, [record])
         self.metrics.request_done(STAGE, "ok" if len(outs) > 1 else "error")
 

@@ -52,7 +52,7 @@ def start_pipeline(infra: Settings, replicas: dict[str, int], **extra_env: str) 
     env["MMSTREAM_LOCAL_METRICS_BASE_PORT"] = "0"  # never collide with a developer's `mmstream up`
     env.update(extra_env)
     settings = Settings.from_env(env)
-    asyncio.run(ensure_topics(settings.kafka.bootstrap, topic_specs(settings.kafka)))
+    asyncio.run(ensure_topics(settings.kafka.bootstrap, topic_specs(settings.kafka, settings.dlq)))
     sup = Supervisor(settings, env)
     sup.start(replicas)
     pipe = Pipeline(settings, env, sup)

@@ -22,7 +22,7 @@ async def test_big_parts_go_by_claim_check_and_bad_refs_fail_alone(pipeline):
         sub = await client.submit(Request(id=rid, parts=(
             Part(Modality.IMAGE, data=photo("chelsea"), mime="image/jpeg"),
             Part(Modality.VIDEO, data=video(["coffee", "chelsea"]), mime="video/mp4"),
-            Part(Modality.IMAGE, ref="redis:mm:claim:nobody:0", mime="image/jpeg"),
+            Part(Modality.IMAGE, ref="redis:mm:claim:default:nobody:0", mime="image/jpeg"),
             Part(Modality.IMAGE, ref="file:///etc/passwd", mime="image/jpeg"),
             Part(Modality.TEXT, text="small parts stay inline"))))
         event = await sub.result(timeout_s=120)
@@ -35,4 +35,4 @@ async def test_big_parts_go_by_claim_check_and_bad_refs_fail_alone(pipeline):
     assert forbidden["error"]["code"] == "invalid_request" and forbidden["error"]["field"] == "parts.3.ref"
     assert text["embedding"] is not None
     # Read, never deleted: a job that runs again after a crash finds its payload.
-    assert redis.Redis.from_url(url).exists(f"mm:claim:{rid}:0") == 1
+    assert redis.Redis.from_url(url).exists(f"mm:claim:default:{rid}:0") == 1  # in the tenant's namespace

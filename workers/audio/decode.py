@@ -1,20 +1,22 @@
 """Decoding: audio bytes in, 16 kHz mono float32 samples out (step 1 of ``workers.audio``).
 
 WAV, FLAC, Ogg (Vorbis/Opus) or MP3, decoded by PyAV (FFmpeg bundled in its wheel),
-resampled to ``SAMPLE_RATE`` and downmixed to mono by averaging channels. The duration is
-checked from the header when the container states one, and again while decoding, so an
-over-long clip is refused without decoding all of it. ``av`` is imported inside the
-functions: importing this package loads no FFmpeg.
+resampled to ``SAMPLE_RATE`` and downmixed to mono by averaging channels. The container is
+chosen from the bytes among those four and opened without FFmpeg's probing, and the codec,
+channel count and rate come from an allow-list (``workers.media``), all before a sample is
+decoded. The duration is checked from the header when the container states one, and again
+while decoding, so an over-long clip is refused without decoding all of it. ``av`` is
+imported inside the functions: importing this package loads no FFmpeg.
 """
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
 import numpy as np
 
 from schemas.errors import ErrorCode, WireError
+from workers.media import AUDIO_CONTAINERS, check_audio_stream, open_container
 
 SAMPLE_RATE = 16_000
 
@@ -37,26 +39,18 @@ def decode_audio(data: bytes, mime: str | None, max_seconds: float) -> np.ndarra
     Raises ``WireError``: ``PAYLOAD_TOO_LARGE`` for an over-long clip, ``UNSUPPORTED_MEDIA``
     for a refused type, bytes that are no supported audio, a corrupt file or no samples.
     """
-    import av
-
     declared = (mime or "").split(";")[0].strip().lower()
     if declared and declared not in _ACCEPTED_MIMES:
         raise WireError(ErrorCode.UNSUPPORTED_MEDIA, f"media type {declared!r} is not served; send {_supported()}")
-    try:
-        container = av.open(io.BytesIO(bytes(data)), mode="r", format=None)
-    except MemoryError:
-        raise
-    except Exception:  # FFmpeg's probe failing surfaces as several av.error types
-        raise WireError(ErrorCode.UNSUPPORTED_MEDIA, f"found {_describe(data)}; supported: {_supported()}") from None
+    if not data:
+        raise WireError(ErrorCode.UNSUPPORTED_MEDIA, f"found {_describe(data)}; supported: {_supported()}")
+    container = open_container(data, AUDIO_CONTAINERS, "audio")
     with container:
-        name = container.format.name
-        formats = set(name.split(","))
-        if not formats & set(SUPPORTED_FORMATS) or not container.streams.audio:
-            raise WireError(
-                ErrorCode.UNSUPPORTED_MEDIA,
-                f"found {container.format.long_name or container.format.name} without a supported audio stream; "
-                f"supported: {_supported()}",
-            )
+        name = AUDIO_CONTAINERS.get(str(container.format.name).split(",")[0], "audio")
+        if not container.streams.audio:
+            raise WireError(ErrorCode.UNSUPPORTED_MEDIA,
+                            f"found {name} without an audio stream; supported: {_supported()}")
+        check_audio_stream(container.streams.audio[0])
         if container.duration is not None and container.duration / 1e6 > max_seconds + 0.05:
             raise _too_long(container.duration / 1e6, max_seconds)
         limit = int(max_seconds * SAMPLE_RATE)
@@ -76,7 +70,8 @@ def decode_audio(data: bytes, mime: str | None, max_seconds: float) -> np.ndarra
 
 
 def decode_stream(container: Any, limit: int) -> np.ndarray:
-    """Samples of the first audio stream; stops once past ``limit`` samples (the caller refuses)."""
+    """Samples of the first audio stream; stops once past ``limit`` samples (the caller refuses).
+    The stream must have passed ``workers.media.check_audio_stream``."""
     import av
 
     stream = container.streams.audio[0]
@@ -115,7 +110,7 @@ def _supported() -> str:
 
 
 def _describe(data: bytes) -> str:
-    """What ``data`` looks like, for an error message."""
+    """What ``data`` looks like, for an error message (never its bytes: see ``workers.image``)."""
     if not data:
         return "empty data"
-    return f"{len(data)} bytes of unknown content starting {bytes(data[:8]).hex()}"
+    return "unknown content"

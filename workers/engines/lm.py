@@ -179,11 +179,13 @@ class LMEngine:
 
     # -- sequences ------------------------------------------------------------------------
 
-    def new_sequence(self, seq_id: str, prompt: Sequence[int], params: SamplingParams) -> LMSequence:
+    def new_sequence(self, seq_id: str, prompt: Sequence[int], params: SamplingParams,
+                     cache_scope: str = "") -> LMSequence:
         """A sequence ready to prefill. With a prefix cache, the KV of the longest cached
         run of full prompt blocks is copied in (``num_cached`` says how many tokens; at
-        least the last prompt token is always left to compute, for its logits). Raises
-        ``LMError`` when prompt plus ``max_tokens`` exceed the context."""
+        least the last prompt token is always left to compute, for its logits); only blocks
+        cached under the same ``cache_scope`` (a tenant) count. Raises ``LMError`` when
+        prompt plus ``max_tokens`` exceed the context."""
         if not prompt:
             raise LMError("empty prompt")
         if len(prompt) + params.max_tokens > self.max_context:
@@ -196,7 +198,7 @@ class LMEngine:
         seq = LMSequence(seq_id, list(prompt), len(prompt), params, kv,
                          rng=np.random.default_rng(params.seed))
         if self.prefix_cache is not None:
-            seq.block_keys = self.prefix_cache.block_hashes(prompt)
+            seq.block_keys = self.prefix_cache.block_hashes(prompt, cache_scope)
             # Blocks ending at the last prompt token are not reused: it must be computed.
             usable = (len(prompt) - 1) // self.prefix_cache.block_tokens
             blocks = self.prefix_cache.lookup(seq.block_keys[:usable])

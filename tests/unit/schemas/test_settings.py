@@ -4,7 +4,6 @@ from typing import get_args
 import pytest
 from pydantic import ValidationError
 
-from schemas.request import Modality
 from schemas.settings import (ENGINE_PRECISIONS, EnginePrecision, KafkaSettings, Partitioner, Settings,
                               SettingsError, describe, env_names, redact)
 from streams.policies.partitioning import STRATEGIES

@@ -141,6 +141,7 @@ def test_fan_in_decodes_each_type(message):
 
 
 ids = st.text("abcXYZ019._:-", min_size=1, max_size=20)
+tenants = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._\-]{0,19}", fullmatch=True)
 request_parts = st.one_of(
     st.builds(Part, modality=st.just(Modality.TEXT), text=st.text(min_size=1, max_size=20).filter(str.strip),
               mime=st.none() | st.just("text/plain")),
@@ -151,7 +152,7 @@ request_parts = st.one_of(
 )
 requests = st.builds(
     Request, id=ids, parts=st.lists(request_parts, min_size=1, max_size=4).map(tuple), task=st.sampled_from(Task),
-    tenant=ids, lane=st.sampled_from(Lane), deadline_ms=st.none() | st.integers(1, 600_000),
+    tenant=tenants, lane=st.sampled_from(Lane), deadline_ms=st.none() | st.integers(1, 600_000),
     reply_to=st.none() | ids.filter(lambda s: ":" not in s),
     params=st.builds(Params, max_tokens=st.integers(1, 1024), temperature=st.floats(0, 2),
                      stop=st.lists(st.text(min_size=1, max_size=5), max_size=3).map(tuple), stream=st.booleans()),

@@ -170,3 +170,68 @@ def test_a_pending_answer_survives_the_round_trip_through_the_table():
     back = Assembly.from_bytes(pending.to_bytes())
     assert back.pending == ("mm.results", b"\x81\xa1v\x01") and back.done
     assert Assembly.from_bytes(state.to_bytes()).pending is None
+
+
+# -- trust: nonces and reused ids ------------------------------------------------------------
+
+
+def signed(msg, nonce="n1", digest=None):
+    """``msg`` as the pipeline makes it: the request's nonce (and the manifest's digest)."""
+    from dataclasses import replace
+
+    if isinstance(msg, Manifest):
+        return replace(msg, nonce=nonce, digest=digest or "d1")
+    return replace(msg, nonce=nonce, tenant="t")
+
+
+def test_a_part_without_the_manifests_nonce_never_counts():
+    forged = part(0)  # no nonce: produced by someone outside the pipeline
+    _, events = run([signed(manifest(n=1)), forged])
+    assert events == []
+    _, events = run([signed(manifest(n=1)), signed(part(0), nonce="guess"), signed(part(0))])
+    assert len(events) == 1 and events[0].payload["parts"][0]["embedding"] is not None
+
+
+def test_a_forged_part_before_the_manifest_is_dropped_when_it_comes():
+    forged = EncodedPart(id="r", part=0, modality="text", sent_at_ms=1.0, embedding=to_wire(np.full(4, 9.0)),
+                         tenant="t")
+    state, events = run([forged, signed(manifest(n=1))])
+    assert events == [] and state.parts == {}
+    _, events = run([forged, signed(manifest(n=1)), signed(part(0))])
+    assert len(events) == 1
+    assert events[0].payload["parts"][0]["embedding"] == to_wire(np.ones(4))  # the real one, not the forgery
+
+
+def test_a_real_part_that_overtakes_its_manifest_still_counts():
+    _, events = run([signed(part(1)), signed(manifest()), signed(part(0))])
+    assert len(events) == 1 and not events[0].payload["partial"]
+
+
+def test_forged_video_chunks_are_not_pooled():
+    m, header, chunks, expected = video_msgs()
+    forged = EncodedPart(id="r", part=0, modality="image", sent_at_ms=9.0, chunk=0, tenant="t",
+                         embedding=to_wire(np.full(8, 5.0), "float32"), extras={"frames": 2})
+    state, events = run([forged, signed(m), signed(header), *(signed(c) for c in chunks[1:])])
+    assert not events  # chunk 0 is still missing: the forged one did not fill its place
+    r = step(state, signed(chunks[0]), 20.0, POLICY)
+    assert r.emit is not None and r.emit.payload["parts"][0]["extras"]["frames_encoded"] == 6
+
+
+def test_a_replayed_manifest_adds_its_nonce_and_another_request_is_refused():
+    first = signed(manifest(n=2), nonce="n1", digest="d1")
+    replay = signed(manifest(n=2), nonce="n2", digest="d1")  # the router routed the same record again
+    state, _ = run([first, signed(part(0), nonce="n1")])
+    r = step(state, replay, 10.0, POLICY)
+    assert r.changed and r.state.nonces == {"n1", "n2"} and r.refused is None
+    r = step(r.state, signed(part(1), nonce="n2"), 10.0, POLICY)
+    assert r.emit is not None and r.emit.kind == "result"
+    other = signed(manifest(n=1), nonce="n3", digest="d2")  # another request reusing the id
+    r = step(state, other, 10.0, POLICY)
+    assert not r.changed and r.state is state and r.emit is None
+    assert r.refused.kind == "error" and r.refused.error["code"] == "invalid_request"
+    assert "id already used" in r.refused.error["message"] and r.reply_to == "mm.results"
+
+
+def test_a_manifest_without_a_nonce_trusts_parts_as_before():
+    _, events = run([manifest(n=1), part(0)])
+    assert len(events) == 1

@@ -20,7 +20,8 @@ from streams.lagmon import LagMonitor, LagRow, consumed_topics, lag_rows, pipeli
 from streams.metrics import ENGINE_FIELDS, LATENCY_BUCKETS_S, Metrics, request_modality, serve
 
 ALLOWED_LABELS = {"stage", "modality", "lane", "outcome", "code", "result", "decision", "topic", "partition", "group",
-                  "from", "to", "reason", "kind", "task"}
+                  "from", "to", "reason", "kind", "task",
+                  "tenant"}  # bounded: the first quota.metric_tenants tenants, then `other` (TenantLabels)
 ENGINE = {"model": "all-minilm-l6-v2", "version": "1", "precision": "int8",
           "provider": "CPUExecutionProvider", "backend": "onnxruntime"}
 

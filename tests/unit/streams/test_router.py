@@ -39,7 +39,7 @@ def test_valid_request_becomes_a_manifest_and_one_job_per_part():
     assert topics == ["mm.encoded.rt", "mm.encode.text.rt", "mm.encode.text.rt"]
     assert fan_in_from_wire(unpack(outs[0].value)).n_parts == 2
     jobs = [EncodeJob.from_wire(unpack(o.value)) for o in outs[1:]]
-    assert [j.part for j in jobs] == [0, 1] and outs[0].key == b"a1"
+    assert [j.part for j in jobs] == [0, 1] and outs[0].key == b"default/a1"  # <tenant>/<id>
 
 
 def test_undecodable_bytes_go_to_the_dlq_with_original_headers_and_reason():
@@ -116,3 +116,65 @@ def test_generate_text_needs_no_encoder_and_other_parts_do():
     ready = [m for m in fan_in if getattr(m, "extras", None)]
     assert ready and ready[0].extras == {"text": "what is this?"} and ready[0].error is None
     assert [o.topic for o in outs].count("mm.encode.image.rt") == 1 and "mm.encode.text.rt" not in [o.topic for o in outs]
+
+
+# -- trust: namespaces, nonces, digests, quotas -----------------------------------------------
+
+
+def test_every_record_of_a_request_is_keyed_by_tenant_and_carries_one_nonce():
+    r = make_router(router__served_modalities="text,image")
+    outs = handle(r, pack({"id": "n1", "tenant": "acme", "parts": [
+        {"modality": "text", "text": "x"}, {"modality": "audio", "data": b"RIFF", "mime": "audio/wav"}]}))
+    fan_in = [(o.key, fan_in_from_wire(unpack(o.value))) for o in outs if o.topic == "mm.encoded.rt"]
+    jobs = [EncodeJob.from_wire(unpack(o.value)) for o in outs if o.topic.startswith("mm.encode.")]
+    manifest, failed = fan_in[0][1], fan_in[1][1]
+    assert {k for k, _ in fan_in} == {b"acme/n1"}
+    assert manifest.nonce and len(manifest.nonce) >= 16 and manifest.digest
+    assert [j.nonce for j in jobs] == [manifest.nonce] and jobs[0].tenant == "acme"
+    assert (failed.tenant, failed.nonce) == ("acme", manifest.nonce)
+    again = fan_in_from_wire(unpack(handle(r, pack({"id": "n2", "parts": [{"modality": "text", "text": "x"}]}))[0].value))
+    assert again.nonce != manifest.nonce  # fresh per routing
+
+
+def test_the_digest_names_the_ingress_record():
+    r = make_router()
+    raw = pack({"id": "dg", "parts": [{"modality": "text", "text": "x"}]})
+
+    def digest(value, ts):
+        out = asyncio.run(r.handle(value, [], ts, "t")).outs[0]
+        return fan_in_from_wire(unpack(out.value)).digest
+
+    assert digest(raw, 1000.0) == digest(raw, 1000.0)  # a replay, or a producer's retry of the batch
+    assert digest(raw, 1000.0) != digest(raw, 1001.0)  # the same request sent again: another record
+    assert digest(raw, 1000.0) != digest(pack({"id": "dg", "parts": [{"modality": "text", "text": "y"}]}), 1000.0)
+    bad = asyncio.run(r.handle(pack({"id": "dg", "parts": []}), [], 1000.0, "t")).outs[0]
+    assert fan_in_from_wire(unpack(bad.value)).digest  # a verdict names its record too
+
+
+def test_an_invalid_tenant_is_refused_and_answered_under_default():
+    outs = handle(make_router(), pack({"id": "t1", "tenant": "a/b", "parts": [{"modality": "text", "text": "x"}]}))
+    _, ev = verdict(outs[0])
+    assert ev.error["code"] == "invalid_request" and ev.error["field"] == "tenant"
+    assert outs[0].key == b"default/t1"
+
+
+def test_a_tenant_over_its_rate_is_shed_with_retry_after_and_others_are_not():
+    r = make_router(quota__rate_per_s="1", quota__burst="2")
+
+    def send(tenant, rid):
+        return asyncio.run(r.handle(pack({"id": rid, "tenant": tenant, "parts": [{"modality": "text", "text": "x"}]}),
+                                    [], None, "t"))
+
+    assert [send("noisy", f"q{i}").outcome for i in range(2)] == ["ok", "ok"]
+    shed = send("noisy", "q3")
+    _, ev = verdict(shed.outs[0])
+    assert shed.shed == ("noisy", "rate") and ev.error["code"] == "overloaded"
+    assert ev.error["retriable"] and 0 < ev.error["retry_after_ms"] <= 1000
+    assert send("quiet", "q4").outcome == "ok"
+
+
+def test_dead_letters_keep_only_metadata_when_asked():
+    outs = handle(make_router(dlq__keep_payload="false"), b"\xc1\xc1secret", [("trace-id", b"42")])
+    headers = dict(outs[0].headers)
+    assert outs[0].topic == "mm.dlq" and outs[0].value == b""
+    assert headers["trace-id"] == b"42" and b"8 bytes dropped" in headers["x-mm-truncated"]

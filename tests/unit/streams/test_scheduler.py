@@ -59,7 +59,7 @@ def test_eos_and_stop_strings_end_a_sequence() -> None:
     s.add(req("a", max_tokens=10))
     s.add(req("b", max_tokens=10))
     run_step(s, 0.0)  # prefill both
-    out = s.schedule(1.0)
+    s.schedule(1.0)
     fin = s.update(StepOutput({"a": EOS, "b": 5}, frozenset({"b"})))
     assert {f.seq_id: f.reason for f in fin} == {"a": "eos", "b": "stop"}
 

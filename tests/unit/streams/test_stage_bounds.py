@@ -69,7 +69,7 @@ def _manifest(rid: str, deadline_in_ms: float = 60_000, n_parts: int = 1) -> Man
 
 
 def _part(rid: str, part: int = 0) -> EncodedPart:
-    return EncodedPart(id=rid, part=part, modality="text", sent_at_ms=now_ms(),
+    return EncodedPart(id=rid, part=part, modality="text", sent_at_ms=now_ms(), tenant="t",
                        error={"code": "internal", "message": "x", "retriable": False})
 
 
@@ -93,7 +93,7 @@ async def test_orphans_are_bounded_by_count_oldest_first_and_never_answered(asse
     for rid in ("x", "y", "z"):
         await assembler.handle([_record(_part(rid))])
     part = next(iter(assembler.partitions.values()))
-    assert list(part.orphans) == ["y", "z"] and "x" not in part.open
+    assert list(part.orphans) == ["t/y", "t/z"] and "t/x" not in part.open
     assert assembler.orphans_dropped == 1 and len(assembler.io.finished) == 1  # x's record committable
     assert not [o for outs, _ in assembler.io.delivered for o in outs if o.topic.endswith(".results")]
     assembler.sweep(now_ms() + assembler.policy.orphan_ttl_ms)

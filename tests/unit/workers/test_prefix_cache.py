@@ -65,3 +65,12 @@ def test_never_over_budget(ops: list[tuple[int, int]], max_bytes: int) -> None:
         cache.insert(keys[key], np.zeros(floats, np.float32))
         assert cache.stats.bytes <= max_bytes
         assert cache.stats.bytes == sum(cache._blocks[k].nbytes for k in cache._blocks)
+
+
+def test_prompts_of_different_tenants_never_share_a_block():
+    """A hit shows in the result's cached-token count: it must not tell one tenant what another sent."""
+    cache = PrefixCache(1 << 20, 4)
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8]
+    a, b = cache.block_hashes(tokens, "acme"), cache.block_hashes(tokens, "globex")
+    assert not set(a) & set(b)
+    assert cache.block_hashes(tokens, "acme") == a and cache.block_hashes(tokens) == cache.block_hashes(tokens, "")

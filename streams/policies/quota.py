@@ -1,0 +1,220 @@
+"""Per-tenant quotas at the router: one tenant cannot take the pool from the others. Pure:
+plain data in, a decision out; the router asks before admission and tells what it sent.
+
+Two limits, each off at 0:
+
+- **rate**: a token bucket per tenant (``rate_per_s`` refill, ``burst`` capacity; a tenant
+  may have its own in ``overrides``). A request takes one token; with none left it is shed,
+  ``retry_after_ms`` being the time until the next token.
+- **queued work**: the router cannot see a tenant's share of the queues, so it counts the
+  work it sent for the tenant (predicted engine ms) until, by its own prediction, that work
+  is done: sent at ``t`` with a predicted queue wait ``w`` and cost ``c``, it counts until
+  ``t + w + c`` (at most ``window_ms``). A tenant over ``max_queued_ms`` is shed; and while
+  another tenant is kept out (refused by admission as ``overloaded`` within the window, told
+  by ``note_refused``), one over ``fair_share`` of the lane's admission limit is shed too: a
+  tenant alone, or among tenants that all get in, may fill the pool; one that fills it while
+  another is turned away is held back until that one gets its turn. ``retry_after_ms`` is
+  when enough of its counted work is predicted done.
+
+Shed means ``overloaded`` with ``retry_after_ms`` (the router's ``Reject``). Memory is bounded:
+a tenant's counts are dropped once idle longer than its bucket needs to refill and the
+window to empty, and past ``max_tenants`` the least recently seen go first (a dropped tenant
+starts again with a full bucket, which costs at most one burst).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Mapping
+
+SLOTS = 10
+"""Counted work is kept in this many slots of ``window_ms / SLOTS`` (memory per tenant is
+constant; a job counts until the end of the slot its predicted end falls in)."""
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaLimits:
+    rate_per_s: float = 0.0
+    """Requests per second per tenant; 0: no rate limit."""
+    burst: float = 0.0
+    """Bucket capacity; 0: one second's worth (at least one request)."""
+    overrides: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    """tenant -> (rate_per_s, burst) for tenants that differ from the default."""
+    fair_share: float = 0.5
+    """Largest share of a lane's queued-work limit one tenant's counted work may hold while
+    another tenant is being refused; 0: off."""
+    max_queued_ms: float = 0.0
+    """Counted work (ms) past which a tenant is shed, alone or not; 0: off."""
+    window_ms: float = 10_000.0
+    max_tenants: int = 10_000
+
+    def rate_of(self, tenant: str) -> tuple[float, float]:
+        """(rate per second, bucket capacity) of ``tenant``."""
+        rate, burst = self.overrides.get(tenant, (self.rate_per_s, self.burst))
+        return rate, (burst if burst > 0 else max(1.0, rate))
+
+
+@dataclass(frozen=True, slots=True)
+class Shed:
+    """A request the tenant's quota refuses: answer ``overloaded`` with ``retry_after_ms``."""
+
+    reason: str
+    """``rate`` or ``queued``: which limit refused it (a metric label)."""
+    message: str
+    retry_after_ms: int
+
+
+@dataclass
+class _Tenant:
+    tokens: float
+    updated_ms: float
+    seen_ms: float
+    refused_ms: float = -math.inf
+    """When admission last refused this tenant (``overloaded``)."""
+    slots: dict[int, float] = field(default_factory=dict)
+    """Slot index (of the predicted end) -> ms of work counted until that slot ends."""
+    sent_ms: float = 0.0
+    """Sum of the slots."""
+
+
+class TenantQuotas:
+    """The quota state of one router: ``check`` before admitting a request, ``note_sent``
+    once its jobs are sent. Not thread-safe (the router's loop is its only caller)."""
+
+    def __init__(self, limits: QuotaLimits) -> None:
+        self.limits = limits
+        self.slot_ms = limits.window_ms / SLOTS
+        self._tenants: OrderedDict[str, _Tenant] = OrderedDict()
+        """Least recently seen first."""
+        self._refused: OrderedDict[str, float] = OrderedDict()
+        """The last two tenants admission refused, and when (most recent last)."""
+
+    @property
+    def enabled(self) -> bool:
+        q = self.limits
+        return q.rate_per_s > 0 or bool(q.overrides) or q.fair_share > 0 or q.max_queued_ms > 0
+
+    def check(self, tenant: str, *, lane_limit_ms: float, now_ms: float) -> Shed | None:
+        """Whether ``tenant`` may send one more request now (None) or is shed. Takes a token
+        when it may; ``lane_limit_ms`` is the admission limit of the request's lane."""
+        self._expire(now_ms)
+        t = self._touch(tenant, now_ms)
+        sent = self._window(t, now_ms)
+        q = self.limits
+        limit = q.max_queued_ms if q.max_queued_ms > 0 else math.inf
+        if q.fair_share > 0 and lane_limit_ms > 0 and self._contended(tenant, now_ms):
+            limit = min(limit, q.fair_share * lane_limit_ms)
+        if sent >= limit:
+            return Shed("queued", f"tenant {tenant} has {sent:.0f} ms of work in the pipeline (its limit now: "
+                        f"{limit:.0f} ms); retry later", self._drain_ms(t, limit, now_ms))
+        rate, capacity = q.rate_of(tenant)
+        if rate <= 0:
+            return None
+        t.tokens = min(capacity, t.tokens + (now_ms - t.updated_ms) * rate / 1000.0)
+        t.updated_ms = now_ms
+        if t.tokens < 1.0:
+            wait = math.ceil((1.0 - t.tokens) * 1000.0 / rate)
+            return Shed("rate", f"tenant {tenant} is over its rate of {rate:g} requests per second; retry later",
+                        max(1, wait))
+        t.tokens -= 1.0
+        return None
+
+    def note_refused(self, tenant: str, now_ms: float) -> None:
+        """Admission refused ``tenant`` (``overloaded``) now: it is being kept out, so the
+        tenants over their fair share are held back for a window."""
+        self._touch(tenant, now_ms).refused_ms = now_ms
+        self._refused[tenant] = now_ms
+        self._refused.move_to_end(tenant)
+        while len(self._refused) > 2:  # the two most recent are all `_contended` needs
+            self._refused.popitem(last=False)
+
+    def note_sent(self, tenant: str, cost_ms: float, now_ms: float, wait_ms: float = 0.0) -> None:
+        """Count ``cost_ms`` of work the router sent for ``tenant`` now, predicted to wait
+        ``wait_ms`` in its queue first: it counts until ``now + wait + cost`` (at most
+        ``window_ms``)."""
+        if cost_ms <= 0:
+            return
+        t = self._touch(tenant, now_ms)
+        self._window(t, now_ms)
+        until = now_ms + min(self.limits.window_ms, max(0.0, wait_ms) + cost_ms)
+        index = math.floor(until / self.slot_ms)
+        t.slots[index] = t.slots.get(index, 0.0) + cost_ms
+        t.sent_ms += cost_ms
+
+    def sent_ms(self, tenant: str, now_ms: float) -> float:
+        """Work counted for ``tenant`` now (sent and predicted not done yet)."""
+        t = self._tenants.get(tenant)
+        return self._window(t, now_ms) if t is not None else 0.0
+
+    def __len__(self) -> int:
+        return len(self._tenants)
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _touch(self, tenant: str, now_ms: float) -> _Tenant:
+        t = self._tenants.get(tenant)
+        if t is None:
+            t = self._tenants[tenant] = _Tenant(self.limits.rate_of(tenant)[1], now_ms, now_ms)
+            while len(self._tenants) > self.limits.max_tenants:
+                self._tenants.popitem(last=False)
+        else:
+            t.seen_ms = max(t.seen_ms, now_ms)
+            self._tenants.move_to_end(tenant)
+        return t
+
+    def _window(self, t: _Tenant, now_ms: float) -> float:
+        """The tenant's counted work now, after dropping the slots that have ended."""
+        current = math.floor(now_ms / self.slot_ms)
+        for index in [i for i in t.slots if i < current]:
+            t.sent_ms -= t.slots.pop(index)
+        if not t.slots:
+            t.sent_ms = 0.0  # no float residue
+        return t.sent_ms
+
+    def _contended(self, tenant: str, now_ms: float) -> bool:
+        """Whether admission refused a tenant other than ``tenant`` within the window."""
+        for name, at in islice(reversed(self._refused.items()), 2):
+            if name != tenant and now_ms - at < self.limits.window_ms:
+                return True
+        return False
+
+    def _drain_ms(self, t: _Tenant, limit: float, now_ms: float) -> int:
+        """Milliseconds until the counted work falls under ``limit`` (slots end)."""
+        left = t.sent_ms
+        for index in sorted(t.slots):
+            left -= t.slots[index]
+            if left < limit:
+                return max(1, math.ceil((index + 1) * self.slot_ms - now_ms))
+        return max(1, math.ceil(self.limits.window_ms))
+
+    def _expire(self, now_ms: float) -> None:
+        """Drop the least recently seen tenants that hold nothing a new one would not."""
+        while self._tenants:
+            name, t = next(iter(self._tenants.items()))
+            rate, capacity = self.limits.rate_of(name)
+            refill_ms = capacity * 1000.0 / rate if rate > 0 else 0.0
+            if now_ms - max(t.seen_ms, t.refused_ms) < max(self.limits.window_ms, refill_ms):
+                return
+            del self._tenants[name]
+
+
+class TenantLabels:
+    """A bounded label for a per-tenant metric: the first ``n`` tenants named get their own
+    value, every later one ``other`` (so a stream of tenant names cannot grow the series)."""
+
+    OTHER = "other"
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self._named: set[str] = set()
+
+    def __call__(self, tenant: str) -> str:
+        if tenant in self._named:
+            return tenant
+        if len(self._named) < self.n and tenant != self.OTHER:
+            self._named.add(tenant)
+            return tenant
+        return self.OTHER

@@ -1,0 +1,103 @@
+"""Per-tenant quotas (streams.policies.quota): the token bucket, the queued-work counts,
+fair share only under contention, bounded memory and a bounded metric label."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streams.policies.quota import QuotaLimits, TenantLabels, TenantQuotas
+
+LANE = 5_000.0  # the rt lane's admission limit (ms)
+
+
+def quotas(**kw) -> TenantQuotas:
+    return TenantQuotas(QuotaLimits(**{"fair_share": 0.0, **kw}))
+
+
+def test_off_by_default_for_rate_and_absolute_work():
+    q = TenantQuotas(QuotaLimits())
+    assert q.enabled  # fair share is on by default
+    for i in range(1000):
+        assert q.check("solo", lane_limit_ms=LANE, now_ms=float(i)) is None
+        q.note_sent("solo", 100.0, float(i))  # a tenant alone may fill the pool
+    assert not quotas().enabled
+
+
+def test_rate_sheds_past_the_burst_and_says_when_a_token_is_back():
+    q = quotas(rate_per_s=2.0, burst=3.0)
+    assert [q.check("a", lane_limit_ms=LANE, now_ms=0.0) for _ in range(3)] == [None] * 3
+    shed = q.check("a", lane_limit_ms=LANE, now_ms=0.0)
+    assert shed is not None and shed.reason == "rate" and shed.retry_after_ms == 500
+    assert q.check("a", lane_limit_ms=LANE, now_ms=499.0) is not None
+    assert q.check("a", lane_limit_ms=LANE, now_ms=500.0) is None
+    assert q.check("b", lane_limit_ms=LANE, now_ms=500.0) is None  # another tenant has its own bucket
+
+
+def test_overrides_give_a_tenant_its_own_rate():
+    q = quotas(rate_per_s=1.0, overrides={"big": (100.0, 100.0)})
+    assert sum(q.check("big", lane_limit_ms=LANE, now_ms=0.0) is None for _ in range(150)) == 100
+    assert sum(q.check("small", lane_limit_ms=LANE, now_ms=0.0) is None for _ in range(5)) == 1
+
+
+def test_absolute_queued_work_sheds_until_it_is_predicted_done():
+    q = quotas(max_queued_ms=1_000.0, window_ms=10_000.0)
+    assert q.check("a", lane_limit_ms=LANE, now_ms=0.0) is None
+    q.note_sent("a", 600.0, 0.0, wait_ms=4_000.0)  # done by 4.6 s: counted until its slot ends at 5 s
+    q.note_sent("a", 600.0, 3_000.0, wait_ms=4_000.0)  # done by 7.6 s
+    shed = q.check("a", lane_limit_ms=LANE, now_ms=4_000.0)
+    assert shed is not None and shed.reason == "queued"
+    assert shed.retry_after_ms == 1_000  # at 5 s the first 600 ms are done: 600 < 1000
+    assert q.check("a", lane_limit_ms=LANE, now_ms=5_000.0) is None
+    assert q.sent_ms("a", 5_000.0) == 600.0 and q.sent_ms("a", 8_000.0) == 0.0
+    q.note_sent("a", 50_000.0, 8_000.0)  # a huge job counts one window at most
+    assert q.sent_ms("a", 17_999.0) == 50_000.0 and q.sent_ms("a", 19_000.0) == 0.0
+
+
+def test_fair_share_applies_only_while_another_tenant_is_kept_out():
+    q = quotas(fair_share=0.5, window_ms=10_000.0)
+    q.check("hog", lane_limit_ms=LANE, now_ms=0.0)
+    q.note_sent("hog", 4_000.0, 0.0, wait_ms=5_000.0)
+    assert q.check("hog", lane_limit_ms=LANE, now_ms=100.0) is None  # alone: no limit but admission's
+    assert q.check("small", lane_limit_ms=LANE, now_ms=200.0) is None  # a newcomer that gets in
+    assert q.check("hog", lane_limit_ms=LANE, now_ms=250.0) is None  # changes nothing
+    q.note_refused("small", 300.0)  # ... until admission turns it away: the pool is full
+    shed = q.check("hog", lane_limit_ms=LANE, now_ms=400.0)
+    assert shed is not None and shed.reason == "queued" and "2500" in shed.message
+    assert q.check("small", lane_limit_ms=LANE, now_ms=500.0) is None  # under its share: may try again
+    q.note_refused("hog", 600.0)  # its own refusals do not count against it
+    assert q.check("hog", lane_limit_ms=LANE, now_ms=700.0) is not None
+    # A window after the newcomer's last refusal, the hog is unconstrained again (its work still counted).
+    q.note_sent("hog", 4_000.0, 9_000.0, wait_ms=5_000.0)
+    assert q.sent_ms("hog", 10_500.0) == 4_000.0
+    assert q.check("hog", lane_limit_ms=LANE, now_ms=10_500.0) is None
+
+
+def test_idle_tenants_are_forgotten_and_memory_is_bounded():
+    q = quotas(rate_per_s=10.0, burst=10.0, window_ms=1_000.0, max_tenants=50)
+    for i in range(500):
+        q.check(f"t{i}", lane_limit_ms=LANE, now_ms=0.0)
+    assert len(q) == 50
+    q.check("late", lane_limit_ms=LANE, now_ms=5_000.0)  # everyone else is idle, bucket full again
+    assert len(q) == 1
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.floats(0, 50), st.floats(0, 500)), max_size=60))
+def test_a_tenant_never_sends_more_than_its_rate_allows(events):
+    """Over any run, admitted requests <= burst + rate x elapsed, per tenant."""
+    q = quotas(rate_per_s=5.0, burst=2.0)
+    now, admitted = 0.0, {"a": 0, "b": 0, "c": 0}
+    for tenant, step_ms, cost in events:
+        now += step_ms
+        if q.check(tenant, lane_limit_ms=LANE, now_ms=now) is None:
+            admitted[tenant] += 1
+            q.note_sent(tenant, cost, now)
+    for n in admitted.values():
+        assert n <= 2 + 5.0 * now / 1000.0 + 1e-9
+
+
+def test_labels_name_a_bounded_set_then_other():
+    labels = TenantLabels(2)
+    assert [labels(t) for t in ("a", "b", "c", "a", "other", "d")] == ["a", "b", "other", "a", "other", "other"]
+    assert TenantLabels(0)("a") == "other"
