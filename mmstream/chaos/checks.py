@@ -40,6 +40,8 @@ class Wire:
     """(id, seq) -> how many token events."""
     errors: Counter = field(default_factory=Counter)
     """error code -> terminal error events."""
+    where: dict[tuple[str, int], list[str]] = field(default_factory=dict)
+    """(id, seq) -> where each of its token events is (partition@offset and broker time)."""
 
 
 async def read_wire(bootstrap: str, topic: str, ids: set[str]) -> Wire:
@@ -59,6 +61,8 @@ async def read_wire(bootstrap: str, topic: str, ids: set[str]) -> Wire:
             wire.accepted[ev.id] += 1
         elif ev.kind == "token":
             wire.tokens[(ev.id, ev.seq)] += 1
+            wire.where.setdefault((ev.id, ev.seq), []).append(
+                f"[{record.partition}]@{record.offset} t={record.timestamp % 100_000}")
     return wire
 
 
@@ -76,7 +80,8 @@ def wire_violations(wire: Wire, ids: list[str], allowed_errors: tuple[str, ...])
         out.append(f"{len(acc)} requests got `accepted` more than once (e.g. {acc[0]})")
     tok = [k for k, n in wire.tokens.items() if n > 1]
     if tok:
-        out.append(f"{len(tok)} token events repeated a (request, seq) (e.g. {tok[0]})")
+        out.append(f"{len(tok)} token events repeated a (request, seq) (e.g. {tok[0]} at "
+                   f"{', '.join(wire.where.get(tok[0], []))})")
     bad = {c: n for c, n in wire.errors.items() if c not in allowed_errors}
     if bad:
         out.append(f"terminal errors the scenario does not allow: {bad}")

@@ -107,6 +107,8 @@ class StageIO:
         self.consumer: AIOKafkaConsumer | None = None
         self.producer: AIOKafkaProducer | None = None
         self._committed: dict[TopicPartition, int] = {}
+        self._taking_over: set[TopicPartition] = set()
+        """Partitions paused while the stage takes them over: ``resume`` leaves them paused."""
         self._commit_task: asyncio.Task | None = None
         self._inflight: set[asyncio.Task] = set()
         self._random = random.Random()
@@ -200,8 +202,11 @@ class StageIO:
         self.consumer.pause(*[tp for tp in self.consumer.assignment() if tp.topic == topic])
 
     def resume(self, topic: str) -> None:
+        """Resume ``topic``'s partitions, except those still being taken over (a stage that
+        pauses and resumes for its own flow control must not let their records in early)."""
         assert self.consumer is not None
-        self.consumer.resume(*[tp for tp in self.consumer.assignment() if tp.topic == topic])
+        self.consumer.resume(*[tp for tp in self.consumer.assignment()
+                               if tp.topic == topic and tp not in self._taking_over])
 
     def assignment(self) -> set[TopicPartition]:
         return set(self.consumer.assignment()) if self.consumer else set()
@@ -348,7 +353,9 @@ class _Listener(ConsumerRebalanceListener):
             consumer = self.io.consumer
             assert consumer is not None
             consumer.pause(*assigned)
+            self.io._taking_over |= assigned  # noqa: SLF001
             try:
                 await self.io.on_assigned(assigned)
             finally:
+                self.io._taking_over -= assigned  # noqa: SLF001
                 consumer.resume(*[tp for tp in assigned if tp in consumer.assignment()])
