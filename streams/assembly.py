@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import msgpack
 
 from schemas.errors import ErrorCode, WireError
 from schemas.events import Event, EventKind
@@ -47,45 +46,12 @@ class Assembly:
     """Headers of fanned-out parts still waiting for chunks."""
     chunks: dict[int, dict[int, EncodedPart]] = field(default_factory=dict)
     done_at_ms: float | None = None
-    pending: tuple[str, bytes] | None = None
-    """(topic, value) of the answer being delivered: recorded (and flushed) before the
-    answer is sent, cleared after. Found set after a crash, it means "maybe sent": the
-    assembler looks on the topic before sending it again, so the answer exists once."""
     nonces: frozenset[str] = frozenset()
     """Nonces of this request's manifests: a part with another is not this request's."""
 
     @property
     def done(self) -> bool:
         return self.done_at_ms is not None
-
-    def to_bytes(self) -> bytes:
-        return msgpack.packb({
-            "status": str(self.status), "first_seen_ms": self.first_seen_ms, "lane": self.lane,
-            "manifest": self.manifest.to_wire() if self.manifest else None,
-            # A finished request keeps only its tombstone, not its embeddings.
-            "parts": {} if self.done else {str(i): p.to_wire() for i, p in self.parts.items()},
-            "headers": {} if self.done else {str(i): p.to_wire() for i, p in self.headers.items()},
-            "chunks": {} if self.done else {str(i): {str(k): c.to_wire() for k, c in cs.items()}
-                                            for i, cs in self.chunks.items()},
-            "done_at_ms": self.done_at_ms,
-            "pending": list(self.pending) if self.pending else None,
-            "nonces": sorted(self.nonces),
-        }, use_bin_type=True)
-
-    @classmethod
-    def from_bytes(cls, raw: bytes) -> "Assembly":
-        m = msgpack.unpackb(raw, raw=False, strict_map_key=False)
-        return cls(
-            status=RequestStatus(m["status"]), first_seen_ms=float(m["first_seen_ms"]), lane=m.get("lane", "rt"),
-            manifest=Manifest.from_wire(m["manifest"]) if m.get("manifest") else None,
-            parts={int(i): EncodedPart.from_wire(p) for i, p in (m.get("parts") or {}).items()},
-            headers={int(i): EncodedPart.from_wire(p) for i, p in (m.get("headers") or {}).items()},
-            chunks={int(i): {int(k): EncodedPart.from_wire(c) for k, c in cs.items()}
-                    for i, cs in (m.get("chunks") or {}).items()},
-            done_at_ms=m.get("done_at_ms"),
-            pending=(str(m["pending"][0]), bytes(m["pending"][1])) if m.get("pending") else None,
-            nonces=frozenset(str(n) for n in m.get("nonces") or ()),
-        )
 
 
 @dataclass(frozen=True, slots=True)

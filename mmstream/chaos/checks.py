@@ -80,8 +80,9 @@ def wire_violations(wire: Wire, ids: list[str], allowed_errors: tuple[str, ...])
         out.append(f"{len(acc)} requests got `accepted` more than once (e.g. {acc[0]})")
     tok = [k for k, n in wire.tokens.items() if n > 1]
     if tok:
-        out.append(f"{len(tok)} token events repeated a (request, seq) (e.g. {tok[0]} at "
-                   f"{', '.join(wire.where.get(tok[0], []))})")
+        where = wire.where.get(tok[0])
+        at = f" at {', '.join(where)}" if where else ""
+        out.append(f"{len(tok)} token events repeated a (request, seq) (e.g. {tok[0]}{at})")
     bad = {c: n for c, n in wire.errors.items() if c not in allowed_errors}
     if bad:
         out.append(f"terminal errors the scenario does not allow: {bad}")
