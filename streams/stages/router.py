@@ -34,12 +34,10 @@ import dataclasses
 import hashlib
 import logging
 import secrets
-import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 import faust
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import ConsumerRecord
 
 from schemas.codec import CONTENT_TYPE_HEADER, JSON, DecodeError, header, unpack
@@ -56,6 +54,7 @@ from streams.policies.admission import AdmissionLimits, Admit, Backpressure, Rej
 from streams.policies.partitioning import Partitioner
 from streams.policies.quota import QuotaLimits, Shed, TenantLabels, TenantQuotas
 from streams.produce import Out, dead_letter, out_map
+from streams.reply_topics import ReplyTopics, TopicCache
 from streams.result_cache import ResultCache
 from streams.split import split_request
 from streams.runtime.stage import RecordStage
@@ -108,7 +107,7 @@ class Router:
         """What a part may say it is: the registry (plugins loaded) when the router starts."""
         self.served_modalities = modalities.served(settings)
         self.served_tasks = frozenset(t.strip() for t in settings.router.served_tasks.split(",") if t.strip())
-        self.topic_exists = topic_exists
+        self.replies = ReplyTopics(self.topics, topic_exists)
         self.load = load if load is not None else LoadView()
         self.partitioner = Partitioner(settings.router.partitioner)
         self.results = results
@@ -151,16 +150,16 @@ class Router:
                                     f"tenant {given!r} is not the tenant this ingress topic belongs to; leave tenant "
                                     "out (it is taken from the topic) or send on that tenant's own topic", "tenant")
                 req = dataclasses.replace(req, tenant=tenant)
-            req = dataclasses.replace(req, reply_to=await self._reply_to(req.reply_to, tenant))
+            req = dataclasses.replace(req, reply_to=await self.replies.check(req.reply_to, tenant))
         except WireError as err:
             who = peek_reply(obj)
             if who is None:
                 return Routed([self._dlq(raw, headers, source, f"{err.code}: {err.message} (no readable id to answer)")], "dlq")
             rid, reply_to = who
             try:
-                reply_to = await self._reply_to(reply_to, tenant)
+                reply_to = await self.replies.check(reply_to, tenant)
             except WireError:
-                reply_to = self._default_reply(tenant)
+                reply_to = self.replies.default(tenant)
             event = Event(rid, EventKind.ERROR, 0, now_ms(), error=err.to_wire())
             who_tenant = tenant if tenant is not None else obj.get("tenant")
             return Routed([self._verdict(rid, who_tenant, "rt", reply_to, [event], digest)], "error", str(err.code))
@@ -208,26 +207,6 @@ class Router:
         return Routed(outs, "ok", modality=modalities.pop() if len(modalities) == 1 else "mixed", lane=str(req.lane),
                       queued_ms=max(0.0, started - client_sent), service_ms=m.accepted_at_ms - started,
                       admission="admit" if decision is not None else None)
-
-    def _default_reply(self, tenant: str | None) -> str:
-        return self.topics.results if tenant is None else self.topics.tenant_results(tenant)
-
-    async def _reply_to(self, asked: str | None, tenant: str | None) -> str:
-        """The reply topic of a request from ``tenant`` (None: a trusted sender) that asked for
-        ``asked``; raises ``WireError`` (field ``reply_to``) when it may not be used."""
-        if not asked:
-            return self._default_reply(tenant)
-        if tenant is not None and not self.topics.in_reply_namespace(asked, tenant):
-            raise WireError(ErrorCode.INVALID_REQUEST,
-                            f"reply_to must be {self.topics.tenant_results(tenant)!r} or a topic under "
-                            f"{self.topics.tenant_results(tenant) + '.'!r} (your own reply topics)", "reply_to")
-        if self.topics.is_internal(asked):
-            raise WireError(ErrorCode.INVALID_REQUEST, f"reply_to {asked!r} is one of the pipeline's own topics; "
-                            f"answers go to {self.topics.results!r} or a reply topic of yours", "reply_to")
-        if asked != self._default_reply(tenant) and not await self.topic_exists(asked):
-            raise WireError(ErrorCode.INVALID_REQUEST, f"reply_to topic {asked!r} does not exist; create it first",
-                            "reply_to")
-        return asked
 
     def _result_key(self, req: Any) -> str | None:
         """The whole-result key of an embed request whose parts all have content here and a
@@ -324,29 +303,6 @@ def record_digest(raw: bytes, record_ts_ms: float | None) -> str:
     h.update(b"\0")
     h.update(bytes(raw))
     return h.hexdigest()[:32]
-
-
-class TopicCache:
-    """Which topics exist, from cluster metadata, cached for ``ttl_s`` (monotonic)."""
-
-    def __init__(self, bootstrap: str, ttl_s: float, client_kwargs: dict[str, Any] | None = None) -> None:
-        self.bootstrap = bootstrap
-        self.ttl_s = ttl_s
-        self.client_kwargs = client_kwargs or {}
-        self._known: set[str] = set()
-        self._fetched_at = float("-inf")
-        self._admin: Any = None
-
-    async def exists(self, topic: str) -> bool:
-        if topic in self._known:
-            return True
-        if time.monotonic() - self._fetched_at >= self.ttl_s:
-            if self._admin is None:
-                self._admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, **self.client_kwargs)
-                await self._admin.start()
-            self._known = set(await self._admin.list_topics())
-            self._fetched_at = time.monotonic()
-        return topic in self._known
 
 
 class RouterStage(RecordStage):

@@ -28,9 +28,15 @@ from typing import Any, Callable
 
 import numpy as np
 
+from workers.engines.lm import GENERATION_FILE, LMEngine, SamplingParams
+from workers.image import preprocess
+from workers.models.efficientnet import CALIBRATION_PHOTOS, FIDELITY_PHOTOS, sample_photo
 from workers.models.fidelity import FIDELITY_SENTENCES, compare
 from workers.models.gates import with_gates
+from workers.models.smollm import FIDELITY_PROMPTS, FIDELITY_SYSTEM
+from workers.prompt import render_chatml
 from workers.repository import CONFIG_FILE, ModelConfig, VariantSpec
+from workers.text import TextPreprocessor, normalize
 
 RECIPE = "1"  # bump when the conversion or a probe changes: every fp16 variant is rebuilt
 FILE = "model.fp16.onnx"
@@ -102,8 +108,6 @@ def _session(path: Path) -> Any:
 
 
 def _text(config: ModelConfig, fp32: Path, fp16: Path) -> dict[str, Any]:
-    from workers.text import TextPreprocessor, normalize
-
     feeds = TextPreprocessor(config.tokenizer_path, config.max_length).tokenize_batch(
         [normalize(s) for s in FIDELITY_SENTENCES])
     ref, test = (_session(p) for p in (fp32, fp16))
@@ -112,9 +116,6 @@ def _text(config: ModelConfig, fp32: Path, fp16: Path) -> dict[str, Any]:
 
 
 def _image(config: ModelConfig, fp32: Path, fp16: Path) -> dict[str, Any]:
-    from workers.image import preprocess
-    from workers.models.efficientnet import CALIBRATION_PHOTOS, FIDELITY_PHOTOS, sample_photo
-
     pixels = preprocess([sample_photo(name) for name in FIDELITY_PHOTOS + CALIBRATION_PHOTOS])
     ref, test = (_session(p) for p in (fp32, fp16))
     r = dict(zip(("embedding", "logits"), ref.run(["embedding", "logits"], {"pixels": pixels})))
@@ -126,10 +127,6 @@ def _image(config: ModelConfig, fp32: Path, fp16: Path) -> dict[str, Any]:
 
 def _lm(config: ModelConfig, fp32: Path, fp16: Path) -> dict[str, Any]:
     import tokenizers
-
-    from workers.engines.lm import GENERATION_FILE, LMEngine, SamplingParams
-    from workers.models.smollm import FIDELITY_PROMPTS, FIDELITY_SYSTEM
-    from workers.prompt import render_chatml
 
     generation = json.loads((config.directory / GENERATION_FILE).read_text())
     tokenizer = tokenizers.Tokenizer.from_file(str(config.tokenizer_path))

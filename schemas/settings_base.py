@@ -1,0 +1,58 @@
+"""The building blocks of the settings sections: ``setting`` (a field with its default, what it
+trades off and its constraints), the frozen ``Section`` base, and the value sets the code acts on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+
+ENV_PREFIX = "MMSTREAM_"
+
+# The value sets below are the ones the code acts on; tests check each against its user
+# (the partitioner strategies, the engines' precisions), since this package imports nothing.
+ENGINE_PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+"""Precision variants an ONNX engine can serve (the repository must hold the variant)."""
+EnginePrecision = Literal["fp32", "fp16", "bf16", "int8"]
+LmPrecision = Literal["fp32", "int8"]
+"""The LM and Whisper engines serve fp32 or int8 weights."""
+Partitioner = Literal["least-loaded", "spread", "hash", "round-robin"]
+Scheduler = Literal["continuous", "static"]
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN", "OAUTHBEARER"]
+Grouping = Literal["length", "fifo"]
+TASKS = ("embed", "generate")
+
+
+def _check_bootstrap(value: str) -> str:
+    servers = [s.strip() for s in value.split(",")]
+    for server in servers:
+        host, sep, port = server.rpartition(":")
+        if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+            raise ValueError(f"{server!r} is not host:port")
+    return ",".join(servers)
+
+
+Bootstrap = Annotated[str, AfterValidator(_check_bootstrap)]
+UserPath = Annotated[Path, AfterValidator(lambda p: p.expanduser())]
+
+
+def csv_items(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def setting(default: Any, doc: str, **constraints: Any) -> Any:
+    """A settings field: its default, a sentence on what it trades off, and its constraints
+    (pydantic's ``ge``, ``gt``, ``le``, ``pattern``, ``min_length``...)."""
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("settings defaults must be immutable")
+    return Field(default=default, description=doc, **constraints)
+
+
+class Section(BaseModel):
+    """A frozen group of settings; an unknown field is an error, not a silent no-op."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
