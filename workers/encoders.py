@@ -49,6 +49,9 @@ class Runner:
     cost_prior: tuple[float, float, float] = (1.0, 10.0, 0.0)
     """(c0, c1, c2) of ``c0 + c1·n·L + c2·n·L²`` ms before calibration (see
     ``streams.policies.cost_model``)."""
+    rows_alone: bool = False
+    """``run`` executes a batch's rows one by one (an engine whose outputs depend on their
+    batch): the fixed cost is per row, company saves nothing, so no item waits for it."""
     config: Any = None
     """The model's ``ModelConfig`` (its name and version key the reuse cache)."""
     precision: str = ""
@@ -71,6 +74,7 @@ class EncoderFront:
         self.identity = runner.identity
         self.variable_length = runner.variable_length
         self.cost_prior = runner.cost_prior
+        self.rows_alone = runner.rows_alone
 
     def prepare_many(self, jobs: list[EncodeJob]) -> list[Any]:
         """Prep thread: per job its exception, a cache hit (``Encoded``), or its ``Prepared``."""

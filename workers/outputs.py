@@ -61,6 +61,7 @@ class EncoderRunner(Protocol):
     identity: str
     variable_length: bool
     cost_prior: tuple[float, float, float]
+    rows_alone: bool
 
     def prepare_many(self, jobs: list[Any]) -> list[Any]:
         """Per job: its exception, an ``Encoded`` (a cache hit), or its ``Prepared`` (``key`` set when cached)."""

@@ -2,7 +2,9 @@
 
 A transformer's batch of ``n`` rows padded to ``L`` tokens costs about
 ``c0 + c1·n·L + c2·n·L²`` milliseconds: a fixed call overhead, work per padded token, and
-attention, which grows with the square of the length. An image model sees one fixed-size
+attention, which grows with the square of the length. An engine that runs a batch's rows one
+by one (``rows_alone``) pays the fixed overhead per row: ``c0·n + …``, so company saves it
+nothing. An image model sees one fixed-size
 input per row (``L`` = 1), so only ``c0 + c1·n`` matters. ``BatchCostModel`` starts from a
 prior (or a calibration run at start-up), then refits those three coefficients by least
 squares over the last ``window`` batches it was told about.
@@ -34,7 +36,7 @@ class Observation:
 
 class BatchCostModel:
     def __init__(self, prior: tuple[float, float, float], window: int = 256, min_fit: int = 12,
-                 max_batch_size: int = 16, max_batch_ms: float = 50.0) -> None:
+                 max_batch_size: int = 16, max_batch_ms: float = 50.0, rows_alone: bool = False) -> None:
         if window < 4 or max_batch_size < 1 or max_batch_ms <= 0:
             raise ValueError("invalid cost model limits")
         self.coef = tuple(float(c) for c in prior)
@@ -42,11 +44,12 @@ class BatchCostModel:
         self.min_fit = min_fit
         self.max_batch_size = max_batch_size
         self.max_batch_ms = max_batch_ms
+        self.rows_alone = rows_alone
 
     def predict(self, rows: int, length: float) -> float:
         c0, c1, c2 = self.coef
         tokens = rows * length
-        return max(0.0, c0 + c1 * tokens + c2 * tokens * length)
+        return max(0.0, c0 * (rows if self.rows_alone else 1) + c1 * tokens + c2 * tokens * length)
 
     def observe(self, rows: int, length: float, ms: float) -> None:
         """One batch that ran: ``rows`` rows padded to ``length`` took ``ms``."""
@@ -84,7 +87,8 @@ class BatchCostModel:
 
     def _fit(self, force: bool = False) -> None:
         obs = list(self.window)
-        x = np.array([[1.0, o.rows * o.length, o.rows * o.length * o.length] for o in obs])
+        fixed = (lambda o: float(o.rows)) if self.rows_alone else (lambda o: 1.0)
+        x = np.array([[fixed(o), o.rows * o.length, o.rows * o.length * o.length] for o in obs])
         y = np.array([o.ms for o in obs])
         if not force and np.ptp(x[:, 1]) == 0:  # every batch the same size: nothing to separate
             return

@@ -78,7 +78,8 @@ class EncoderStage(RecordStage):
         self.runner = runner
         self.wire_dtype = wire_dtype
         self.lengths = TEXT_LENGTHS if runner.variable_length else (1,)
-        self.model = BatchCostModel(runner.cost_prior, max_batch_size=e.max_batch_size, max_batch_ms=e.max_batch_ms)
+        self.model = BatchCostModel(runner.cost_prior, max_batch_size=e.max_batch_size, max_batch_ms=e.max_batch_ms,
+                                    rows_alone=runner.rows_alone)
         self.batcher: MicroBatcher[Held] = MicroBatcher(
             BatchLimits(e.max_batch_size, e.max_wait_ms / 1000.0, e.max_batch_ms,
                         grouping=e.grouping if runner.variable_length else "fifo"),

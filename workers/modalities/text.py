@@ -23,6 +23,8 @@ from workers.text import TextEncoder, TextPreprocessor, normalize
 # Lengths (tokens) and rows timed at start-up: enough shapes to separate the per-token and
 # the attention (length squared) terms of the batch cost model.
 CALIBRATION = ((1, 16), (8, 16), (16, 16), (1, 64), (4, 64), (1, 128), (2, 128), (1, 256))
+CALIBRATION_REPEATS = 5
+"""Best of five: calibration runs while the other stages start on the same cores."""
 
 
 def build_runner(settings: Settings, observer: Observer, stage: str) -> Runner:
@@ -53,18 +55,17 @@ def build_runner(settings: Settings, observer: Observer, stage: str) -> Runner:
         return run_isolated([item.data for item in items], encoder.embed_ids)
 
     def calibrate() -> list[tuple[int, float, float]]:
-        # Timed the way ``run`` executes a batch: rows run alone cost n times one row, so the
-        # cost model learns that waiting for company gains nothing and the batcher never waits.
+        # Timed the way ``run`` executes a batch (rows alone: n times one row's cost).
         rows = []
         for n, length in CALIBRATION:
             ids = [[pre.ids("a")[0]] + [1000] * (length - 2) + [pre.ids("a")[-1]]] * n
             embed(ids)  # the first run of a shape sizes buffers: not timed
-            rows.append((n, float(length), min(timed(lambda: embed(ids)) for _ in range(2))))
+            rows.append((n, float(length), min(timed(lambda: embed(ids)) for _ in range(CALIBRATION_REPEATS))))
         return rows
 
     identity = f"{config.name}/{config.version}/{engine.precision}/{text.PREPROCESSING_VERSION}"
     return Runner(prepare, run, calibrate, identity, variable_length=True, cost_prior=(1.0, 0.1, 0.0002),
-                  config=config, precision=engine.precision)
+                  rows_alone=alone, config=config, precision=engine.precision)
 
 
 def _content(job: EncodeJob, settings: Settings) -> bytes | None:

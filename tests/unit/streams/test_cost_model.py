@@ -42,3 +42,13 @@ def test_batching_gain_says_when_waiting_for_company_pays() -> None:
     batched = BatchCostModel(prior=(4.0, 0.05, 0.0))  # a fixed cost per call: company amortizes it
     alone = BatchCostModel(prior=(0.0, 0.1, 0.0))  # rows run one by one: company saves nothing
     assert batched.batching_gain(16) > 0.5 and alone.batching_gain(16) == 0.0
+
+
+def test_rows_alone_pays_the_fixed_cost_per_row_and_never_gains_from_company() -> None:
+    m = BatchCostModel(prior=(5.0, 1.0, 0.0), rows_alone=True, min_fit=4)
+    for n, length in ((1, 16), (4, 16), (2, 64), (8, 32), (1, 128), (3, 48)):
+        m.observe(n, length, n * (1.5 + 0.1 * length))  # each row alone: 1.5 ms + 0.1 ms per token
+    assert abs(m.predict(8, 32) - 8 * (1.5 + 3.2)) < 0.01
+    assert m.batching_gain(32) < 1e-9
+    shared = BatchCostModel(prior=(5.0, 0.1, 0.0))  # a fixed cost paid once per batch
+    assert shared.batching_gain(32) > 0.5
