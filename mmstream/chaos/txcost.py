@@ -7,6 +7,10 @@ Measures, on the configured broker and a topic of its own, the time from handing
 - transactions: begin, the same two records, ``send_offsets_to_transaction`` (the input's
   offset, as the stage would commit it), commit; a read_committed reader.
 
+``--gap-ms`` idles that long between answers, as a lightly loaded pipeline does (10 req/s: about
+100 ms): on a small VM every wake-up of the producer, the broker and the reader then costs more
+than back to back, and that is the hop a light-load request pays (docs/capacity.md).
+
 One answer per transaction is the latency floor for a stage that answers as work finishes
 (a generator's step, an assembler's fan-in); batching answers into fewer transactions
 lowers the cost per answer and adds up to the batching window to each answer's latency.
@@ -14,6 +18,7 @@ lowers the cost per answer and adds up to the batching window to each answer's l
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import sys
@@ -29,7 +34,8 @@ from schemas.settings import Settings
 from streams.security import client_kwargs
 
 
-async def measure(bootstrap: str, n: int = 200, security: dict[str, Any] | None = None) -> dict[str, dict[str, float]]:
+async def measure(bootstrap: str, n: int = 200, security: dict[str, Any] | None = None, gap_s: float = 0.0,
+                  modes: tuple[str, ...] = ("idempotent", "transactional")) -> dict[str, dict[str, float]]:
     topic = f"txcost-{uuid.uuid4().hex[:8]}"
     sec = dict(security or {})
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **sec)
@@ -37,12 +43,12 @@ async def measure(bootstrap: str, n: int = 200, security: dict[str, Any] | None 
     await admin.create_topics([NewTopic(topic, 1, 1)])
     await admin.close()
     out = {}
-    for mode in ("idempotent", "transactional"):
-        out[mode] = await _one(bootstrap, topic, mode, n, sec)
+    for mode in modes:
+        out[mode] = await _one(bootstrap, topic, mode, n, sec, gap_s)
     return out
 
 
-async def _one(bootstrap: str, topic: str, mode: str, n: int, sec: dict[str, Any]) -> dict[str, float]:
+async def _one(bootstrap: str, topic: str, mode: str, n: int, sec: dict[str, Any], gap_s: float) -> dict[str, float]:
     tx = mode == "transactional"
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=0,
                                 transactional_id=f"txcost-{uuid.uuid4().hex[:8]}" if tx else None, **sec)
@@ -75,6 +81,8 @@ async def _one(bootstrap: str, topic: str, mode: str, n: int, sec: dict[str, Any
             t2 = time.perf_counter()
             send_ms.append((t1 - t0) * 1000)
             seen_ms.append((t2 - t0) * 1000)
+            if gap_s:
+                await asyncio.sleep(gap_s)
     finally:
         await producer.stop()
         await reader.stop()
@@ -82,9 +90,16 @@ async def _one(bootstrap: str, topic: str, mode: str, n: int, sec: dict[str, Any
             "seen_p50_ms": round(sorted(seen_ms)[len(seen_ms) // 2], 2), "seen_p99_ms": round(p99(seen_ms) or 0, 2)}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mmstream.chaos.txcost", description=__doc__.splitlines()[0])
+    parser.add_argument("-n", type=int, default=200, help="answers per mode (default: 200)")
+    parser.add_argument("--gap-ms", type=float, default=0.0, help="idle time between answers (default: 0)")
+    parser.add_argument("--plain-only", action="store_true", help="only the idempotent producer (one plain hop)")
+    args = parser.parse_args(argv)
     settings = Settings.from_env()
-    print(json.dumps(asyncio.run(measure(settings.kafka.bootstrap, security=client_kwargs(settings))), indent=1))
+    modes = ("idempotent",) if args.plain_only else ("idempotent", "transactional")
+    result = asyncio.run(measure(settings.kafka.bootstrap, args.n, client_kwargs(settings), args.gap_ms / 1000.0, modes))
+    print(json.dumps(result, indent=1))
     return 0
 
 
