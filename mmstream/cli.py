@@ -23,6 +23,7 @@ from aiokafka.errors import KafkaConnectionError, KafkaError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from mmstream import commands
+from mmstream.bench.config import LEVERS
 from mmstream.report import ReportError
 from schemas.settings import Settings, SettingsError
 from streams.client import ClientError
@@ -131,7 +132,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--max-wait-ms", type=float, help="monolithic mode: its batch wait")
     b.add_argument("--lanes", help="share of each lane, e.g. rt=0.2,bulk=0.8 (default: all on --lane)")
     b.add_argument("--repeat", type=float, default=0.0, help="share of requests repeating an earlier one's content")
-    for lever in ("routing", "cache", "admission", "lanes"):
+    for lever in LEVERS:
         b.add_argument(f"--no-{lever}", action="store_true",
                        help=f"switch the {lever} lever off (runs on a pipeline of its own)")
     b.add_argument("--own-pipeline", action="store_true", help="run on a fresh pipeline started for this run")

@@ -14,13 +14,13 @@ import uuid
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
+from mmstream.bench.config import LEVERS
 from mmstream.supervisor import Supervisor
 from schemas.settings import Settings
 from streams.client import wait_until_serving
 from streams.security import KafkaSecurity, client_kwargs
 from streams.topics import ensure_topics, topic_specs
 
-LEVERS = ("routing", "cache", "admission", "lanes")
 
 # What switching each lever off means for the workers' settings. `lanes` off is a property
 # of the traffic (every request is sent on the rt lane), so it changes no setting.
@@ -29,6 +29,7 @@ OFF_ENV = {
     "cache": {"MMSTREAM_CACHE_ENABLED": "false"},
     "admission": {"MMSTREAM_ADMISSION_ENABLED": "false"},
     "lanes": {},
+    "grouping": {"MMSTREAM_ENCODER_GROUPING": "fifo"},
 }
 
 

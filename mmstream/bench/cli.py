@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from mmstream import report
-from mmstream.bench.config import BenchConfig, parse_lanes, parse_rates
+from mmstream.bench.config import LEVERS, BenchConfig, parse_lanes, parse_rates
 from mmstream.bench.run import run_bench
 from schemas.settings import Settings
 
@@ -28,7 +28,7 @@ def config_from_args(args: Any) -> BenchConfig:
                        max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
                        lanes=parse_lanes(args.lanes) if getattr(args, "lanes", None) else (),
                        repeat=getattr(args, "repeat", 0.0) or 0.0,
-                       levers_off=tuple(lv for lv in ("routing", "cache", "admission", "lanes")
+                       levers_off=tuple(lv for lv in LEVERS
                                         if getattr(args, f"no_{lv}", False)),
                        own_pipeline=getattr(args, "own_pipeline", False),
                        scheduler=getattr(args, "scheduler", None))

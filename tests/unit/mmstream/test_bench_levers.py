@@ -1,7 +1,9 @@
 import pytest
 
 from mmstream.bench import BenchConfig, parse_lanes, schedule
+from mmstream.bench.config import LEVERS
 from mmstream.levers import lever_env, replicas
+from schemas.settings import Settings
 
 
 def test_lanes_and_repeats_follow_the_asked_shares_and_the_seed():
@@ -40,6 +42,13 @@ def test_levers_map_to_settings_and_stages():
     assert {"encode.text", "encode.image"} <= set(replicas((), "mixed"))
     with pytest.raises(ValueError):
         lever_env(("gravity",), "p")
+
+
+def test_every_lever_switches_real_settings_off():
+    for lever in LEVERS:
+        Settings.from_env(lever_env((lever,), "p"))  # every env a lever writes is a valid setting
+    fifo = Settings.from_env(lever_env(("grouping",), "p"))
+    assert fifo.encoder.grouping == "fifo" and Settings.from_env({}).encoder.grouping == "length"
 
 
 def test_chat_workload_is_generate_requests_with_a_scheduler_switch():
