@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 from mmstream import localstack
 from mmstream.bench.config import BenchConfig, config_dict
 from mmstream.bench.results import Record, build_run, overhead
-from mmstream.bench.workloads import floor_text, request_kind, sample_images, schedule
+from mmstream.bench.workloads import floor_text, request_kind, run_tenants, sample_images, schedule
 from mmstream.levers import own_pipeline
 from mmstream.monolith import Engines, ModelServer, Monolith
 from mmstream.stats import summary
@@ -143,8 +143,7 @@ async def _send_on_schedule(offsets: Sequence[float], requests: Sequence[Request
 async def _run_pipeline(settings: Settings, cfg: BenchConfig, rate: float, progress: bool) -> dict[str, Any]:
     offsets, requests = schedule(cfg, rate)
     tenant = cfg.tenant or f"bench-{new_id()[:12]}"
-    # Requests of the run share a fresh tenant, unless the workload gives each its own.
-    requests = [dataclasses.replace(r, tenant=tenant) if r.tenant == "default" else r for r in requests]
+    requests = run_tenants(requests, tenant, salt=new_id()[:8])
     workers = _workers(settings)
     if not workers:
         log.warning("no local workers for topic prefix %r: CPU and RSS will be empty (pipeline elsewhere?)",

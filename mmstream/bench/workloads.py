@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import io
 import random
+from typing import Sequence
 
 from mmstream import samples
 from mmstream.bench.config import BenchConfig
@@ -147,6 +148,14 @@ CAPACITY_SIDES = (256, 512, 1024)
 
 def _sentence(rng: random.Random) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(rng.randint(10, 13))).capitalize() + "."
+
+
+def run_tenants(requests: Sequence[Request], shared: str, salt: str) -> list[Request]:
+    """The tenants one run sends as: requests without one share ``shared``; a workload's own
+    per-request tenants get the run's ``salt``, so the next run of the same seed (a sweep's
+    next rate) is not answered from the reuse cache the previous one filled."""
+    return [dataclasses.replace(r, tenant=shared) if r.tenant == "default"
+            else dataclasses.replace(r, tenant=f"{r.tenant}-{salt}") for r in requests]
 
 
 def capacity_request(rng: random.Random, lane: str) -> Request:

@@ -1,6 +1,7 @@
 import pytest
 
 from mmstream.bench import BenchConfig, parse_lanes, schedule
+from mmstream.bench.workloads import run_tenants
 from mmstream.bench.config import LEVERS
 from mmstream.levers import lever_env, replicas
 from schemas.settings import Settings
@@ -59,3 +60,14 @@ def test_chat_workload_is_generate_requests_with_a_scheduler_switch():
     assert BenchConfig(workload="chat", mode="monolithic").mode == "monolithic"
     with pytest.raises(ValueError):
         BenchConfig(workload="chat", scheduler="eager")
+
+
+def test_each_run_of_a_seed_gets_fresh_tenants_so_no_run_reads_anothers_cache():
+    cfg = BenchConfig(workload="capacity", rate=20, duration_s=2, seed=7)
+    _, reqs = schedule(cfg, 20)
+    first, second = run_tenants(reqs, "bench-a", "s1"), run_tenants(reqs, "bench-a", "s2")
+    assert [r.parts for r in first] == [r.parts for r in second]  # the seed's traffic
+    assert not {r.tenant for r in first} & {r.tenant for r in second}  # nothing shared between the runs
+    assert len({r.tenant for r in first}) == len(first)  # still a tenant per request
+    shared = run_tenants(schedule(BenchConfig(rate=20, duration_s=2), 20)[1], "bench-a", "s1")
+    assert {r.tenant for r in shared} == {"bench-a"}
