@@ -191,7 +191,7 @@ async def test_refs_resolve_only_in_the_tenants_claim_namespace_and_refusals_lea
         cache_key = next((k.decode() for k in owner.scan_iter("mm:*") if not k.startswith(b"mm:claim:")), "mm:res:x")
         refs = [f"redis:{acme_key}", f"redis:{cache_key}", "redis:mm:claim:evil:nothing:0", "redis:mm:load:mm",
                 f"redis:mm:claim:evil:{acme_key}", "file:///etc/passwd",
-                f"file://{REPO}/docs/bench-text/latency_cdf.png"]
+                f"file://{REPO}/docs/capacity/latency_cdf.png"]
         evil = await (await c.submit(Request(id=new_id(), tenant="evil", parts=tuple(
             Part(Modality.IMAGE, ref=ref, mime="image/jpeg") for ref in refs)))).result(timeout_s=60)
     assert evil.kind == "error" and evil.error["code"] == "invalid_request"
@@ -205,9 +205,9 @@ async def test_refs_resolve_only_in_the_tenants_claim_namespace_and_refusals_lea
 
 async def test_the_ffconcat_video_and_other_demuxer_tricks_are_unsupported_media(trust, secured_redis, tmp_path):
     # The worker runs in the repository: a relative path there names a real PNG.
-    tricks = [b"ffconcat version 1.0\nfile docs/bench-text/latency_cdf.png\n",
-              b"#EXTM3U\n#EXT-X-TARGETDURATION:1\n#EXTINF:1,\ndocs/bench-text/latency_cdf.png\n#EXT-X-ENDLIST\n",
-              (REPO / "docs/bench-text/latency_cdf.png").read_bytes()]
+    tricks = [b"ffconcat version 1.0\nfile docs/capacity/latency_cdf.png\n",
+              b"#EXTM3U\n#EXT-X-TARGETDURATION:1\n#EXTINF:1,\ndocs/capacity/latency_cdf.png\n#EXT-X-ENDLIST\n",
+              (REPO / "docs/capacity/latency_cdf.png").read_bytes()]
     async with client(trust, secured_redis) as c:
         event = await (await c.submit(Request(id=new_id(), parts=tuple(
             Part(Modality.VIDEO, data=t, mime="video/mp4") for t in tricks)))).result(timeout_s=60)
