@@ -11,7 +11,9 @@ squares over the last ``window`` batches it was told about.
 
 It answers the questions the stage and the router ask:
 
-- ``predict(n, L)``: ms of one batch (the batcher's budget is in these ms);
+- ``predict(n, L)``: ms of one batch of n rows of length L;
+- ``batch_ms(lengths)``: ms of one batch of items of these lengths, run the way the engine
+  runs it (padded to the longest, or each row alone at its own length): the batcher's budget;
 - ``per_item_ms(L)``: ms one item of length ``L`` costs when it rides in the batch it
   would get (as many peers as the budget allows): what queued work is worth;
 - ``batching_gain(L)``: how much a full batch saves per item over items alone (an engine
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -32,6 +35,10 @@ class Observation:
     rows: int
     length: float
     ms: float
+    tokens: float | None = None
+    """Sum of the rows' own lengths when they ran unpadded (rows alone); None: ``rows·length``."""
+    squares: float | None = None
+    """Sum of the squares of those lengths; None: ``rows·length²``."""
 
 
 class BatchCostModel:
@@ -51,11 +58,33 @@ class BatchCostModel:
         tokens = rows * length
         return max(0.0, c0 * (rows if self.rows_alone else 1) + c1 * tokens + c2 * tokens * length)
 
+    def batch_ms(self, lengths: Sequence[float]) -> float:
+        """Predicted ms of one batch of items of these lengths: padded to the longest, or,
+        for an engine that runs rows alone, each row at its own length."""
+        if not lengths:
+            return 0.0
+        if self.rows_alone:
+            return sum(self.predict(1, length) for length in lengths)
+        return self.predict(len(lengths), max(lengths))
+
     def observe(self, rows: int, length: float, ms: float) -> None:
         """One batch that ran: ``rows`` rows padded to ``length`` took ``ms``."""
         if rows < 1 or length <= 0 or ms < 0:
             return
-        self.window.append(Observation(rows, float(length), float(ms)))
+        self._add(Observation(rows, float(length), float(ms)))
+
+    def observe_batch(self, lengths: Sequence[float], ms: float) -> None:
+        """One batch of items of these lengths took ``ms`` (run as ``batch_ms`` says)."""
+        if not lengths or min(lengths) <= 0 or ms < 0:
+            return
+        if not self.rows_alone:
+            self.observe(len(lengths), max(lengths), ms)
+            return
+        self._add(Observation(len(lengths), float(max(lengths)), float(ms), float(sum(lengths)),
+                              float(sum(x * x for x in lengths))))
+
+    def _add(self, observation: Observation) -> None:
+        self.window.append(observation)
         if len(self.window) >= self.min_fit:
             self._fit()
 
@@ -85,12 +114,19 @@ class BatchCostModel:
         rows = self.rows_within(length)
         return self.predict(rows, length) / rows
 
+    def _features(self, o: Observation) -> list[float]:
+        tokens = o.tokens if o.tokens is not None else o.rows * o.length
+        squares = o.squares if o.squares is not None else o.rows * o.length * o.length
+        return [float(o.rows) if self.rows_alone else 1.0, tokens, squares]
+
     def _fit(self, force: bool = False) -> None:
         obs = list(self.window)
-        fixed = (lambda o: float(o.rows)) if self.rows_alone else (lambda o: 1.0)
-        x = np.array([[fixed(o), o.rows * o.length, o.rows * o.length * o.length] for o in obs])
+        x = np.array([self._features(o) for o in obs])
         y = np.array([o.ms for o in obs])
-        if not force and np.ptp(x[:, 1]) == 0:  # every batch the same size: nothing to separate
+        # Nothing to separate: every batch the same size (padded), or, rows alone, every row
+        # the same length (the columns are then multiples of one another).
+        spread = x[:, 1] / x[:, 0] if self.rows_alone else x[:, 1]
+        if not force and np.ptp(spread) == 0:
             return
         coef, *_ = np.linalg.lstsq(x, y, rcond=None)
         c0, c1, c2 = (float(c) for c in coef)

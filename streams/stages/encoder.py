@@ -83,7 +83,7 @@ class EncoderStage(RecordStage):
         self.batcher: MicroBatcher[Held] = MicroBatcher(
             BatchLimits(e.max_batch_size, e.max_wait_ms / 1000.0, e.max_batch_ms,
                         grouping=e.grouping if runner.variable_length else "fifo"),
-            batch_cost=lambda cs: self.model.predict(len(cs), max(cs)))
+            batch_cost=lambda cs: self.model.batch_ms(cs))
         self.max_wait_s = e.max_wait_ms / 1000.0
         self.queues: dict[str, list[Pending[Held]]] = {"rt": [], "bulk": []}
         self.held = 0
@@ -209,8 +209,8 @@ class EncoderStage(RecordStage):
                 self._answer_one(p.item.prepared.job, p.item.record, _deadline_error())
         if not live:
             return
-        rows, length = len(live), max(h.prepared.length for h in live)
-        self.running_ms = self.model.predict(rows, length)
+        lengths = [h.prepared.length for h in live]
+        self.running_ms = self.model.batch_ms(lengths)
         started = now_ms()
         try:
             results = await asyncio.get_running_loop().run_in_executor(
@@ -223,8 +223,8 @@ class EncoderStage(RecordStage):
         if len(results) != len(live):
             log.error("%s: engine returned %d outputs for %d inputs", self.stage, len(results), len(live))
             results = [RuntimeError("engine returned a wrong number of outputs")] * len(live)
-        self.metrics.observe_batch(self.stage, rows)
-        self.model.observe(rows, length, finished - started)
+        self.metrics.observe_batch(self.stage, len(live))
+        self.model.observe_batch(lengths, finished - started)
         writes = []
         for h, r in zip(live, results):
             job = h.prepared.job

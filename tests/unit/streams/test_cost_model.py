@@ -52,3 +52,22 @@ def test_rows_alone_pays_the_fixed_cost_per_row_and_never_gains_from_company() -
     assert m.batching_gain(32) < 1e-9
     shared = BatchCostModel(prior=(5.0, 0.1, 0.0))  # a fixed cost paid once per batch
     assert shared.batching_gain(32) > 0.5
+
+
+def test_rows_alone_batches_cost_each_row_at_its_own_length():
+    true = lambda length: 1.0 + 0.05 * length + 0.0002 * length * length  # noqa: E731 (one row alone, ms)
+    m = BatchCostModel(prior=(5.0, 1.0, 0.0), rows_alone=True, min_fit=4)
+    mixes = ([15, 60, 250], [15, 15, 60], [250], [60, 60, 15, 15], [15], [250, 15], [60], [15, 60])
+    for lengths in mixes * 3:
+        m.observe_batch(lengths, sum(true(x) for x in lengths))
+    for lengths in ([15, 250], [250, 250, 60], [15]):
+        assert abs(m.batch_ms(lengths) - sum(true(x) for x in lengths)) < 0.01
+    assert abs(m.per_item_ms(250) - true(250)) < 0.01  # what admission counts a long text at
+
+
+def test_a_window_of_one_length_does_not_move_the_other_lengths():
+    m = BatchCostModel(prior=(1.0, 0.05, 0.0002), rows_alone=True, min_fit=4)
+    before = (m.predict(1, 16), m.predict(1, 256))
+    for n in (1, 2, 3, 4, 5, 6, 7, 8) * 4:
+        m.observe_batch([32] * n, n * 4.0)  # rows of one length only: nothing tells 16 from 256
+    assert (m.predict(1, 16), m.predict(1, 256)) == before
