@@ -23,7 +23,7 @@ from aiokafka.errors import KafkaConnectionError, KafkaError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from mmstream import commands
-from mmstream.bench.config import LEVERS
+from mmstream.lever_names import LEVERS
 from mmstream.report import ReportError
 from schemas.settings import Settings, SettingsError
 from streams.client import ClientError

@@ -14,7 +14,7 @@ import uuid
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
-from mmstream.bench.config import LEVERS
+from mmstream.lever_names import LEVERS
 from mmstream.supervisor import Supervisor
 from schemas.settings import Settings
 from streams.client import wait_until_serving

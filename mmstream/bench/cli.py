@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from mmstream import report
-from mmstream.bench.config import LEVERS, BenchConfig, parse_lanes, parse_rates
+from mmstream.bench.config import BenchConfig, parse_lanes, parse_rates
 from mmstream.bench.run import run_bench
+from mmstream.lever_names import LEVERS
 from schemas.settings import Settings
 
 

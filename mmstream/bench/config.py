@@ -10,10 +10,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-LEVERS = ("routing", "cache", "admission", "lanes", "grouping")
-"""Levers a bench run can switch off (``--no-<lever>``), each on a pipeline of its own:
-``grouping`` off batches text in arrival order (FIFO, as a generic server) instead of by length."""
-
 MODES = ("pipeline", "monolithic", "server")
 WORKLOADS = ("text", "mixed", "chat", "capacity")
 SCHEDULERS = ("continuous", "static")
@@ -51,7 +47,7 @@ class BenchConfig:
     repeat: float = 0.0
     """Share of requests whose content repeats an earlier request's (reuse-cache traffic)."""
     levers_off: tuple[str, ...] = ()
-    """Levers switched off for this run (``LEVERS``); the run then gets a
+    """Levers switched off for this run (``mmstream.lever_names.LEVERS``); the run then gets a
     pipeline of its own with those settings."""
     scheduler: str | None = None
     """Chat workload: the generator's batching (continuous or static); the run then gets a

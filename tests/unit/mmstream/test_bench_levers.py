@@ -1,8 +1,11 @@
+import subprocess
+import sys
+
 import pytest
 
 from mmstream.bench import BenchConfig, parse_lanes, schedule
 from mmstream.bench.workloads import run_tenants
-from mmstream.bench.config import LEVERS
+from mmstream.lever_names import LEVERS
 from mmstream.levers import lever_env, replicas
 from schemas.settings import Settings
 
@@ -71,3 +74,9 @@ def test_each_run_of_a_seed_gets_fresh_tenants_so_no_run_reads_anothers_cache():
     assert len({r.tenant for r in first}) == len(first)  # still a tenant per request
     shared = run_tenants(schedule(BenchConfig(rate=20, duration_s=2), 20)[1], "bench-a", "s1")
     assert {r.tenant for r in shared} == {"bench-a"}
+
+
+@pytest.mark.parametrize("module", ["mmstream.levers", "mmstream.bench", "mmstream.cli"])
+def test_each_module_imports_first_in_a_fresh_interpreter(module):
+    done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
