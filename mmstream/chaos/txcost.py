@@ -96,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gap-ms", type=float, default=0.0, help="idle time between answers (default: 0)")
     parser.add_argument("--plain-only", action="store_true", help="only the idempotent producer (one plain hop)")
     args = parser.parse_args(argv)
+    if args.n < 1 or args.gap_ms < 0:
+        parser.error("-n must be at least 1 and --gap-ms at least 0")
     settings = Settings.from_env()
     modes = ("idempotent",) if args.plain_only else ("idempotent", "transactional")
     result = asyncio.run(measure(settings.kafka.bootstrap, args.n, client_kwargs(settings), args.gap_ms / 1000.0, modes))
