@@ -50,7 +50,8 @@ class EncoderSettings(Section):
     )
     grouping: Grouping = setting(
         "length", "Which queued items ride together: length (similar padded lengths, so a long text never pads short "
-        "ones) or fifo (arrival order, as a generic server)."
+        "ones) or fifo (arrival order, as a generic server). An engine that runs rows alone (int8 text) pads nothing "
+        "and always takes them in arrival order."
     )
     intra_op_threads: int = setting(
         1, "ONNX Runtime intra-op threads per engine; 0 lets the runtime choose (one per core). One is the measured "

@@ -54,6 +54,10 @@ log = logging.getLogger(__name__)
 REPORT_S = 0.25
 MIN_BATCHING_GAIN = 0.1
 TEXT_LENGTHS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+ROWS_ALONE_BATCH_MS = 10.0
+"""Engine time one batch may take when the engine runs its rows alone: company saves such
+an engine nothing, and every row's answer waits for the end of its batch, so its batches stay
+short (a few short texts, a long one alone) and run in arrival order."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,9 +84,11 @@ class EncoderStage(RecordStage):
         self.lengths = TEXT_LENGTHS if runner.variable_length else (1,)
         self.model = BatchCostModel(runner.cost_prior, max_batch_size=e.max_batch_size, max_batch_ms=e.max_batch_ms,
                                     rows_alone=runner.rows_alone)
+        padded = runner.variable_length and not runner.rows_alone  # only padded batches gain from grouping
         self.batcher: MicroBatcher[Held] = MicroBatcher(
-            BatchLimits(e.max_batch_size, e.max_wait_ms / 1000.0, e.max_batch_ms,
-                        grouping=e.grouping if runner.variable_length else "fifo"),
+            BatchLimits(e.max_batch_size, e.max_wait_ms / 1000.0,
+                        min(e.max_batch_ms, ROWS_ALONE_BATCH_MS) if runner.rows_alone else e.max_batch_ms,
+                        grouping=e.grouping if padded else "fifo"),
             batch_cost=lambda cs: self.model.batch_ms(cs))
         self.max_wait_s = e.max_wait_ms / 1000.0
         self.queues: dict[str, list[Pending[Held]]] = {"rt": [], "bulk": []}
