@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from schemas.errors import WireError
 from schemas.wire import WireMessage, omit_none
 
 VERSION = 1
@@ -52,6 +51,3 @@ class Event(WireMessage):
     @property
     def terminal(self) -> bool:
         return self.kind in TERMINAL_KINDS
-
-    def as_error(self) -> WireError | None:
-        return WireError.from_wire(self.error) if self.error else None

@@ -147,7 +147,10 @@ class AdmissionSettings(Section):
         2_000.0, "The most an admitted bulk request waits at a stage (ms of all the work queued there). Past it, new "
         "bulk requests get overloaded; bulk is shed first because it waits behind every rt request.", ge=0,
     )
-    refresh_ms: int = setting(1_000, "How often the router re-reads consumer lag to estimate queued work.", ge=1)
+    refresh_ms: int = setting(
+        1_000, "How often the router reads the encoders' load reports (Redis) for admission and the least-loaded "
+        "partitioner; between reads it adds what it routed itself.", ge=1
+    )
     backpressure_high_ms: float = setting(
         3_000.0, "Total queued work (ms) past which the router stops reading bulk ingress.", ge=0
     )

@@ -15,7 +15,6 @@ while it is neither stopping nor crashed, live unless it crashed. The records it
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import faust
 from faust.app.base import BootStrategy
@@ -78,11 +77,6 @@ def watch_health(app: faust.App, stage: str, health: WorkerHealth) -> None:
     health.stage = stage
     health.require(f"faust:{stage}", ready=lambda: running.is_set() and not app.should_stop and not app.crashed,
                    live=lambda: not app.crashed)
-
-
-def raw_topic(app: faust.App, *names: str) -> Any:
-    """A topic (or several, consumed as one stream) of raw bytes keys and values."""
-    return app.topic(*names, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
 
 
 def topic_names(settings: Settings) -> TopicNames:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from schemas.errors import ErrorCode
-from schemas.events import EventKind
 
 
 class RequestStatus(StrEnum):
@@ -35,15 +33,6 @@ TRANSITIONS: dict[RequestStatus, frozenset[RequestStatus]] = {
         RequestStatus.FORWARDED,
     }),
     **{s: frozenset() for s in TERMINAL},
-}
-
-# What the client receives for each terminal status: the event kind, and for errors the code.
-CLIENT_VIEW: dict[RequestStatus, tuple[EventKind, ErrorCode | None]] = {
-    RequestStatus.REJECTED: (EventKind.ERROR, None),  # the rejection carries its own code
-    RequestStatus.FINISHED: (EventKind.RESULT, None),
-    RequestStatus.FINISHED_PARTIAL: (EventKind.RESULT, None),
-    RequestStatus.FAILED: (EventKind.ERROR, None),
-    RequestStatus.DEADLINE_EXCEEDED: (EventKind.ERROR, ErrorCode.DEADLINE_EXCEEDED),
 }
 
 
