@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from mmstream.enginebench import median_ms
 from schemas.request import Modality, Request, Task
 from schemas.settings import Settings
 from schemas.trace import now_ms
@@ -118,24 +119,14 @@ class Engines:
     def floor_ms(self, text: str, image: tuple[bytes, str] | None, repeats: int = 20) -> dict[str, float]:
         """Median service time of each engine alone at batch 1 (encoder call included:
         tokenizing, or decoding and preprocessing the image), in milliseconds."""
-        out = {"encode.text": _median_ms(lambda: self.text.run_batch([text]), repeats)}
+        out = {"encode.text": median_ms(lambda: self.text.run_batch([text]), repeats)}
         if self.image is not None and image is not None:
-            out["encode.image"] = _median_ms(lambda: self.image.run_batch([image]), repeats)
+            out["encode.image"] = median_ms(lambda: self.image.run_batch([image]), repeats)
         return out
 
 
 def _info(info: Any) -> dict[str, str]:
     return {"model": info.model, "version": info.version, "precision": info.precision, "provider": info.provider}
-
-
-def _median_ms(fn: Any, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1000.0)
-    times.sort()
-    return round(times[len(times) // 2], 3)
 
 
 class Monolith:

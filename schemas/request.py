@@ -128,14 +128,14 @@ class Request(ToWire):
     WIRE_ORDER = ("id", "tenant", "task", "parts", "params", "lane", "deadline_ms", "reply_to")
 
 
-_ID_RE = re.compile(r"^[A-Za-z0-9._:\-]+$")
+_ID_RE = re.compile(r"[A-Za-z0-9._:\-]+")
 TENANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-]*")
 """What a tenant name looks like (``fullmatch``): no ``:``, ``/`` or ``|``, which separate
 the tenant from what follows it in namespaced keys (``<tenant>/<id>`` records,
 ``mm:claim:<tenant>:...``), and a letter or digit first (never ``.`` or ``..``, which are
 directory names)."""
-_TOPIC_RE = re.compile(r"^[A-Za-z0-9._\-]+$")
-_MIME_RE = re.compile(r"^[a-z0-9.+\-]+/[a-z0-9.+\-]+$")
+_TOPIC_RE = re.compile(r"[A-Za-z0-9._\-]+")
+_MIME_RE = re.compile(r"[a-z0-9.+\-]+/[a-z0-9.+\-]+")
 _MODALITY_RE = re.compile(MODALITY_NAME_RE)
 _BUILT_IN = frozenset(m.value for m in Modality)
 
@@ -151,7 +151,7 @@ def peek_reply(obj: Any) -> tuple[str, str | None] | None:
     rid, reply_to = obj.get("id"), obj.get("reply_to")
     if not isinstance(rid, str) or not rid or len(rid) > 128 or not _ID_RE.fullmatch(rid):
         return None
-    if not (isinstance(reply_to, str) and _TOPIC_RE.match(reply_to) and len(reply_to) <= 200):
+    if not (isinstance(reply_to, str) and _TOPIC_RE.fullmatch(reply_to) and len(reply_to) <= 200):
         reply_to = None
     return rid, reply_to
 
@@ -178,7 +178,7 @@ def validate_request(obj: dict[str, Any], limits: Limits, from_json: bool = Fals
     task = _enum(obj, "task", Task, Task.EMBED)
     lane = _enum(obj, "lane", Lane, Lane.RT)
     reply_to = _string(obj, "reply_to", limits.max_topic_chars)
-    if reply_to is not None and not _TOPIC_RE.match(reply_to):
+    if reply_to is not None and not _TOPIC_RE.fullmatch(reply_to):
         raise WireError(ErrorCode.INVALID_REQUEST, "reply_to is not a valid topic name", "reply_to")
     deadline_ms = obj.get("deadline_ms")
     if deadline_ms is not None:
@@ -209,7 +209,7 @@ def _part(p: Any, where: str, limits: Limits, from_json: bool, known: tuple[str,
         )
     modality: Modality | str = Modality(modality_raw) if modality_raw in _BUILT_IN else modality_raw
     mime = _string(p, "mime", 100, where=where)
-    if mime is not None and not _MIME_RE.match(mime.lower()):
+    if mime is not None and not _MIME_RE.fullmatch(mime.lower()):
         raise WireError(ErrorCode.INVALID_REQUEST, f"mime {mime!r} is not a media type", f"{where}.mime")
     given = [k for k in ("text", "data", "ref") if p.get(k) is not None]
     if len(given) != 1:

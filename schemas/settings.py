@@ -132,7 +132,7 @@ class RedisSettings(Section):
         pattern=r"^(redis|rediss|unix)://",
     )
     client_url: str = setting(
-        "", "Redis the SDK and `mmstream submit` store claim checks in, usually as a user that may only SET and GET "
+        "", "Redis the SDK and `mmstream send` store claim checks in, usually as a user that may only SET and GET "
         "mm:claim:* keys (infra/redis/redis.conf); empty: the workers' url.",
         pattern=r"^((redis|rediss|unix)://.*)?$",
     )

@@ -5,7 +5,7 @@ trades off and its constraints), the frozen ``Section`` base, and the value sets
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -14,9 +14,9 @@ ENV_PREFIX = "MMSTREAM_"
 
 # The value sets below are the ones the code acts on; tests check each against its user
 # (the partitioner strategies, the engines' precisions), since this package imports nothing.
-ENGINE_PRECISIONS = ("fp32", "fp16", "bf16", "int8")
-"""Precision variants an ONNX engine can serve (the repository must hold the variant)."""
 EnginePrecision = Literal["fp32", "fp16", "bf16", "int8"]
+ENGINE_PRECISIONS: tuple[str, ...] = get_args(EnginePrecision)
+"""Precision variants an ONNX engine can serve (the repository must hold the variant)."""
 LmPrecision = Literal["fp32", "int8"]
 """The LM and Whisper engines serve fp32 or int8 weights."""
 Partitioner = Literal["least-loaded", "spread", "hash", "round-robin"]

@@ -202,9 +202,6 @@ class AssemblerSettings(Section):
         5_000, "How long parts that arrived before their manifest wait for it (the router sends the manifest first, so "
         "only a reordering or a forged part waits): longer tolerates more reordering, holds forged parts longer.", ge=1
     )
-    max_orphans: int = setting(
-        10_000, "Most parts without a manifest one assembler holds; past it new ones are dropped (never answered).", ge=0
-    )
     max_pending: int = setting(
         100_000, "Most requests one assembler tracks; past it new manifests are answered overloaded.", ge=1
     )

@@ -18,14 +18,12 @@ No error message quotes the referenced bytes or the server's paths.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import redis
 
 from schemas.errors import ErrorCode, WireError
-from schemas.jobs import EncodeJob
 from schemas.request import TENANT_RE, claim_prefix
 from workers.redisconn import connect
 
@@ -94,29 +92,3 @@ class ClaimResolver:
                 return f.read(self.max_bytes + 1)
         except (OSError, ValueError, RuntimeError):  # unreadable, a NUL in the path, a symlink loop
             raise WireError(ErrorCode.INVALID_REQUEST, NO_FILE, field) from None
-
-
-def with_claims(run_batch: Callable[[list[EncodeJob]], list[Any]], resolver: ClaimResolver
-                ) -> Callable[[list[EncodeJob]], list[Any]]:
-    """``run_batch`` over jobs whose refs are replaced by their bytes; a ref that cannot be
-    fetched fails its own job only."""
-
-    def run(jobs: list[EncodeJob]) -> list[Any]:
-        ready: list[EncodeJob] = []
-        slots: list[int | WireError] = []
-        for job in jobs:
-            if job.ref is None:
-                slots.append(len(ready))
-                ready.append(job)
-                continue
-            try:
-                data = resolver.fetch(job.ref, f"parts.{job.part}.ref", job.tenant)
-            except WireError as err:
-                slots.append(err)
-                continue
-            slots.append(len(ready))
-            ready.append(dataclasses.replace(job, data=data, ref=None))
-        results = run_batch(ready) if ready else []
-        return [results[s] if isinstance(s, int) else s for s in slots]
-
-    return run

@@ -146,22 +146,17 @@ def claim_resolver(settings: Settings) -> Any:
                          lim.max_ref_bytes, tls_ca=settings.redis.tls_ca)
 
 
-def load_engine(settings: Settings, metrics: Observer, model: str, stage: str, engine_cls: Any = None,
+def load_engine(settings: Settings, metrics: Observer, model: str, stage: str,
                 precision: str | None = None) -> tuple[Any, Any]:
     """(model config, loaded engine) for ``model``, served by the backend its config names
     (``workers.engines``); reports the engine, and each variant the fidelity gate or a
     failed load refused on the way, on the metrics. ``engine.precision`` is the variant
-    that serves (the requested one, or fp32 after a fallback). ``engine_cls`` (a class
-    keeping the engine contract) overrides the config's backend, without fallback."""
+    that serves (the requested one, or fp32 after a fallback)."""
 
     config = ModelRepository(settings.models.repository).resolve(model)
     options = EngineOptions.from_settings(settings.encoder)
     precision = precision or settings.encoder.precision
-    if engine_cls is not None:
-        engine = engine_cls.from_options(config, precision, options)
-        engine.load()
-    else:
-        engine = engines.load_engine(config, precision, options, stage=stage, observer=metrics)
+    engine = engines.load_engine(config, precision, options, stage=stage, observer=metrics)
     info = engine.info
     metrics.set_engine(stage, dataclasses.asdict(info))
     log.info("%s: %s", stage, info)

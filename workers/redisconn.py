@@ -4,7 +4,7 @@ A URL says how to connect: ``redis://user:password@host:port/db`` authenticates 
 user (``AUTH user password``), ``rediss://`` speaks TLS and checks the server's certificate
 (against ``tls_ca``, a CA file, when given; else the system's CAs). Two users matter
 (infra/redis/redis.conf): the workers' (``settings.redis.url``: the reuse cache, load
-reports, claim checks) and the clients' (``settings.redis.clients``: may only SET and GET
+reports, claim checks) and the clients' (``settings.redis.client_url``: may only SET and GET
 claim checks). Nothing here prints or logs a URL: it may hold a password.
 """
 

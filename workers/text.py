@@ -100,10 +100,6 @@ class TextPreprocessor:
             mask[i, :len(r)] = 1
         return {"input_ids": ids, "attention_mask": mask}
 
-    def count_tokens(self, text: str) -> int:
-        """Tokens the engine will see for ``text``: special tokens included, truncation applied."""
-        return len(self._tokenizer.encode(text, add_special_tokens=True).ids)
-
 
 class Engine(Protocol):
     """What the encoder needs of an engine (``workers.engines.onnx.OnnxEngine`` is one)."""

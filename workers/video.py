@@ -92,10 +92,6 @@ def decode_video(data: bytes, max_seconds: float, max_frames: int, fps: float,
                     next_t = t + 1.0 / fps
                     if len(frames) >= max_frames:
                         break
-        except WireError:
-            raise
-        except MemoryError:
-            raise
         except (av.error.FFmpegError, ValueError, OSError) as exc:
             if not frames:
                 raise WireError(ErrorCode.UNSUPPORTED_MEDIA,

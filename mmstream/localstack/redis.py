@@ -167,7 +167,7 @@ class LocalRedis:
         if self.secured:
             entries = redis_acl.users(self.url, self.client_url, self._admin_password())
             kept = self._extra_users()
-            _write_private(self.acl_file, redis_acl.acl_file(entries, kept))
+            procs.write_private(self.acl_file, redis_acl.acl_file(entries, kept))
             security.append(f'aclfile "{self.acl_file}"')
         if self.tls:
             self._ensure_certificate()
@@ -211,9 +211,9 @@ class LocalRedis:
         user = redis_acl.AclUser(name, password, redis_acl.client_rule(claim_prefix(tenant)))
         lines = [ln for ln in self._extra_users() if not ln.startswith(f"user {name} ")] + [user.line()]
         self.root.mkdir(parents=True, exist_ok=True)
-        _write_private(self.root / "tenants.acl", "\n".join(lines) + "\n")
+        procs.write_private(self.root / "tenants.acl", "\n".join(lines) + "\n")
         entries = redis_acl.users(self.url, self.client_url, self._admin_password())
-        _write_private(self.acl_file, redis_acl.acl_file(entries, lines))
+        procs.write_private(self.acl_file, redis_acl.acl_file(entries, lines))
         admin = connect(self._admin_url(), self.tls_ca if self.tls else None, socket_timeout=self.probe_timeout_s,
                         socket_connect_timeout=self.probe_timeout_s)
         try:
@@ -230,7 +230,7 @@ class LocalRedis:
     def _admin_password(self) -> str:
         if not self.admin_secret.exists():
             self.root.mkdir(parents=True, exist_ok=True)
-            _write_private(self.admin_secret, secrets.token_urlsafe(24))
+            procs.write_private(self.admin_secret, secrets.token_urlsafe(24))
         return self.admin_secret.read_text().strip()
 
     def _admin_url(self) -> str:
@@ -274,11 +274,3 @@ class LocalRedis:
             return None
         finally:
             client.close()
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Write ``text`` readable by this user only (it holds password hashes or a secret)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(path, 0o600)

@@ -64,7 +64,7 @@ class SecureKafka(LocalKafka):
         path = self.root / "service.password"
         if not path.exists():
             self.root.mkdir(parents=True, exist_ok=True)
-            _write_private(path, secrets.token_urlsafe(24) + "\n")
+            procs.write_private(path, secrets.token_urlsafe(24) + "\n")
         return path.read_text().strip()
 
     def security(self) -> KafkaSecurity:
@@ -82,7 +82,7 @@ class SecureKafka(LocalKafka):
     def write_env_file(self) -> Path:
         """``mmstream.env`` (mode 0600): ``env()`` as lines a shell can source."""
         path = self.root / "mmstream.env"
-        _write_private(path, "".join(f"{k}={v}\n" for k, v in self.env().items()))
+        procs.write_private(path, "".join(f"{k}={v}\n" for k, v in self.env().items()))
         return path
 
     def client_kwargs(self) -> dict[str, Any]:
@@ -138,14 +138,6 @@ class SecureKafka(LocalKafka):
                         "-CAcreateserial", "-out", str(crt), "-days", str(_CERT_DAYS), "-extfile", str(ext)],
                        "Signing the broker's certificate", timeout_s=60)
         # The broker reads one PEM file holding its key and its chain (ssl.keystore.type=PEM).
-        _write_private(broker, key.read_text() + crt.read_text() + self.ca_file.read_text())
+        procs.write_private(broker, key.read_text() + crt.read_text() + self.ca_file.read_text())
         for leftover in (csr, ext):
             leftover.unlink(missing_ok=True)
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` readable by its owner only (created so from the start)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(path, 0o600)

@@ -55,6 +55,10 @@ def test_json_is_sniffed_and_data_is_base64():
     (valid(deadline_ms=0), ErrorCode.INVALID_REQUEST, "deadline_ms"),
     (valid(deadline_ms=10**9), ErrorCode.INVALID_REQUEST, "deadline_ms"),
     (valid(reply_to="bad topic!"), ErrorCode.INVALID_REQUEST, "reply_to"),
+    (valid(reply_to="my.replies\n"), ErrorCode.INVALID_REQUEST, "reply_to"),  # `$` would let a newline end it
+    (valid(id="r1\n"), ErrorCode.INVALID_REQUEST, "id"),
+    (valid(parts=[{"modality": "image", "data": b"x", "mime": "image/png\n"}]), ErrorCode.INVALID_REQUEST,
+     "parts.0.mime"),
     (valid(params={"max_tokens": 0}), ErrorCode.INVALID_REQUEST, "params.max_tokens"),
     (valid(params={"temperature": "hot"}), ErrorCode.INVALID_REQUEST, "params.temperature"),
     (valid(params={"stop": [""]}), ErrorCode.INVALID_REQUEST, "params.stop"),
@@ -84,6 +88,7 @@ def test_undecodable_bytes_raise_decode_error(raw):
 def test_peek_reply_reads_id_of_an_invalid_request():
     assert peek_reply({"id": "r9", "reply_to": "my.replies", "parts": "nonsense"}) == ("r9", "my.replies")
     assert peek_reply({"id": "r9", "reply_to": "bad topic"}) == ("r9", None)
+    assert peek_reply({"id": "r9", "reply_to": "my.replies\n"}) == ("r9", None)
     assert peek_reply({"id": 5}) is None
     assert peek_reply([1]) is None
 

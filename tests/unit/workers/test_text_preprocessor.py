@@ -43,10 +43,10 @@ def test_pads_to_the_longest_of_the_batch_not_to_128(pre: TextPreprocessor) -> N
     ids, mask = feeds["input_ids"], feeds["attention_mask"]
     assert set(feeds) == {"input_ids", "attention_mask"}
     assert ids.dtype == mask.dtype == np.int64
-    longest = pre.count_tokens("a somewhat longer sentence here")
+    longest = len(pre.ids("a somewhat longer sentence here"))
     assert ids.shape == mask.shape == (2, longest)
     assert mask[1].all()
-    short = pre.count_tokens("hi")
+    short = len(pre.ids("hi"))
     assert short == 3  # [CLS] hi [SEP]
     assert mask[0].tolist() == [1] * short + [0] * (longest - short)
     assert (ids[0, short:] == 0).all()  # [PAD] is id 0
@@ -66,7 +66,7 @@ def test_truncates_at_max_length_keeping_the_final_sep(pre: TextPreprocessor) ->
     feeds = pre.tokenize_batch([long_text, "short"])
     assert feeds["input_ids"].shape == (2, 32)
     assert feeds["input_ids"][0, -1] == 102
-    assert pre.count_tokens(long_text) == 32
+    assert len(pre.ids(long_text)) == 32
 
 
 def test_lowercasing_is_the_tokenizers(pre: TextPreprocessor) -> None:
