@@ -15,12 +15,10 @@ is named in ``x-mm-truncated``. A deployment that must not keep what clients sen
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from schemas.codec import CONTENT_TYPE_HEADER, ERROR_HEADER, MSGPACK, SOURCE_HEADER, TRUNCATED_HEADER, pack
-from schemas.trace import now_ms
 
 MAX_REASON_BYTES = 1000
 """The longest ``x-mm-error`` value: a reason quotes an exception, which may quote input."""
@@ -86,23 +84,6 @@ def dead_letter(dlq_topic: str, key: str | bytes | None, value: bytes | None, re
         dropped = len(original) - len(kept)
         note += f"; {dropped} original header{'s' if dropped > 1 else ''} dropped"
     return Out(dlq_topic, k, raw[:cut_to], kept + ours + [(TRUNCATED_HEADER, note.encode())])
-
-
-def record_source(event: Any) -> str:
-    """``topic[partition]@offset`` of a consumed Faust event, for logs and ``x-mm-source``."""
-    m = event.message
-    return f"{m.topic}[{m.partition}]@{m.offset}"
-
-
-async def send_all(producer: Any, outs: list[Out]) -> None:
-    """Send every output (in order per partition) and wait until the broker has them all.
-
-    Raises the first send error; the caller decides what that means for its input.
-    """
-    ts = now_ms() / 1000.0
-    pending = [await producer.send(o.topic, o.key, o.value, o.partition, ts, o.headers) for o in outs]
-    if pending:
-        await asyncio.gather(*pending)
 
 
 def _pairs(headers: Mapping[str, Any] | Iterable[tuple[str, Any]] | None) -> Iterable[tuple[str, Any]]:

@@ -222,10 +222,6 @@ class StageIO:
         task.add_done_callback(self._inflight.discard)
         return task
 
-    async def send_now(self, outs: Sequence[Out]) -> None:
-        """Send and wait until the broker has every output (for the rare path that must)."""
-        await self._deliver(list(outs), [], self.epoch)
-
     async def _deliver(self, outs: list[Out], inputs: list[ConsumerRecord], epoch: int) -> None:
         pending = outs
         attempt = 0

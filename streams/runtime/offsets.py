@@ -85,6 +85,3 @@ class OffsetTracker:
 
     def total_unfinished(self) -> int:
         return sum(len(p.open) for p in self._parts.values())
-
-    def partitions(self) -> list[Hashable]:
-        return list(self._parts)

@@ -324,7 +324,6 @@ class AssemblerStage(RecordStage):
                 if part.done.get(key) == at:
                     del part.done[key]
                     part.digests.pop(key, None)
-        self.metrics.set_inflight(self.stage, self._open_count())
         self.metrics.set_state(self.stage, open=self._open_count(), orphans=self._orphan_count(),
                                tombstones=sum(len(p.done) for p in self.partitions.values()))
 
@@ -362,10 +361,6 @@ def _opens(rec: ConsumerRecord) -> tuple[str, str, str] | None:
         return None
     key = fan_in_key(msg)
     return (key, msg.reply_to, msg.id) if key is not None else None
-
-
-def _where(r: ConsumerRecord) -> str:
-    return f"{r.topic}[{r.partition}]@{r.offset}"
 
 
 def _observe_terminal(metrics: Metrics, event: Event, state: Assembly | None) -> None:

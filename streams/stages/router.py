@@ -366,18 +366,17 @@ class RouterStage(RecordStage):
             m.observe_span("route", routed.modality, routed.lane, routed.queued_ms, routed.service_ms)
 
     def should_take_bulk(self) -> bool:
-        """Bulk ingress waits while the rt backlog is large or the pool's queued work is over
-        the backpressure watermark (with hysteresis)."""
+        """Bulk ingress waits while the rt backlog is large (rt first, as every stage) or, with
+        admission on, while the pool's queued work is over the backpressure watermark (with
+        hysteresis)."""
         if not self.settings.admission.enabled:
-            return True
-        over = self.backlog_rt() > self.rt_backlog_records
-        change = self.backpressure.update(max(self.load.total_ms, self.backpressure.high_ms + 1) if over
-                                          else self.load.total_ms)
+            return super().should_take_bulk()
+        change = self.backpressure.update(self.load.total_ms)
         if change == "pause":
             self.metrics.admission("bulk", "defer")
             log.warning("router: holding bulk ingress (queued work %.0f ms; high %.0f, low %.0f)",
                         self.load.total_ms, self.backpressure.high_ms, self.backpressure.low_ms)
-        return not self.backpressure.paused
+        return super().should_take_bulk() and not self.backpressure.paused
 
     async def on_started(self) -> None:
         await super().on_started()
