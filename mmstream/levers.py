@@ -44,9 +44,10 @@ def replicas(off: tuple[str, ...], workload: str) -> dict[str, int]:
         stages["encode.any"] = 1
     else:
         stages["encode.text"] = 1
-        if workload != "text":
+        if workload != "text":  # photos, videos (frames and soundtracks) and spoken clips
             stages["encode.image"] = 1
             stages["encode.video"] = 1
+            stages["encode.audio"] = 1
     return stages
 
 

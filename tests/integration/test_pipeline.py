@@ -13,6 +13,7 @@ from schemas.request import Modality, Part, Request
 from schemas.tensor import from_wire
 from streams.client import Client, new_id
 from tests.integration.kafka_io import read_to_end, terminal_events
+from workers.models.gates import GATES
 
 pytestmark = pytest.mark.integration
 
@@ -59,6 +60,8 @@ async def test_200_requests_get_200_results_matching_the_model(pipeline):
     int8 = direct_embeddings(pipeline.settings, texts[:20], "int8", alone=True)
     int8_cos = [float(a @ b) for a, b in zip(int8, reference)]
     print(f"\nint8 vs fp32 cosine over 20 texts: mean {np.mean(int8_cos):.4f}, min {min(int8_cos):.4f}")
+    gate = GATES["all-minilm-l6-v2"]["int8"]  # what the build holds int8 to, on real sentences here
+    assert np.mean(int8_cos) >= gate["mean_cosine"]["min"] and min(int8_cos) >= gate["min_cosine"]["min"]
     for e in events[:3]:
         assert [s["stage"] for s in e.timings["stages"]] == ["route", "encode.text", "assemble"]
         assert e.timings["e2e_ms"] > 0

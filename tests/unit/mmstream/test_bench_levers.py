@@ -43,7 +43,7 @@ def test_levers_map_to_settings_and_stages():
     assert env["MMSTREAM_CACHE_ENABLED"] == "false" and env["MMSTREAM_ROUTER_MODALITY_TOPICS"] == "false"
     assert env["MMSTREAM_KAFKA_TOPIC_PREFIX"] == "p1"
     assert "encode.any" in replicas(("routing",), "mixed") and "encode.text" not in replicas(("routing",), "mixed")
-    assert {"encode.text", "encode.image"} <= set(replicas((), "mixed"))
+    assert {"encode.text", "encode.image", "encode.video", "encode.audio"} <= set(replicas((), "mixed"))
     with pytest.raises(ValueError):
         lever_env(("gravity",), "p")
 
