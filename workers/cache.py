@@ -1,8 +1,9 @@
 """The Redis reuse cache of encoder outputs, used from the encode stage's prep thread.
 
-``CacheFront`` looks every cacheable job of a polled batch up with one MGET before the job
-is queued (hits never reach the engine), and writes new outputs back with one pipelined
-SET ... EX after their batch ran. Redis
+``CacheFront`` looks every cacheable job of a polled batch up before the job is queued (hits
+never reach the engine) in one round trip that also claims each miss for this worker (a Lua
+script: GET, else SET NX of the miss's ``:inflight`` claim), and writes new outputs back with
+one pipelined SET ... EX after their batch ran. Redis
 being slow or down only costs time: a short socket timeout, then a circuit breaker that
 skips the cache for a cool-down; every such failure is counted and logged, never shown
 to the client.
@@ -25,6 +26,24 @@ from workers.redisconn import connect
 log = logging.getLogger(__name__)
 
 
+LOOKUP_OR_CLAIM = """
+local out = {}
+for i = 1, #KEYS, 2 do
+  local value = redis.call('GET', KEYS[i])
+  if value then
+    out[#out + 1] = value
+  elseif redis.call('SET', KEYS[i + 1], '1', 'NX', 'PX', ARGV[1]) then
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+end
+return out
+"""
+"""KEYS: each key and its ``:inflight`` claim, in pairs; ARGV[1]: how long a claim holds (ms).
+Per key: its value, 1 (a miss, now claimed by the caller) or 0 (a miss another worker claimed)."""
+
+
 class EncoderCache:
     """MGET/SET of packed outputs, behind a circuit breaker. Thread-compatible: one caller."""
 
@@ -35,6 +54,21 @@ class EncoderCache:
         self.ttl_s = ttl_s
         self.breaker = breaker or CircuitBreaker()
         self.clock = clock
+        self._lookup_or_claim = self.client.register_script(LOOKUP_OR_CLAIM)
+
+    def lookup_or_claim(self, keys: Sequence[str], hold_ms: int) -> list[bytes | bool] | None:
+        """Per key in one round trip: its value, or for a miss whether this worker now computes
+        it (True: claimed here for ``hold_ms``; False: another worker holds the claim). None
+        when the cache is unavailable (skipped or failed)."""
+        if not keys or not self.breaker.allow(self.clock()):
+            return None
+        try:
+            raw = self._lookup_or_claim(keys=[k for key in keys for k in (key, f"{key}:inflight")], args=[hold_ms])
+        except Exception as exc:  # any Redis trouble only costs time
+            self._failed("GET/SET NX", exc)
+            return None
+        self.breaker.record(True, self.clock())
+        return [v if isinstance(v, bytes) else bool(v) for v in raw]
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None] | None:
         """Values (None per miss), or None when the cache is unavailable (skipped or failed)."""
@@ -47,21 +81,6 @@ class EncoderCache:
             return None
         self.breaker.record(True, self.clock())
         return values
-
-    def claim(self, keys: Sequence[str], hold_ms: int) -> list[bool]:
-        """Single-flight across replicas: for each key, whether this worker now computes it
-        (SET NX of ``<key>:inflight`` for ``hold_ms``). When the cache is unavailable every
-        key is ours (only time is at stake)."""
-        if not keys or not self.breaker.allow(self.clock()):
-            return [True] * len(keys)
-        try:
-            pipe = self.client.pipeline(transaction=False)
-            for key in keys:
-                pipe.set(f"{key}:inflight", b"1", nx=True, px=hold_ms)
-            return [bool(ok) for ok in pipe.execute()]
-        except Exception as exc:
-            self._failed("SET NX", exc)
-            return [True] * len(keys)
 
     def set_many(self, items: Sequence[tuple[str, bytes]]) -> bool:
         if not items or not self.breaker.allow(self.clock()):
@@ -118,20 +137,24 @@ class CacheFront:
         self.poll_ms = poll_ms
         self.sleep = sleep
 
-    def lookup(self, keys: list[str | None]) -> list[Encoded | None]:
-        """Per key: the cached output (``cache="hit"``), or None (a miss, or not cached)."""
+    def lookup(self, keys: list[str | None], wait_for_others: bool = True) -> list[Encoded | None]:
+        """Per key: the cached output (``cache="hit"``), or None (a miss, or not cached). A
+        miss another worker claimed is waited for unless ``wait_for_others`` is False (the
+        caller computes it anyway)."""
         cacheable = sorted({k for k in keys if k is not None})
-        values = self.cache.get_many(cacheable) if cacheable else None
+        values = self.cache.lookup_or_claim(cacheable, hold_ms=int(self.wait_ms * 4)) if cacheable else None
         found: dict[str, tuple[np.ndarray, dict[str, Any]]] = {}
+        theirs: list[str] = []
         for key, raw in zip(cacheable, values or []):
-            if raw is not None:
+            if raw is False:
+                theirs.append(key)
+            elif isinstance(raw, bytes):
                 try:
                     found[key] = unpack_output(raw)
                 except Exception:  # a corrupt entry is a miss
                     log.warning("reuse cache: unreadable entry %s; recomputing", key)
-        missing = [k for k in cacheable if k not in found]
-        if values is not None and missing:
-            self._wait_for_others(missing, found)
+        if theirs and wait_for_others:
+            self._wait_for_others(theirs, found)
         out: list[Encoded | None] = []
         for k in keys:
             if k is None:
@@ -149,11 +172,9 @@ class CacheFront:
         if writes:
             self.cache.set_many([(k, pack_output(e.embedding, e.extras, self.wire_dtype)) for k, e in writes])
 
-    def _wait_for_others(self, missing: list[str], found: dict[str, tuple[np.ndarray, dict[str, Any]]]) -> None:
-        """Claim the missing keys; for those another worker claimed first, poll for its
-        answer (adding it to ``found``) until it appears or ``wait_ms`` runs out."""
-        ours = self.cache.claim(missing, hold_ms=int(self.wait_ms * 4))
-        theirs = [k for k, mine in zip(missing, ours) if not mine]
+    def _wait_for_others(self, theirs: list[str], found: dict[str, tuple[np.ndarray, dict[str, Any]]]) -> None:
+        """Misses another worker claimed first: poll for its answer (adding it to ``found``)
+        until it appears or ``wait_ms`` runs out."""
         deadline = time.monotonic() + self.wait_ms / 1000.0
         while theirs and time.monotonic() < deadline:
             self.sleep(self.poll_ms / 1000.0)

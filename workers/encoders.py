@@ -78,6 +78,10 @@ class EncoderFront:
 
     def prepare_many(self, jobs: list[EncodeJob]) -> list[Any]:
         """Prep thread: per job its exception, a cache hit (``Encoded``), or its ``Prepared``."""
+        return self.lookup(self.prepare_items(jobs))
+
+    def prepare_items(self, jobs: list[EncodeJob]) -> list[Any]:
+        """Per job its exception or its ``Prepared`` (the cache not asked yet)."""
         prepared: list[Any] = []
         for job in jobs:
             try:
@@ -92,9 +96,14 @@ class EncoderFront:
                 prepared.append(dataclasses.replace(item, key=self._key(item)))
             except Exception as exc:
                 prepared.append(exc)
+        return prepared
+
+    def lookup(self, prepared: list[Any], wait_for_others: bool = True) -> list[Any]:
+        """``prepared`` with the reuse cache's hits in place of their items (see
+        ``CacheFront.lookup`` for ``wait_for_others``)."""
         if self.cache is None:
             return prepared
-        hits = self.cache.lookup([p.key if isinstance(p, Prepared) else None for p in prepared])
+        hits = self.cache.lookup([p.key if isinstance(p, Prepared) else None for p in prepared], wait_for_others)
         return [hit if hit is not None else p for p, hit in zip(prepared, hits)]
 
     def _key(self, item: Prepared) -> str | None:

@@ -66,6 +66,13 @@ class EncoderRunner(Protocol):
     def prepare_many(self, jobs: list[Any]) -> list[Any]:
         """Per job: its exception, an ``Encoded`` (a cache hit), or its ``Prepared`` (``key`` set when cached)."""
 
+    def prepare_items(self, jobs: list[Any]) -> list[Any]:
+        """``prepare_many`` without the reuse cache: per job its exception or its ``Prepared``."""
+
+    def lookup(self, prepared: list[Any], wait_for_others: bool = True) -> list[Any]:
+        """The reuse cache's half of ``prepare_many``: ``prepared`` with hits in place of their
+        items; a miss another worker is computing is waited for only with ``wait_for_others``."""
+
     def run(self, items: list[Prepared]) -> list[Any]:
         """One ``Encoded`` or exception per item, in order (the engine call)."""
 

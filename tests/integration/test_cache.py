@@ -14,6 +14,7 @@ import pytest
 from mmstream.samples import photo
 from schemas.request import Modality, Part, Request
 from streams.client import Client, new_id
+from workers.cache import EncoderCache
 from tests.integration.conftest import start_pipeline
 
 pytestmark = pytest.mark.integration
@@ -93,3 +94,18 @@ async def test_an_identical_request_is_answered_whole_by_the_router(pipeline):
     assert again.cache["result"] == "hit"
     assert [s["stage"] for s in again.timings["stages"]] == ["route"]
     assert [p["embedding"] for p in again.payload["parts"]] == [p["embedding"] for p in first.payload["parts"]]
+
+
+def test_one_round_trip_finds_hits_and_claims_each_miss_once(infra):
+    """The lookup's Lua script on the real Redis: a stored key comes back as its value, the
+    first worker to miss a key claims it, the next one sees the claim; a store frees it."""
+    prefix = f"mm:test:{new_id()}"
+    stored, missed = f"{prefix}:stored", f"{prefix}:missed"
+    a = EncoderCache(infra.redis.url, ttl_s=60, timeout_s=1.0)
+    b = EncoderCache(infra.redis.url, ttl_s=60, timeout_s=1.0)
+    assert a.set_many([(stored, b"packed")])
+    assert a.lookup_or_claim([stored, missed], hold_ms=5000) == [b"packed", True]
+    assert b.lookup_or_claim([stored, missed], hold_ms=5000) == [b"packed", False]
+    assert a.set_many([(missed, b"done")])  # the claimer stores its answer and drops the claim
+    assert b.lookup_or_claim([missed], hold_ms=5000) == [b"done"]
+    a.client.delete(stored, missed)

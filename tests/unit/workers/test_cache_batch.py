@@ -16,10 +16,17 @@ class DictCache:
     def __init__(self, up=True):
         self.store, self.up, self.claims = {}, up, set()
 
-    def claim(self, keys, hold_ms):
-        mine = [k not in self.claims for k in keys]
-        self.claims.update(keys)
-        return mine
+    def lookup_or_claim(self, keys, hold_ms):
+        if not self.up:
+            return None
+        out = []
+        for k in keys:
+            if k in self.store:
+                out.append(self.store[k])
+            else:
+                out.append(k not in self.claims)
+                self.claims.add(k)
+        return out
 
     def get_many(self, keys):
         return [self.store.get(k) for k in keys] if self.up else None
