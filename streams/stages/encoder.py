@@ -13,6 +13,13 @@ Three hands work at once, so the engine never waits for I/O:
   batch starts while the broker acknowledges the last one; the job records are finished
   (committable) once their outputs are acknowledged.
 
+A co-located router (``router.colocate``: this stage in the router's process) hands jobs
+over with ``take_local`` instead of through the encode topic while this replica has room:
+they skip a broker hop, are queued and batched like the rest, and their outputs go back
+through the router's own producer (after the request's manifest, so the assembler sees the
+parts of a request in order), which finishes the ingress record once every one of them is
+with the broker.
+
 Intake is bounded: past ``max_queue`` jobs held (preparing, queued or running) the stage's
 topics are paused until it is back under three quarters of that. A few times a second the
 stage reports its queued work (ms, per partition) and what one more item costs it, for the
@@ -28,7 +35,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import faust
 from aiokafka.structs import ConsumerRecord
@@ -44,6 +51,7 @@ from streams.load import merge_item_costs
 from streams.metrics import Metrics
 from streams.policies.batching import Batch, BatchLimits, MicroBatcher, Pending, Wait
 from streams.policies.cost_model import BatchCostModel, Observation
+from streams.policies.placement import Offer, take_local
 from streams.produce import Out, out_map
 from streams.runtime.stage import RecordStage
 from workers.outputs import Encoded, EncoderRunner, Prepared
@@ -61,20 +69,30 @@ short (a few short texts, a long one alone) and run in arrival order."""
 
 
 @dataclass(frozen=True, slots=True)
+class Local:
+    """Where a job handed over in this process came from: no record of its own; its output
+    goes back through ``send``."""
+
+    lane: str
+    send: Callable[[Out], None]
+
+
+@dataclass(frozen=True, slots=True)
 class Held:
     """A job between its record and its output."""
 
     prepared: Prepared
-    record: ConsumerRecord
+    record: ConsumerRecord | Local
     key: str | None
     """Its reuse-cache key (None: not cached)."""
 
 
 class EncoderStage(RecordStage):
     def __init__(self, app: faust.App, settings: Settings, metrics: Metrics, modality: str, runner: EncoderRunner,
-                 wire_dtype: str = "float16") -> None:
+                 wire_dtype: str = "float16", group_id: str | None = None) -> None:
         names_prefix = settings.kafka.topic_prefix
-        super().__init__(app, settings, [f"{names_prefix}.encode.{modality}.rt"], [f"{names_prefix}.encode.{modality}.bulk"])
+        super().__init__(app, settings, [f"{names_prefix}.encode.{modality}.rt"], [f"{names_prefix}.encode.{modality}.bulk"],
+                         group_id=group_id)
         e = settings.encoder
         self.stage = f"encode.{modality}"
         self.modality = modality
@@ -99,6 +117,8 @@ class EncoderStage(RecordStage):
         self.engine = ThreadPoolExecutor(1, thread_name_prefix=f"engine-{modality}")
         self.prep = ThreadPoolExecutor(1, thread_name_prefix=f"prep-{modality}")
         self.running_ms = 0.0
+        self.direct_ms = 0.0
+        """Predicted ms of the polled batch the engine thread prepares and runs directly (``_prepare``)."""
         self.replica = f"{self.stage}/{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.redis = connect_async(settings.redis.url, settings.redis.tls_ca, socket_timeout=0.2,
                                    socket_connect_timeout=0.2)
@@ -124,30 +144,130 @@ class EncoderStage(RecordStage):
             return
         self.held += len(jobs)
         self._flow()
-        asyncio.ensure_future(self._prepare(jobs))
+        self._prepare(jobs)
 
-    async def _prepare(self, jobs: list[tuple[EncodeJob, ConsumerRecord]]) -> None:
-        """Prep thread: bytes, preprocessing and the cache lookup for one polled batch."""
+    def take_local(self, offers: list[tuple[EncodeJob, float, Callable[[Out], None]]],
+                   max_queued_ms: float) -> list[bool]:
+        """Jobs of a co-located router, each with its predicted ms and where its output goes:
+        per job, whether this replica took it (else it goes through the encode topic). Taken
+        while fewer than ``max_queue`` jobs are held and the predicted work queued ahead of it
+        in its lane is at most ``max_queued_ms``."""
+        room = 0 if self.paused else self.max_queue - self.held
+        taken = take_local([Offer(job.lane, ms) for job, ms, _ in offers], self.queued_ms("rt"),
+                           self.queued_ms("bulk"), room, max_queued_ms)
+        jobs: list[tuple[EncodeJob, ConsumerRecord | Local]] = []
+        now = now_ms()
+        for (job, _, send), took in zip(offers, taken):
+            if not took:
+                continue
+            if job.deadline_at_ms <= now:
+                send(self._failed(job, _deadline_error()))
+                continue
+            jobs.append((job, Local("bulk" if job.lane == "bulk" else "rt", send)))
+        if jobs:
+            self.held += len(jobs)
+            self._flow()
+            self._prepare(jobs)
+        return taken
+
+    def queued_ms(self, lane: str) -> float:
+        """Predicted engine time ahead of a new job of ``lane``: the batch running, the rt
+        queue, and for bulk the bulk queue too (rt goes first)."""
+        lanes = ("rt",) if lane == "rt" else ("rt", "bulk")
+        return self.running_ms + self.direct_ms + sum(self.model.per_item_ms(p.cost) for q in lanes for p in self.queues[q])
+
+    def _prepare(self, jobs: list[tuple[EncodeJob, ConsumerRecord | Local]]) -> None:
+        """Prep thread: bytes, preprocessing and the cache lookup for one polled batch, started
+        at once (the thread works while the loop goes on). When the engine is idle, nothing
+        is queued and company would gain nothing, the engine thread does the preparing and
+        runs the misses in the same call: two thread hand-offs fewer, which is most of what
+        an idle stage adds to a request."""
         loop = asyncio.get_running_loop()
+        direct = self._engine_idle()
+        if direct:
+            self.direct_ms = max(0.001, self.model.per_item_ms(self.lengths[len(self.lengths) // 2]) * len(jobs))
+            work = loop.run_in_executor(self.engine, self._prepare_and_run, [j for j, _ in jobs])
+        else:
+            work = loop.run_in_executor(self.prep, self.runner.prepare_many, [j for j, _ in jobs])
+        asyncio.ensure_future(self._prepared(jobs, work, direct))
+
+    async def _prepared(self, jobs: list[tuple[EncodeJob, ConsumerRecord | Local]], work: asyncio.Future,
+                        direct: bool) -> None:
+        """Back on the loop: answer what needs no engine, queue the rest (or answer the batch
+        the engine thread ran directly)."""
+        ran: tuple[list[Any], list[float], float, float] | None = None
         try:
-            ready = await loop.run_in_executor(self.prep, self.runner.prepare_many, [j for j, _ in jobs])
+            if direct:
+                ready, ran = await work
+            else:
+                ready = await work
         except Exception as exc:  # the runner isolates items; this is a bug
             log.exception("%s: preparing %d jobs failed", self.stage, len(jobs))
             ready = [exc] * len(jobs)
+        finally:
+            if direct:
+                self.direct_ms = 0.0
         now, at = time.monotonic(), now_ms()
-        for (job, record), item in zip(jobs, ready):
+        done: list[Held] = []
+        for i, ((job, record), item) in enumerate(zip(jobs, ready)):
             if isinstance(item, (Exception, Encoded)):  # refused, or a reuse-cache hit: answered here
                 span = Span(self.stage, job.sent_at_ms, at, at).to_wire()
                 self._answer_one(job, record, item, span)
+            elif ran is not None:
+                done.append(Held(item, record, item.key))
             else:
-                lane = "bulk" if record.topic in self.bulk_topics else "rt"
+                lane = record.lane if isinstance(record, Local) else "bulk" if record.topic in self.bulk_topics else "rt"
                 self.queues[lane].append(Pending(Held(item, record, item.key), item.length, now))
+        if ran is not None and done:
+            outputs, ran_lengths, started, finished = ran
+            results = [o for o, item in zip(outputs, ready) if not isinstance(item, (Exception, Encoded))]
+            self._answer_batch(done, results, started, finished, ran_lengths)
         for lane, q in self.queues.items():
             self.metrics.set_queue_depth(self.stage, lane, len(q))
         self.wake.set()
 
-    def _answer_one(self, job: EncodeJob, record: ConsumerRecord, result: Any, span: list[Any] | None = None) -> None:
-        self.io.deliver([self._output(job, result, span)], [record])
+    def _engine_idle(self) -> bool:
+        return (self.direct_ms == 0.0 and self.running_ms == 0.0 and not self.queues["rt"]
+                and not self.queues["bulk"] and self._wait_s() == 0.0)
+
+    def _prepare_and_run(self, jobs: list[EncodeJob]) -> tuple[list[Any], tuple[list[Any], list[float], float, float] | None]:
+        """Engine thread, engine idle: prepare ``jobs`` and run them at once while the prep
+        thread asks the reuse cache (a hit it finds wins; a miss claimed elsewhere is not
+        waited for: it is computed here anyway). Returns per job its exception, hit or
+        ``Prepared``, and (per job the engine's output or None, the lengths run, started,
+        finished)."""
+        items = self.runner.prepare_items(jobs)
+        todo = [i for i, item in enumerate(items) if not isinstance(item, Exception)]
+        if not todo:
+            return items, None
+        looked_up = self.prep.submit(self.runner.lookup, items, False)
+        started = now_ms()
+        try:
+            results = self.runner.run([items[i] for i in todo])
+        except Exception as exc:  # the runner isolates items; this is a bug
+            log.exception("%s: engine call failed", self.stage)
+            results = [exc] * len(todo)
+        finished = now_ms()
+        if len(results) != len(todo):
+            log.error("%s: engine returned %d outputs for %d inputs", self.stage, len(results), len(todo))
+            results = [RuntimeError("engine returned a wrong number of outputs")] * len(todo)
+        try:
+            ready = looked_up.result()
+        except Exception:  # the runner isolates cache trouble; this is a bug: answer what ran
+            log.exception("%s: cache lookup failed", self.stage)
+            ready = items
+        outputs: list[Any] = [None] * len(items)
+        for i, r in zip(todo, results):
+            outputs[i] = r
+        return ready, (outputs, [items[i].length for i in todo], started, finished)
+
+    def _answer_one(self, job: EncodeJob, record: ConsumerRecord | Local, result: Any,
+                    span: list[Any] | None = None) -> None:
+        out = self._output(job, result, span)
+        if isinstance(record, Local):
+            record.send(out)
+        else:
+            self.io.deliver([out], [record])
         self.held -= 1
         self._flow()
 
@@ -215,8 +335,7 @@ class EncoderStage(RecordStage):
                 self._answer_one(p.item.prepared.job, p.item.record, _deadline_error())
         if not live:
             return
-        lengths = [h.prepared.length for h in live]
-        self.running_ms = self.model.batch_ms(lengths)
+        self.running_ms = self.model.batch_ms([h.prepared.length for h in live])
         started = now_ms()
         try:
             results = await asyncio.get_running_loop().run_in_executor(
@@ -226,6 +345,13 @@ class EncoderStage(RecordStage):
             results = [exc] * len(live)
         finished = now_ms()
         self.running_ms = 0.0
+        self._answer_batch(live, results, started, finished)
+
+    def _answer_batch(self, live: list[Held], results: list[Any], started: float, finished: float,
+                      ran_lengths: list[float] | None = None) -> None:
+        """Account for one engine run (metrics, the cost model) and answer its jobs
+        (``ran_lengths``: what the engine ran, when more than ``live``)."""
+        lengths = [h.prepared.length for h in live] if ran_lengths is None else ran_lengths
         if len(results) != len(live):
             log.error("%s: engine returned %d outputs for %d inputs", self.stage, len(results), len(live))
             results = [RuntimeError("engine returned a wrong number of outputs")] * len(live)
@@ -280,12 +406,14 @@ class EncoderStage(RecordStage):
             for p in q:
                 ms = self.model.per_item_ms(p.cost)
                 lanes[lane] += ms
+                if isinstance(p.item.record, Local):
+                    continue  # on no partition: the lane's total counts it
                 key = f"{p.item.record.topic}:{p.item.record.partition}"
                 parts[key] = parts.get(key, 0.0) + ms
         typical = self.model.per_item_ms(self.lengths[len(self.lengths) // 2])
         for lane, topics in (("rt", self.rt_topics), ("bulk", self.bulk_topics)):
             lanes[lane] += sum(self.io.backlog(t) for t in topics) * typical
-        queued_rt = self.running_ms + lanes["rt"]
+        queued_rt = self.running_ms + self.direct_ms + lanes["rt"]
         return {"stage": self.stage, "at": now_ms(), "queued_ms": round(queued_rt + lanes["bulk"], 3),
                 "queued_rt_ms": round(queued_rt, 3),
                 "partitions": {k: round(v, 3) for k, v in parts.items()},
