@@ -88,6 +88,15 @@ class RouterSettings(Section):
     partitioner: Partitioner = setting(
         "least-loaded", "How a job's partition inside a pool is chosen: least-loaded, spread, hash or round-robin."
     )
+    colocate: str = setting(
+        "text", "Comma-separated modalities whose encoder also runs inside each router process (placement): their "
+        "parts skip the broker hop to the pool while that encoder has room (see colocate_max_queued_ms), and "
+        "it joins the modality's pool like any replica. Empty: every part goes through its encode topic."
+    )
+    colocate_max_queued_ms: float = setting(
+        25.0, "Predicted queued work (ms) past which the router's own encoder is passed over and a part goes "
+        "through its encode topic to the whole pool.", ge=0
+    )
 
     @field_validator("served_tasks")
     @classmethod
@@ -97,7 +106,7 @@ class RouterSettings(Section):
             raise ValueError(f"unknown {', '.join(map(repr, unknown))}; choose from {', '.join(TASKS)}")
         return value
 
-    @field_validator("served_modalities")
+    @field_validator("served_modalities", "colocate")
     @classmethod
     def _modality_names(cls, value: str) -> str:
         # Which modalities exist is the registry's (plugins add some): here only their shape.

@@ -26,6 +26,11 @@ from streams.topics import TopicNames
 
 
 
+def group_id(topic_prefix: str, stage: str) -> str:
+    """The consumer group (and Faust app id) of ``stage``: ``<prefix>-<stage>``, dots as dashes."""
+    return f"{topic_prefix}-{stage.replace('.', '-')}"
+
+
 def create_app(settings: Settings, stage: str, replica: int = 0, health: WorkerHealth | None = None) -> faust.App:
     """A Faust app whose id (and so consumer group) is ``<prefix>-<stage>``.
 
@@ -36,7 +41,7 @@ def create_app(settings: Settings, stage: str, replica: int = 0, health: WorkerH
     datadir = settings.local.state_dir / "faust" / k.topic_prefix / f"{stage}-{replica}"
     datadir.parent.mkdir(parents=True, exist_ok=True)
     app = faust.App(
-        f"{k.topic_prefix}-{stage.replace('.', '-')}",
+        group_id(k.topic_prefix, stage),
         broker=[f"kafka://{server.strip()}" for server in k.bootstrap.split(",")],
         web_enabled=False,
         datadir=str(datadir),

@@ -215,20 +215,22 @@ class StageIO:
 
     def deliver(self, outs: Sequence[Out], inputs: Iterable[ConsumerRecord] = ()) -> asyncio.Task:
         """Send ``outs`` (in order per partition) and, once the broker has all of them,
-        finish ``inputs``. Returns at once; the task it returns ends when that happened."""
+        finish ``inputs``. Returns at once; the task it returns ends when that happened, with
+        True, or with False when the partitions were revoked first (the outputs held then
+        were dropped, the inputs left unfinished for their next owner)."""
         inputs = list(inputs)
         task = asyncio.create_task(self._deliver(list(outs), inputs, self.epoch))
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
         return task
 
-    async def _deliver(self, outs: list[Out], inputs: list[ConsumerRecord], epoch: int) -> None:
+    async def _deliver(self, outs: list[Out], inputs: list[ConsumerRecord], epoch: int) -> bool:
         pending = outs
         attempt = 0
         while pending:
             if epoch != self.epoch:  # the partitions were revoked meanwhile: their next owner redoes this
                 self.dropped += len(pending)
-                return
+                return False
             failed: list[Out] = []
             futures = []
             for o in pending:
@@ -250,8 +252,10 @@ class StageIO:
                 log.warning("%s: %d outputs not delivered; retry %d in %.1fs", self.settings.group_id,
                             len(pending), attempt, delay)
                 await asyncio.sleep(delay)
-        if epoch == self.epoch:  # else: revoked; the same offsets may be another assignment's now
-            self.finish(inputs)
+        if epoch != self.epoch:  # revoked; the same offsets may be another assignment's now
+            return False
+        self.finish(inputs)
+        return True
 
     async def _send(self, o: Out) -> asyncio.Future:
         assert self.producer is not None
@@ -312,6 +316,56 @@ class StageIO:
                 await self.commit()
             except Exception as exc:  # a rebalance in progress, a fenced generation: next time
                 log.info("%s: commit skipped: %r", self.settings.group_id, exc)
+
+
+class Joint:
+    """One input record whose outputs leave in several deliveries, some of them later (the
+    answers of a stage co-located in this process): the record is finished once it is
+    ``seal``ed and every delivery it expects reached the broker under the assignment it was
+    read in. A delivery dropped by a revoke leaves it unfinished, for its next owner."""
+
+    def __init__(self, io: StageIO, record: ConsumerRecord) -> None:
+        self.io = io
+        self.record = record
+        self.epoch = io.epoch
+        self.waiting = 0
+        self.sealed = False
+        self.failed = False
+        self.finished = False
+
+    def send(self, outs: Sequence[Out]) -> None:
+        """Deliver ``outs`` now."""
+        self.waiting += 1
+        self._deliver(outs)
+
+    def expect(self) -> Callable[[Out], None]:
+        """Where one output that comes later goes (call it exactly once)."""
+        self.waiting += 1
+        return lambda out: self._deliver([out])
+
+    def unexpect(self, n: int = 1) -> None:
+        """``n`` outputs ``expect``ed will not come (their sends are never called)."""
+        self.waiting -= n
+
+    def seal(self) -> None:
+        """No more deliveries will be added."""
+        self.sealed = True
+        self._check()
+
+    def _deliver(self, outs: Sequence[Out]) -> None:
+        self.io.deliver(outs).add_done_callback(self._landed)
+
+    def _landed(self, task: asyncio.Task) -> None:
+        self.waiting -= 1
+        if task.cancelled() or task.exception() is not None or not task.result():
+            self.failed = True
+        self._check()
+
+    def _check(self) -> None:
+        if (self.sealed and not self.waiting and not self.failed and not self.finished
+                and self.io.epoch == self.epoch):
+            self.finished = True
+            self.io.finish([self.record])
 
 
 async def _close_quietly(producer: AIOKafkaProducer | None, timeout_s: float = 5.0) -> None:

@@ -73,7 +73,8 @@ class RecordStage(mode.Service):
     poll_timeout_ms = 100
 
     def __init__(self, app: faust.App, settings: Settings, rt_topics: Sequence[str], bulk_topics: Sequence[str],
-                 rt_backlog_records: int | None = None, pattern: str | None = None, **kwargs: Any) -> None:
+                 rt_backlog_records: int | None = None, pattern: str | None = None, group_id: str | None = None,
+                 **kwargs: Any) -> None:
         self.app = app
         self.settings = settings
         self.names = TopicNames(settings.kafka.topic_prefix)
@@ -86,7 +87,7 @@ class RecordStage(mode.Service):
         self.health = process_health()
         self.restarts: dict[str, int] = {}
         """Task name -> times it raised and was started again."""
-        io = io_settings(settings, app.conf.id)
+        io = io_settings(settings, group_id or app.conf.id)  # a co-located stage joins its own pool's group
         if pattern is not None:  # new matching topics are found at the next metadata refresh
             io = dataclasses.replace(io, metadata_max_age_ms=max(1000, int(settings.router.topic_cache_s * 1000)))
         self.io = StageIO(io, [*self.rt_topics, *self.bulk_topics], pattern=pattern,

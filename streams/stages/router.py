@@ -35,7 +35,7 @@ import hashlib
 import logging
 import secrets
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import faust
 from aiokafka.structs import ConsumerRecord
@@ -56,7 +56,8 @@ from streams.policies.quota import QuotaLimits, Shed, TenantLabels, TenantQuotas
 from streams.produce import Out, dead_letter, out_map
 from streams.reply_topics import ReplyTopics, TopicCache
 from streams.result_cache import ResultCache
-from streams.split import split_request
+from streams.split import RoutedJob, split_request
+from streams.runtime.io import Joint
 from streams.runtime.stage import RecordStage
 from streams.security import client_kwargs
 from streams.topics import TopicNames
@@ -64,6 +65,9 @@ from workers import modalities
 from workers.cache_keys import content_digest, result_key
 from workers.redisconn import connect_async
 from workers.text import normalize
+
+if TYPE_CHECKING:
+    from streams.stages.encoder import EncoderStage
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +95,17 @@ class Routed:
     """``admit`` or ``reject`` when admission decided; None when it was off or not reached."""
     shed: tuple[str, str] | None = None
     """(tenant, reason) when the tenant's quota shed the request."""
+    jobs: tuple["JobOut", ...] = ()
+    """The encode jobs among ``outs``: a co-located encoder may take them over in process."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobOut:
+    job: RoutedJob
+    out: Out
+    """Its record in ``Routed.outs``."""
+    cost_ms: float
+    """Its predicted engine time."""
 
 
 class Router:
@@ -198,15 +213,17 @@ class Router:
         # the same producer batch; encoders start on the parts at once.
         outs = [out_map(encoded, rkey, m.to_wire())]
         outs += [out_map(encoded, rkey, p.to_wire()) for p in plan.failed_parts]
-        outs += [out_map(j.topic, j.key, j.job.to_wire(), j.partition) for j in plan.jobs]
-        for j, part in ((j, req.parts[j.job.part]) for j in plan.jobs):
-            self.load.note_sent(j.topic, j.partition, self._part_cost(part), m.accepted_at_ms)
+        jobs = tuple(JobOut(j, out_map(j.topic, j.key, j.job.to_wire(), j.partition), self._part_cost(req.parts[j.job.part]))
+                     for j in plan.jobs)
+        outs += [j.out for j in jobs]
+        for j in jobs:
+            self.load.note_sent(j.job.topic, j.job.partition, j.cost_ms, m.accepted_at_ms)
         wait = decision.predicted_wait_ms if isinstance(decision, Admit) else 0.0
-        self.quotas.note_sent(req.tenant, sum(self._part_cost(req.parts[j.job.part]) for j in plan.jobs), started, wait)
+        self.quotas.note_sent(req.tenant, sum(j.cost_ms for j in jobs), started, wait)
         modalities = set(m.modalities)
         return Routed(outs, "ok", modality=modalities.pop() if len(modalities) == 1 else "mixed", lane=str(req.lane),
                       queued_ms=max(0.0, started - client_sent), service_ms=m.accepted_at_ms - started,
-                      admission="admit" if decision is not None else None)
+                      admission="admit" if decision is not None else None, jobs=jobs)
 
     def _result_key(self, req: Any) -> str | None:
         """The whole-result key of an embed request whose parts all have content here and a
@@ -314,7 +331,8 @@ class RouterStage(RecordStage):
 
     stage = "route"
 
-    def __init__(self, app: faust.App, settings: Settings, metrics: Metrics) -> None:
+    def __init__(self, app: faust.App, settings: Settings, metrics: Metrics,
+                 colocated: dict[str, "EncoderStage"] | None = None) -> None:
         names = TopicNames(settings.kafka.topic_prefix)
         pattern = names.ingress_pattern() if settings.kafka.authenticated else None
         super().__init__(app, settings, [names.ingress("rt")], [names.ingress("bulk")], pattern=pattern)
@@ -329,12 +347,46 @@ class RouterStage(RecordStage):
         self.backpressure = Backpressure(adm.backpressure_high_ms, adm.backpressure_low_ms)
         self.redis = connect_async(settings.redis.url, settings.redis.tls_ca, socket_timeout=0.2,
                                    socket_connect_timeout=0.2)
+        self.colocated = dict(colocated or {})
+        """Encode topic -> the encoder running in this process that may take its jobs over."""
 
     async def handle(self, records: list[ConsumerRecord]) -> None:
         routed = await asyncio.gather(*(self._route(r) for r in records))
+        handovers: list[tuple[Joint, list[JobOut]]] = []
         for r, result in zip(records, routed):
-            self.io.deliver(result.outs, [r])
             self._observe(result)
+            local = [j for j in result.jobs if j.job.topic in self.colocated]
+            if not local:
+                self.io.deliver(result.outs, [r])
+                continue
+            # The manifest and everything not offered first; an encoder's answers come after.
+            offered = {id(j.out) for j in local}
+            joint = Joint(self.io, r)
+            joint.send([o for o in result.outs if id(o) not in offered])
+            handovers.append((joint, local))
+        if handovers:
+            self._hand_over(handovers)
+
+    def _hand_over(self, handovers: list[tuple[Joint, list[JobOut]]]) -> None:
+        """Offer the jobs of co-located encoders to them (one call per encoder and poll); send
+        the ones they do not take through their topics."""
+        by_encoder: dict[int, list[tuple[Joint, JobOut, Callable[[Out], None]]]] = {}
+        for joint, jobs in handovers:
+            for j in jobs:
+                by_encoder.setdefault(id(self.colocated[j.job.topic]), []).append((joint, j, joint.expect()))
+        untaken: dict[int, list[Out]] = {}
+        for offers in by_encoder.values():
+            encoder = self.colocated[offers[0][1].job.topic]
+            taken = encoder.take_local([(j.job.job, j.cost_ms, send) for _, j, send in offers],
+                                       self.settings.router.colocate_max_queued_ms)
+            for (joint, j, _), took in zip(offers, taken):
+                if not took:
+                    joint.unexpect()
+                    untaken.setdefault(id(joint), []).append(j.out)
+        for joint, _ in handovers:
+            if id(joint) in untaken:
+                joint.send(untaken[id(joint)])
+            joint.seal()
 
     def lane_of_topic(self, topic: str) -> str:
         parsed = self.names.parse_ingress(topic)
@@ -395,5 +447,12 @@ class RouterStage(RecordStage):
             await asyncio.sleep(interval)
 
 
-def install_router(app: faust.App, settings: Settings, metrics: Metrics) -> None:
-    RouterStage(app, settings, metrics).install()
+def install_router(app: faust.App, settings: Settings, metrics: Metrics,
+                   colocated: list["EncoderStage"] | None = None) -> None:
+    """The router on ``app``, with the encoders placed in its process (``router.colocate``),
+    each serving its own topics too and taking the router's jobs over while it has room."""
+    topics: dict[str, EncoderStage] = {}
+    for encoder in colocated or []:
+        encoder.install()
+        topics.update((t, encoder) for t in (*encoder.rt_topics, *encoder.bulk_topics))
+    RouterStage(app, settings, metrics, topics).install()

@@ -19,7 +19,8 @@ from typing import Any, Callable
 import faust
 
 from schemas.settings import Settings
-from streams.app import create_app
+from schemas.settings_base import csv_items
+from streams.app import create_app, group_id
 from streams.lagmon import run_lag_monitor
 from streams.metrics import Metrics, serve
 from streams.security import client_kwargs
@@ -57,8 +58,22 @@ def _generic(settings: Settings, metrics: Metrics) -> EncoderRunner:
     return EncoderFront(generic_runner(settings, metrics), claim_resolver(settings), None)
 
 
+def _router(app: faust.App, settings: Settings, metrics: Metrics) -> None:
+    """The router, and the encoders ``router.colocate`` places in its process (each in its
+    pool's consumer group)."""
+    encoders = []
+    for name in csv_items(settings.router.colocate):
+        spec = modalities.get(name)
+        if spec is None or spec.runner is None:
+            raise ValueError(f"router.colocate: {name!r} is not a modality with an encoder of its own "
+                             f"(encoders: {', '.join(s.name for s in modalities.specs() if s.runner is not None)})")
+        encoders.append(EncoderStage(app, settings, metrics, spec.name, spec.front(settings, metrics, spec.stage),
+                                     group_id=group_id(settings.kafka.topic_prefix, spec.stage)))
+    install_router(app, settings, metrics, encoders)
+
+
 def _installer(stage: str) -> Installer:
-    fixed = {"router": install_router, "assembler": install_assembler, "generate": install_generator,
+    fixed = {"router": _router, "assembler": install_assembler, "generate": install_generator,
              BASELINE_POOL: _encoder_installer("any", _generic)}
     if stage in fixed:
         return fixed[stage]

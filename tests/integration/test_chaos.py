@@ -21,8 +21,8 @@ SCENARIOS = REPO / "chaos" / "scenarios"
 CI = sorted(p.stem for p in SCENARIOS.glob("*.json") if json.loads(p.read_text()).get("ci"))
 
 
-def test_the_ci_scenarios_are_the_kill_and_the_zombie_ones() -> None:
-    assert CI == ["ci-kill", "ci-zombie"]
+def test_the_ci_scenarios_are_the_kill_zombie_and_colocated_ones() -> None:
+    assert CI == ["ci-colocated", "ci-kill", "ci-zombie"]
 
 
 @pytest.mark.parametrize("name", CI)

@@ -1,0 +1,110 @@
+"""An ingress record whose outputs leave in several deliveries (the router's own, and those of
+an encoder co-located in its process) is finished once, after the last one reached the
+broker, and never when one was dropped or the partition was revoked meanwhile.
+
+The I/O below stands in for ``StageIO``'s two calls the joint uses (``deliver`` and
+``finish``): what is tested is the bookkeeping, not Kafka."""
+
+import asyncio
+
+from streams.produce import out_map
+from streams.runtime.io import Joint
+
+
+class Deliveries:
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.sent: list[tuple[list, asyncio.Future]] = []
+        self.finished: list[str] = []
+
+    def deliver(self, outs, inputs=()):
+        done = asyncio.get_running_loop().create_future()
+        self.sent.append((list(outs), done))
+        return done
+
+    def finish(self, inputs):
+        self.finished.extend(inputs)
+
+    def land(self, i: int, ok: bool = True) -> None:
+        self.sent[i][1].set_result(ok)
+
+
+def out(name: str):
+    return out_map("t", name, {"v": name})
+
+
+async def settle() -> None:
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+async def test_finished_once_after_the_last_delivery_and_the_seal() -> None:
+    io = Deliveries()
+    joint = Joint(io, "ingress@5")
+    joint.send([out("manifest")])
+    later = joint.expect()
+    io.land(0)
+    joint.seal()
+    await settle()
+    assert io.finished == []  # the encoder's answer is not with the broker yet
+    later(out("part"))
+    assert [o.key for o in io.sent[1][0]] == [b"part"]  # after the manifest, in its own delivery
+    io.land(1)
+    await settle()
+    assert io.finished == ["ingress@5"]
+    joint._check()  # noqa: SLF001 - a late check finishes nothing twice
+    assert io.finished == ["ingress@5"]
+
+
+async def test_not_finished_before_the_seal_even_when_everything_landed() -> None:
+    io = Deliveries()
+    joint = Joint(io, "ingress@6")
+    joint.send([out("manifest")])
+    io.land(0)
+    await settle()
+    assert io.finished == []
+    joint.unexpect(0)
+    joint.seal()
+    assert io.finished == ["ingress@6"]
+
+
+async def test_an_offer_not_taken_is_not_waited_for() -> None:
+    io = Deliveries()
+    joint = Joint(io, "ingress@7")
+    joint.send([out("manifest")])
+    joint.expect()
+    joint.unexpect()  # the encoder had no room: the job went through its topic instead
+    joint.send([out("job")])
+    io.land(0)
+    io.land(1)
+    joint.seal()
+    await settle()
+    assert io.finished == ["ingress@7"]
+
+
+async def test_a_dropped_delivery_leaves_the_record_for_its_next_owner() -> None:
+    io = Deliveries()
+    joint = Joint(io, "ingress@8")
+    joint.send([out("manifest")])
+    later = joint.expect()
+    joint.seal()
+    io.land(0, ok=False)  # revoked while in flight: StageIO dropped it
+    later(out("part"))
+    io.land(1)
+    await settle()
+    assert io.finished == []
+
+
+async def test_a_revoke_between_deliveries_leaves_the_record_unfinished() -> None:
+    io = Deliveries()
+    joint = Joint(io, "ingress@9")
+    joint.send([out("manifest")])
+    later = joint.expect()
+    joint.seal()
+    io.land(0)
+    await settle()
+    io.epoch += 1  # the partition went to another replica and may have come back
+    later(out("part"))
+    io.land(1)
+    await settle()
+    assert io.finished == []
