@@ -143,6 +143,10 @@ class VideoSettings(Section):
     frames_per_chunk: int = setting(
         4, "Frames per image-pool job: smaller chunks spread one video over more replicas.", ge=1
     )
+    max_held: int = setting(
+        8, "Most video jobs one video stage replica holds (decoding or waiting for its decode thread); past "
+        "it the replica stops fetching until one is done, so the rest wait in the broker.", ge=1
+    )
 
 
 class AdmissionSettings(Section):

@@ -85,7 +85,8 @@ def plan_fanout(job: EncodeJob, settings: Settings, decode: Any = decode_video, 
 class VideoStage(RecordStage):
     """Video jobs in, fan-out records out. Decoding runs in one thread, one video at a time,
     while the record loop keeps fetching; each job record is finished once its fan-out is
-    with the broker."""
+    with the broker. Intake is bounded: at most ``video.max_held`` jobs are held (each with
+    its bytes); at the bound the stage's topics are paused until one is done."""
 
     stage = STAGE
 
@@ -96,6 +97,22 @@ class VideoStage(RecordStage):
         self.metrics = metrics
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="video-decode")
         self.resolver = claim_resolver(settings)
+        self.held = 0
+        self.max_held = settings.video.max_held
+
+    def poll_budget(self) -> int:
+        return max(0, self.max_held - self.held)
+
+    def should_take_bulk(self) -> bool:
+        return self.held < self.max_held and super().should_take_bulk()
+
+    def _flow(self) -> None:
+        """Pause the stage's topics while ``max_held`` jobs are held; resume below it."""
+        hold = self.held >= self.max_held
+        for t in (*self.rt_topics, *self.bulk_topics):  # paused again every time: a rebalance resumes them
+            (self.io.pause if hold else self.io.resume)(t)
+        if not hold:
+            self.bulk_paused = False  # the loop re-applies the rt-first gate
 
     async def handle(self, records: list[ConsumerRecord]) -> None:
         for r in records:
@@ -105,7 +122,9 @@ class VideoStage(RecordStage):
                 self.metrics.to_dlq(STAGE)
                 self.io.deliver([self.dlq(r, f"invalid_request: undecodable encode job: {exc}")], [r])
                 continue
+            self.held += 1
             asyncio.ensure_future(self._fan_out(job, r))
+        self._flow()
 
     async def _fan_out(self, job: EncodeJob, record: ConsumerRecord) -> None:
         try:
@@ -117,6 +136,9 @@ class VideoStage(RecordStage):
             outs = [out_map(self.names.encoded(job.lane), request_key(job.tenant, job.id), EncodedPart(
                 id=job.id, part=job.part, modality="video", sent_at_ms=now_ms(), error=err.to_wire(),
                 tenant=job.tenant, nonce=job.nonce).to_wire())]
+        finally:
+            self.held -= 1
+            self._flow()
         self.io.deliver(outs, [record])
         self.metrics.request_done(STAGE, "ok" if len(outs) > 1 else "error")
 

@@ -1,0 +1,80 @@
+"""The video stage holds at most ``video.max_held`` jobs (each with its bytes): at the bound it
+pauses its topics and asks for no more records, and resumes once a decode is done. Decoding
+is replaced by a function that waits for the test, so what is tested is the bookkeeping."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from aiokafka.structs import ConsumerRecord
+
+import streams.stages.video as video
+from schemas.codec import pack
+from schemas.jobs import EncodeJob
+from schemas.settings import Settings
+from streams.app import create_app
+from streams.health import WorkerHealth
+from streams.metrics import Metrics
+from streams.produce import out_map
+
+PREFIX = "unit"
+
+
+class Recorder:
+    """Stands in for StageIO: deliveries, finished offsets and paused topics."""
+
+    def __init__(self) -> None:
+        self.finished: list[int] = []
+        self.paused: set[str] = set()
+
+    def deliver(self, outs, inputs=()):
+        self.finished.extend(r.offset for r in inputs)
+
+    def pause(self, topic):
+        self.paused.add(topic)
+
+    def resume(self, topic):
+        self.paused.discard(topic)
+
+
+@pytest.fixture
+def stage(tmp_path, monkeypatch):
+    gate = threading.Event()
+
+    def plan(job, settings, decode, resolver):
+        gate.wait(10)
+        return [out_map(f"{PREFIX}.encoded.rt", job.id, {"v": 1})]
+
+    monkeypatch.setattr(video, "plan_fanout", plan)
+    settings = Settings.from_env({"MMSTREAM_KAFKA_TOPIC_PREFIX": PREFIX, "MMSTREAM_LOCAL_STATE_DIR": str(tmp_path),
+                                  "MMSTREAM_VIDEO_MAX_HELD": "3"})
+    s = video.VideoStage(create_app(settings, "encode.video", health=WorkerHealth()), settings,
+                         Metrics(health=WorkerHealth()))
+    s.io = Recorder()
+    s.gate = gate
+    yield s
+    gate.set()
+
+
+def _record(offset: int) -> ConsumerRecord:
+    job = EncodeJob(id=f"v{offset}", part=0, n_parts=1, modality="video", lane="rt", tenant="t",
+                    deadline_at_ms=1e18, sent_at_ms=0, data=b"not decoded here")
+    value = pack(job.to_wire())
+    return ConsumerRecord(f"{PREFIX}.encode.video.rt", 0, offset, 0, 0, None, value, None, 0, len(value), [])
+
+
+async def test_at_the_bound_the_stage_pauses_and_takes_no_more_until_a_job_is_done(stage) -> None:
+    assert stage.poll_budget() == 3
+    await stage.handle([_record(i) for i in range(3)])
+    assert stage.held == 3 and stage.poll_budget() == 0
+    assert stage.io.paused == {f"{PREFIX}.encode.video.rt", f"{PREFIX}.encode.video.bulk"}
+    assert not stage.should_take_bulk()
+    stage.gate.set()
+    for _ in range(100):
+        if len(stage.io.finished) == 3:
+            break
+        await asyncio.sleep(0.01)
+    assert sorted(stage.io.finished) == [0, 1, 2] and stage.held == 0
+    assert stage.io.paused == set() and stage.poll_budget() == 3
