@@ -30,6 +30,7 @@ OFF_ENV = {
     "admission": {"MMSTREAM_ADMISSION_ENABLED": "false"},
     "lanes": {},
     "grouping": {"MMSTREAM_ENCODER_GROUPING": "fifo"},
+    "placement": {"MMSTREAM_ROUTER_COLOCATE": ""},
 }
 
 
