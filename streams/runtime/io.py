@@ -213,13 +213,16 @@ class StageIO:
 
     # -- records out -----------------------------------------------------------------------
 
-    def deliver(self, outs: Sequence[Out], inputs: Iterable[ConsumerRecord] = ()) -> asyncio.Task:
+    def deliver(self, outs: Sequence[Out], inputs: Iterable[ConsumerRecord] = (),
+                epoch: int | None = None) -> asyncio.Task:
         """Send ``outs`` (in order per partition) and, once the broker has all of them,
         finish ``inputs``. Returns at once; the task it returns ends when that happened, with
         True, or with False when the partitions were revoked first (the outputs held then
-        were dropped, the inputs left unfinished for their next owner)."""
+        were dropped, the inputs left unfinished for their next owner). ``epoch``: the
+        assignment the inputs were read in (default: now); outputs of an older one are
+        dropped, never sent."""
         inputs = list(inputs)
-        task = asyncio.create_task(self._deliver(list(outs), inputs, self.epoch))
+        task = asyncio.create_task(self._deliver(list(outs), inputs, self.epoch if epoch is None else epoch))
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
         return task
@@ -324,10 +327,11 @@ class Joint:
     ``seal``ed and every delivery it expects reached the broker under the assignment it was
     read in. A delivery dropped by a revoke leaves it unfinished, for its next owner."""
 
-    def __init__(self, io: StageIO, record: ConsumerRecord) -> None:
+    def __init__(self, io: StageIO, record: ConsumerRecord, epoch: int | None = None) -> None:
         self.io = io
         self.record = record
-        self.epoch = io.epoch
+        self.epoch = io.epoch if epoch is None else epoch
+        """The assignment ``record`` was read in: every delivery is sent under it or dropped."""
         self.waiting = 0
         self.sealed = False
         self.failed = False
@@ -353,7 +357,7 @@ class Joint:
         self._check()
 
     def _deliver(self, outs: Sequence[Out]) -> None:
-        self.io.deliver(outs).add_done_callback(self._landed)
+        self.io.deliver(outs, (), self.epoch).add_done_callback(self._landed)
 
     def _landed(self, task: asyncio.Task) -> None:
         self.waiting -= 1
@@ -362,7 +366,7 @@ class Joint:
         self._check()
 
     def _check(self) -> None:
-        if (self.sealed and not self.waiting and not self.failed and not self.finished
+        if (self.sealed and self.waiting <= 0 and not self.failed and not self.finished
                 and self.io.epoch == self.epoch):
             self.finished = True
             self.io.finish([self.record])

@@ -351,17 +351,18 @@ class RouterStage(RecordStage):
         """Encode topic -> the encoder running in this process that may take its jobs over."""
 
     async def handle(self, records: list[ConsumerRecord]) -> None:
+        epoch = self.io.epoch  # the assignment these records were read in (routing awaits)
         routed = await asyncio.gather(*(self._route(r) for r in records))
         handovers: list[tuple[Joint, list[JobOut]]] = []
         for r, result in zip(records, routed):
             self._observe(result)
             local = [j for j in result.jobs if j.job.topic in self.colocated]
             if not local:
-                self.io.deliver(result.outs, [r])
+                self.io.deliver(result.outs, [r], epoch)
                 continue
             # The manifest and everything not offered first; an encoder's answers come after.
             offered = {id(j.out) for j in local}
-            joint = Joint(self.io, r)
+            joint = Joint(self.io, r, epoch)
             joint.send([o for o in result.outs if id(o) not in offered])
             handovers.append((joint, local))
         if handovers:
@@ -377,8 +378,13 @@ class RouterStage(RecordStage):
         untaken: dict[int, list[Out]] = {}
         for offers in by_encoder.values():
             encoder = self.colocated[offers[0][1].job.topic]
-            taken = encoder.take_local([(j.job.job, j.cost_ms, send) for _, j, send in offers],
-                                       self.settings.router.colocate_max_queued_ms)
+            try:
+                taken = encoder.take_local([(j.job.job, j.cost_ms, send) for _, j, send in offers],
+                                           self.settings.router.colocate_max_queued_ms)
+            except Exception:  # a bug there costs the hop, never the jobs
+                log.exception("router: handing %d jobs to %s failed; sending them through its topic",
+                              len(offers), encoder.stage)
+                taken = [False] * len(offers)
             for (joint, j, _), took in zip(offers, taken):
                 if not took:
                     joint.unexpect()
