@@ -119,6 +119,8 @@ class EncoderStage(RecordStage):
         self.running_ms = 0.0
         self.direct_ms = 0.0
         """Predicted ms of the polled batch the engine thread prepares and runs directly (``_prepare``)."""
+        self.preparing = 0
+        """Polled batches on the prep thread now."""
         self.replica = f"{self.stage}/{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.redis = connect_async(settings.redis.url, settings.redis.tls_ca, socket_timeout=0.2,
                                    socket_connect_timeout=0.2)
@@ -179,15 +181,16 @@ class EncoderStage(RecordStage):
     def _prepare(self, jobs: list[tuple[EncodeJob, ConsumerRecord | Local]]) -> None:
         """Prep thread: bytes, preprocessing and the cache lookup for one polled batch, started
         at once (the thread works while the loop goes on). When the engine is idle, nothing
-        is queued and company would gain nothing, the engine thread does the preparing and
-        runs the misses in the same call: two thread hand-offs fewer, which is most of what
-        an idle stage adds to a request."""
+        is queued or being prepared and company would gain nothing, the engine thread does
+        the preparing (claim-checked bytes included) and runs the jobs in the same call: two
+        thread hand-offs fewer, which is most of what an idle stage adds to a request."""
         loop = asyncio.get_running_loop()
         direct = self._engine_idle()
         if direct:
             self.direct_ms = max(0.001, self.model.per_item_ms(self.lengths[len(self.lengths) // 2]) * len(jobs))
             work = loop.run_in_executor(self.engine, self._prepare_and_run, [j for j, _ in jobs])
         else:
+            self.preparing += 1
             work = loop.run_in_executor(self.prep, self.runner.prepare_many, [j for j, _ in jobs])
         asyncio.ensure_future(self._prepared(jobs, work, direct))
 
@@ -198,18 +201,22 @@ class EncoderStage(RecordStage):
         ran: tuple[list[Any], list[float], float, float] | None = None
         try:
             if direct:
-                ready, ran = await work
+                try:
+                    items, lookup, ran = await work
+                finally:
+                    self.direct_ms = 0.0
+                ready = await self._looked_up(items, lookup)
             else:
-                ready = await work
+                try:
+                    ready = await work
+                finally:
+                    self.preparing -= 1
         except Exception as exc:  # the runner isolates items; this is a bug
             log.exception("%s: preparing %d jobs failed", self.stage, len(jobs))
-            ready = [exc] * len(jobs)
-        finally:
-            if direct:
-                self.direct_ms = 0.0
+            ready, ran = [exc] * len(jobs), None
         now, at = time.monotonic(), now_ms()
         done: list[Held] = []
-        for i, ((job, record), item) in enumerate(zip(jobs, ready)):
+        for (job, record), item in zip(jobs, ready):
             if isinstance(item, (Exception, Encoded)):  # refused, or a reuse-cache hit: answered here
                 span = Span(self.stage, job.sent_at_ms, at, at).to_wire()
                 self._answer_one(job, record, item, span)
@@ -226,44 +233,59 @@ class EncoderStage(RecordStage):
             self.metrics.set_queue_depth(self.stage, lane, len(q))
         self.wake.set()
 
-    def _engine_idle(self) -> bool:
-        return (self.direct_ms == 0.0 and self.running_ms == 0.0 and not self.queues["rt"]
-                and not self.queues["bulk"] and self._wait_s() == 0.0)
+    async def _looked_up(self, items: list[Any], lookup: Any) -> list[Any]:
+        """What the cache lookup beside a direct run found (``items`` as they were when it
+        failed: a cache failure only costs time)."""
+        if lookup is None:
+            return items
+        try:
+            return await asyncio.wrap_future(lookup)
+        except Exception:  # the runner isolates cache trouble; this is a bug: answer what ran
+            log.exception("%s: cache lookup failed", self.stage)
+            return items
 
-    def _prepare_and_run(self, jobs: list[EncodeJob]) -> tuple[list[Any], tuple[list[Any], list[float], float, float] | None]:
+    def _engine_idle(self) -> bool:
+        return (self.direct_ms == 0.0 and self.running_ms == 0.0 and self.preparing == 0
+                and not self.queues["rt"] and not self.queues["bulk"] and self._wait_s() == 0.0)
+
+    def _prepare_and_run(self, jobs: list[EncodeJob]) -> tuple[list[Any], Any, tuple[list[Any], list[float], float, float] | None]:
         """Engine thread, engine idle: prepare ``jobs`` and run them at once while the prep
         thread asks the reuse cache (a hit it finds wins; a miss claimed elsewhere is not
-        waited for: it is computed here anyway). Returns per job its exception, hit or
-        ``Prepared``, and (per job the engine's output or None, the lengths run, started,
-        finished)."""
+        waited for: it is computed here anyway). Returns per job its exception or
+        ``Prepared``, the lookup's future (None: nothing to look up), and (per job the
+        engine's output or None, the lengths run, started, finished)."""
         items = self.runner.prepare_items(jobs)
         todo = [i for i, item in enumerate(items) if not isinstance(item, Exception)]
         if not todo:
-            return items, None
-        looked_up = self.prep.submit(self.runner.lookup, items, False)
-        started = now_ms()
-        try:
-            results = self.runner.run([items[i] for i in todo])
-        except Exception as exc:  # the runner isolates items; this is a bug
-            log.exception("%s: engine call failed", self.stage)
-            results = [exc] * len(todo)
-        finished = now_ms()
-        if len(results) != len(todo):
-            log.error("%s: engine returned %d outputs for %d inputs", self.stage, len(results), len(todo))
-            results = [RuntimeError("engine returned a wrong number of outputs")] * len(todo)
-        try:
-            ready = looked_up.result()
-        except Exception:  # the runner isolates cache trouble; this is a bug: answer what ran
-            log.exception("%s: cache lookup failed", self.stage)
-            ready = items
+            return items, None, None
+        lookup = self.prep.submit(self.runner.lookup, items, False)
+        results, started, finished = self._timed_run([items[i] for i in todo])
         outputs: list[Any] = [None] * len(items)
         for i, r in zip(todo, results):
             outputs[i] = r
-        return ready, (outputs, [items[i].length for i in todo], started, finished)
+        return items, lookup, (outputs, [items[i].length for i in todo], started, finished)
+
+    def _timed_run(self, items: list[Any]) -> tuple[list[Any], float, float]:
+        """Engine thread: one engine call, timed where it runs (a batch queued behind another
+        call on this thread is not charged for the wait); one output or exception per item."""
+        started = now_ms()
+        try:
+            results = self.runner.run(items)
+        except Exception as exc:  # the runner isolates items; this is a bug
+            log.exception("%s: engine call failed", self.stage)
+            results = [exc] * len(items)
+        if len(results) != len(items):
+            log.error("%s: engine returned %d outputs for %d inputs", self.stage, len(results), len(items))
+            results = [RuntimeError("engine returned a wrong number of outputs")] * len(items)
+        return results, started, now_ms()
 
     def _answer_one(self, job: EncodeJob, record: ConsumerRecord | Local, result: Any,
                     span: list[Any] | None = None) -> None:
-        out = self._output(job, result, span)
+        try:
+            out = self._output(job, result, span)
+        except Exception as exc:  # a bug must cost this part's answer, never leave its record open
+            log.exception("%s: building the answer of %s part %d failed", self.stage, job.id, job.part)
+            out = self._failed(job, WireError(ErrorCode.INTERNAL, f"{self.stage} failed: {exc!r}"), span)
         if isinstance(record, Local):
             record.send(out)
         else:
@@ -335,37 +357,38 @@ class EncoderStage(RecordStage):
                 self._answer_one(p.item.prepared.job, p.item.record, _deadline_error())
         if not live:
             return
-        self.running_ms = self.model.batch_ms([h.prepared.length for h in live])
-        started = now_ms()
+        self.running_ms = max(0.001, self.model.batch_ms([h.prepared.length for h in live]))
         try:
-            results = await asyncio.get_running_loop().run_in_executor(
-                self.engine, self.runner.run, [h.prepared for h in live])
-        except Exception as exc:  # the runner isolates items; this is a bug
+            results, started, finished = await asyncio.get_running_loop().run_in_executor(
+                self.engine, self._timed_run, [h.prepared for h in live])
+        except Exception as exc:  # the executor itself failed; a bug
             log.exception("%s: engine call failed", self.stage)
-            results = [exc] * len(live)
-        finished = now_ms()
-        self.running_ms = 0.0
+            results, started, finished = [exc] * len(live), now_ms(), now_ms()
+        finally:
+            self.running_ms = 0.0
         self._answer_batch(live, results, started, finished)
 
     def _answer_batch(self, live: list[Held], results: list[Any], started: float, finished: float,
                       ran_lengths: list[float] | None = None) -> None:
         """Account for one engine run (metrics, the cost model) and answer its jobs
         (``ran_lengths``: what the engine ran, when more than ``live``)."""
-        lengths = [h.prepared.length for h in live] if ran_lengths is None else ran_lengths
-        if len(results) != len(live):
-            log.error("%s: engine returned %d outputs for %d inputs", self.stage, len(results), len(live))
-            results = [RuntimeError("engine returned a wrong number of outputs")] * len(live)
-        self.metrics.observe_batch(self.stage, len(live))
-        self.model.observe_batch(lengths, finished - started)
         writes = []
         for h, r in zip(live, results):
             job = h.prepared.job
-            span = Span(self.stage, job.sent_at_ms, started, finished).to_wire()
-            self.metrics.observe_span(self.stage, self._modality(job), job.lane, started - job.sent_at_ms, finished - started)
             if isinstance(r, Encoded) and h.key is not None:
                 writes.append((h.key, r))
                 r = Encoded(r.embedding, r.extras, cache="miss")
-            self._answer_one(job, h.record, r, span)
+            self._answer_one(job, h.record, r, Span(self.stage, job.sent_at_ms, started, finished).to_wire())
+        try:  # after the answers: accounting must never cost them
+            self.metrics.observe_batch(self.stage, len(live))
+            self.model.observe_batch([h.prepared.length for h in live] if ran_lengths is None else ran_lengths,
+                                     finished - started)
+            for h in live:
+                job = h.prepared.job
+                self.metrics.observe_span(self.stage, self._modality(job), job.lane, started - job.sent_at_ms,
+                                          finished - started)
+        except Exception:
+            log.exception("%s: accounting for a batch of %d failed", self.stage, len(live))
         if writes:
             asyncio.get_running_loop().run_in_executor(self.prep, self.runner.store, writes)
 
