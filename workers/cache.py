@@ -142,7 +142,7 @@ class CacheFront:
         miss another worker claimed is waited for unless ``wait_for_others`` is False (the
         caller computes it anyway)."""
         cacheable = sorted({k for k in keys if k is not None})
-        values = self.cache.lookup_or_claim(cacheable, hold_ms=int(self.wait_ms * 4)) if cacheable else None
+        values = self.cache.lookup_or_claim(cacheable, hold_ms=max(1, int(self.wait_ms * 4))) if cacheable else None
         found: dict[str, tuple[np.ndarray, dict[str, Any]]] = {}
         theirs: list[str] = []
         for key, raw in zip(cacheable, values or []):

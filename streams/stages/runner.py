@@ -67,7 +67,13 @@ def _router(app: faust.App, settings: Settings, metrics: Metrics) -> None:
         if spec is None or spec.runner is None:
             raise ValueError(f"router.colocate: {name!r} is not a modality with an encoder of its own "
                              f"(encoders: {', '.join(s.name for s in modalities.specs() if s.runner is not None)})")
-        encoders.append(EncoderStage(app, settings, metrics, spec.name, spec.front(settings, metrics, spec.stage),
+        try:
+            runner = spec.front(settings, metrics, spec.stage)
+        except Exception:  # the placement only saves a hop: route without it rather than not at all
+            log.exception("router: the %s encoder could not be built in this process; its parts go through "
+                          "their topic to the %s pool", name, spec.stage)
+            continue
+        encoders.append(EncoderStage(app, settings, metrics, spec.name, runner,
                                      group_id=group_id(settings.kafka.topic_prefix, spec.stage)))
     install_router(app, settings, metrics, encoders)
 

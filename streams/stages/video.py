@@ -99,8 +99,10 @@ class VideoStage(RecordStage):
         self.resolver = claim_resolver(settings)
         self.held = 0
         self.max_held = settings.video.max_held
+        self.intake_paused = False
 
     def poll_budget(self) -> int:
+        self._flow()  # at the bound, pauses again what a rebalance handed back unpaused
         return max(0, self.max_held - self.held)
 
     def should_take_bulk(self) -> bool:
@@ -108,10 +110,14 @@ class VideoStage(RecordStage):
 
     def _flow(self) -> None:
         """Pause the stage's topics while ``max_held`` jobs are held; resume below it."""
-        hold = self.held >= self.max_held
-        for t in (*self.rt_topics, *self.bulk_topics):  # paused again every time: a rebalance resumes them
-            (self.io.pause if hold else self.io.resume)(t)
-        if not hold:
+        if self.held >= self.max_held:
+            self.intake_paused = True
+            for t in (*self.rt_topics, *self.bulk_topics):  # paused again every time: a rebalance resumes them
+                self.io.pause(t)
+        elif self.intake_paused:
+            self.intake_paused = False
+            for t in (*self.rt_topics, *self.bulk_topics):
+                self.io.resume(t)
             self.bulk_paused = False  # the loop re-applies the rt-first gate
 
     async def handle(self, records: list[ConsumerRecord]) -> None:
