@@ -15,7 +15,8 @@ a step loop costs one turn, never the stage's deadlines or answers.
 
 Bounded intake: ``poll_budget()`` caps how many records one poll may take (a stage that holds
 jobs in memory returns what room it has left), so what a stage holds never passes its bound
-by a poll's worth.
+by a poll's worth; at 0 every input topic is paused (the consumer keeps polling, so it stays
+in its group) until the stage has room again, and the rt-first gate applies from there.
 
 rt before bulk: the stage's rt topics are polled together with its bulk topics, and
 ``handle`` sees rt records first; while the rt backlog (records not yet polled, known
@@ -84,6 +85,8 @@ class RecordStage(mode.Service):
         self.rt_backlog_records = (settings.admission.rt_backlog_records if rt_backlog_records is None
                                    else rt_backlog_records)
         self.bulk_paused = False
+        self.intake_full = False
+        """Every input topic is paused: the stage has no room (``poll_budget`` 0)."""
         self.health = process_health()
         self.restarts: dict[str, int] = {}
         """Task name -> times it raised and was started again."""
@@ -198,15 +201,31 @@ class RecordStage(mode.Service):
         return self.backlog_rt() <= self.rt_backlog_records
 
     def poll_budget(self) -> int | None:
-        """Most records the next poll may take (None: the I/O's ``max_records``)."""
+        """Most records the next poll may take (None: the I/O's ``max_records``; 0: none, the
+        input topics are paused until it is more)."""
         return None
+
+    def intake_gate(self, full: bool) -> None:
+        """Pause every input topic while the stage is ``full``; resume them once it is not."""
+        topics = (*self.topics_of_lane("rt"), *self.topics_of_lane("bulk"))
+        if full:  # paused again every time: a rebalance hands partitions back unpaused
+            for t in topics:
+                self.io.pause(t)
+            self.intake_full = True
+        elif self.intake_full:
+            for t in topics:
+                self.io.resume(t)
+            self.intake_full = False
+            self.bulk_paused = False  # the rt-first gate applies again from here
 
     async def _poll_forever(self) -> None:
         while not self.should_stop:
             try:
-                if self.bulk_topics or self.pattern is not None:
+                budget = self.poll_budget()
+                self.intake_gate(budget == 0)
+                if not self.intake_full and (self.bulk_topics or self.pattern is not None):
                     self.bulk_gate(not self.should_take_bulk())
-                records = await self.io.poll(self.poll_timeout_ms, self.poll_budget())
+                records = await self.io.poll(self.poll_timeout_ms, budget)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the broker away, a rebalance: poll again

@@ -120,7 +120,7 @@ class GeneratorStage(RecordStage):
     async def handle(self, records: list[ConsumerRecord]) -> None:
         for r in records:
             self._admit(r)
-        self._flow()
+        self._note_state()
         self.wake.set()
 
     def _admit(self, r: ConsumerRecord) -> None:
@@ -161,20 +161,12 @@ class GeneratorStage(RecordStage):
         result's cached tokens), unless the deployment shares caches across tenants."""
         return "" if self.cross_tenant else job.tenant
 
-    def _flow(self) -> None:
-        """Bounded intake: stop fetching while ``max_queued`` jobs are held."""
-        hold = len(self.active) >= self.max_active
-        for t in (*self.rt_topics, *self.bulk_topics):
-            (self.io.pause if hold else self.io.resume)(t)
-        if not hold:
-            self.bulk_paused = False
+    def _note_state(self) -> None:
         self.metrics.set_state(STAGE, active=len(self.active), done=len(self.done))
 
     def poll_budget(self) -> int:
+        """Bounded intake: at ``max_queued`` jobs held the runtime pauses the stage's topics."""
         return max(0, self.max_active - len(self.active))
-
-    def should_take_bulk(self) -> bool:
-        return len(self.active) < self.max_active and super().should_take_bulk()
 
     # -- the step loop -------------------------------------------------------------------
 
@@ -214,7 +206,7 @@ class GeneratorStage(RecordStage):
             self._stream(step.tokens, {f.seq_id for f in finished})
             for fin in finished:
                 self._finish(fin)
-            self._flow()
+            self._note_state()
 
     def _stream(self, tokens: dict[str, int], ending: set[str]) -> None:
         outs: list[Out] = []

@@ -86,7 +86,7 @@ class VideoStage(RecordStage):
     """Video jobs in, fan-out records out. Decoding runs in one thread, one video at a time,
     while the record loop keeps fetching; each job record is finished once its fan-out is
     with the broker. Intake is bounded: at most ``video.max_held`` jobs are held (each with
-    its bytes); at the bound the stage's topics are paused until one is done."""
+    its bytes); at the bound the runtime pauses the stage's topics until one is done."""
 
     stage = STAGE
 
@@ -99,26 +99,9 @@ class VideoStage(RecordStage):
         self.resolver = claim_resolver(settings)
         self.held = 0
         self.max_held = settings.video.max_held
-        self.intake_paused = False
 
     def poll_budget(self) -> int:
-        self._flow()  # at the bound, pauses again what a rebalance handed back unpaused
-        return max(0, self.max_held - self.held)
-
-    def should_take_bulk(self) -> bool:
-        return self.held < self.max_held and super().should_take_bulk()
-
-    def _flow(self) -> None:
-        """Pause the stage's topics while ``max_held`` jobs are held; resume below it."""
-        if self.held >= self.max_held:
-            self.intake_paused = True
-            for t in (*self.rt_topics, *self.bulk_topics):  # paused again every time: a rebalance resumes them
-                self.io.pause(t)
-        elif self.intake_paused:
-            self.intake_paused = False
-            for t in (*self.rt_topics, *self.bulk_topics):
-                self.io.resume(t)
-            self.bulk_paused = False  # the loop re-applies the rt-first gate
+        return max(0, self.max_held - self.held)  # at 0 the runtime pauses the stage's topics
 
     async def handle(self, records: list[ConsumerRecord]) -> None:
         for r in records:
@@ -130,7 +113,6 @@ class VideoStage(RecordStage):
                 continue
             self.held += 1
             asyncio.ensure_future(self._fan_out(job, r))
-        self._flow()
 
     async def _fan_out(self, job: EncodeJob, record: ConsumerRecord) -> None:
         try:
@@ -144,7 +126,6 @@ class VideoStage(RecordStage):
                 tenant=job.tenant, nonce=job.nonce).to_wire())]
         finally:
             self.held -= 1
-            self._flow()
         self.io.deliver(outs, [record])
         self.metrics.request_done(STAGE, "ok" if len(outs) > 1 else "error")
 

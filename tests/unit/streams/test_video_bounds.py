@@ -1,6 +1,7 @@
-"""The video stage holds at most ``video.max_held`` jobs (each with its bytes): at the bound it
-pauses its topics and asks for no more records, and resumes once a decode is done. Decoding
-is replaced by a function that waits for the test, so what is tested is the bookkeeping."""
+"""The video stage holds at most ``video.max_held`` jobs (each with its bytes): at the bound its
+poll budget is 0, so the runtime's intake gate (``RecordStage.intake_gate``, applied before
+every poll) pauses its topics, and resumes them once a decode is done. Decoding is replaced by
+a function that waits for the test, so what is tested is the bookkeeping."""
 
 from __future__ import annotations
 
@@ -38,6 +39,9 @@ class Recorder:
     def resume(self, topic):
         self.paused.discard(topic)
 
+    def backlog(self, topic):
+        return 0
+
 
 @pytest.fixture
 def stage(tmp_path, monkeypatch):
@@ -65,16 +69,26 @@ def _record(offset: int) -> ConsumerRecord:
     return ConsumerRecord(f"{PREFIX}.encode.video.rt", 0, offset, 0, 0, None, value, None, 0, len(value), [])
 
 
+def _before_poll(stage) -> None:
+    """What the poll loop does before each poll (``RecordStage._poll_forever``)."""
+    stage.intake_gate(stage.poll_budget() == 0)
+    if not stage.intake_full:
+        stage.bulk_gate(not stage.should_take_bulk())
+
+
 async def test_at_the_bound_the_stage_pauses_and_takes_no_more_until_a_job_is_done(stage) -> None:
     assert stage.poll_budget() == 3
     await stage.handle([_record(i) for i in range(3)])
     assert stage.held == 3 and stage.poll_budget() == 0
+    _before_poll(stage)
     assert stage.io.paused == {f"{PREFIX}.encode.video.rt", f"{PREFIX}.encode.video.bulk"}
-    assert not stage.should_take_bulk()
+    _before_poll(stage)  # still full: still paused (a rebalance may have resumed them)
+    assert len(stage.io.paused) == 2
     stage.gate.set()
     for _ in range(100):
         if len(stage.io.finished) == 3:
             break
         await asyncio.sleep(0.01)
     assert sorted(stage.io.finished) == [0, 1, 2] and stage.held == 0
+    _before_poll(stage)
     assert stage.io.paused == set() and stage.poll_budget() == 3
