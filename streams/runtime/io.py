@@ -347,9 +347,9 @@ class Joint:
         self.waiting += 1
         return lambda out: self._deliver([out])
 
-    def unexpect(self, n: int = 1) -> None:
-        """``n`` outputs ``expect``ed will not come (their sends are never called)."""
-        self.waiting -= n
+    def unexpect(self) -> None:
+        """One output ``expect``ed will not come (its send is never called)."""
+        self.waiting -= 1
 
     def seal(self) -> None:
         """No more deliveries will be added."""

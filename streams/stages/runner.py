@@ -62,11 +62,14 @@ def _router(app: faust.App, settings: Settings, metrics: Metrics) -> None:
     """The router, and the encoders ``router.colocate`` places in its process (each in its
     pool's consumer group)."""
     encoders = []
+    served = modalities.served(settings)
     for name in csv_items(settings.router.colocate):
         spec = modalities.get(name)
         if spec is None or spec.runner is None:
             raise ValueError(f"router.colocate: {name!r} is not a modality with an encoder of its own "
                              f"(encoders: {', '.join(s.name for s in modalities.specs() if s.runner is not None)})")
+        if name not in served or not settings.router.modality_topics:
+            continue  # its parts are refused, or go to the shared pool: an engine here would never run
         try:
             runner = spec.front(settings, metrics, spec.stage)
         except Exception:  # the placement only saves a hop: route without it rather than not at all
