@@ -27,6 +27,7 @@ set when a topic is created; an existing one keeps its own (``kafka-configs --al
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from dataclasses import dataclass, field
@@ -88,13 +89,12 @@ class TopicNames:
 
     def ingress_pattern(self) -> str:
         """A regular expression matching the shared ingress topics and every tenant's."""
-        lanes = "|".join(str(lane) for lane in LANES)
-        return rf"^{re.escape(self.prefix)}\.ingress\.({lanes})(\.{TENANT_RE})?$"
+        return _ingress_pattern(self.prefix)
 
     def parse_ingress(self, topic: str) -> tuple[str, str | None] | None:
         """(lane, tenant) of an ingress topic (tenant None for a shared one); None for any
-        other topic."""
-        m = re.fullmatch(self.ingress_pattern(), topic)
+        other topic. Called per record and per assigned partition: the pattern is compiled once."""
+        m = _ingress_re(self.prefix).fullmatch(topic)
         if m is None:
             return None
         return m.group(1), (m.group(2)[1:] if m.group(2) else None)
@@ -125,6 +125,22 @@ class TopicNames:
         return f"{self.prefix}.generator.done"
 
 
+def _ingress_pattern(prefix: str) -> str:
+    lanes = "|".join(str(lane) for lane in LANES)
+    return rf"^{re.escape(prefix)}\.ingress\.({lanes})(\.{TENANT_RE})?$"
+
+
+@functools.lru_cache(maxsize=16)
+def _ingress_re(prefix: str) -> re.Pattern[str]:
+    return re.compile(_ingress_pattern(prefix))
+
+
+def _big(kafka: KafkaSettings) -> dict[str, str]:
+    """The configs of a topic that carries requests, jobs or answers: records up to the
+    settings' size, stored uncompressed (no decompression bomb reaches a consumer)."""
+    return {"max.message.bytes": str(kafka.max_message_bytes), "compression.type": "uncompressed"}
+
+
 def topic_specs(kafka: KafkaSettings, dlq: DlqSettings | None = None) -> list[TopicSpec]:
     """Every topic the pipeline uses (encode topics for the modalities registered now). All
     stage topics share one partition count so the assembler's table (partitioned like its
@@ -132,7 +148,7 @@ def topic_specs(kafka: KafkaSettings, dlq: DlqSettings | None = None) -> list[To
     names = TopicNames(kafka.topic_prefix)
     n = kafka.partitions
     dlq = dlq or DlqSettings()
-    big = {"max.message.bytes": str(kafka.max_message_bytes), "compression.type": "uncompressed"}
+    big = _big(kafka)
     specs: list[TopicSpec] = []
     for lane in LANES:
         specs.append(TopicSpec(names.ingress(lane), n, f"client requests, {lane} lane", big))
@@ -160,7 +176,7 @@ def tenant_topic_specs(kafka: KafkaSettings, tenant: str, lanes: tuple[str, ...]
     """A tenant's own topics: its ingress on each of ``lanes`` and its reply topic."""
     names = TopicNames(kafka.topic_prefix)
     n = kafka.partitions
-    big = {"max.message.bytes": str(kafka.max_message_bytes)}
+    big = _big(kafka)
     specs = [TopicSpec(names.tenant_ingress(lane, tenant), n, f"requests of tenant {tenant}, {lane} lane", big)
              for lane in lanes]
     specs.append(TopicSpec(names.tenant_results(tenant), n, f"reply topic of tenant {tenant}", big))

@@ -125,6 +125,8 @@ class TenantQuotas:
     def note_refused(self, tenant: str, now_ms: float) -> None:
         """Admission refused ``tenant`` (``overloaded``) now: it is being kept out, so the
         tenants over their fair share are held back for a window."""
+        if not self.enabled:
+            return
         self._touch(tenant, now_ms).refused_ms = now_ms
         self._refused[tenant] = now_ms
         self._refused.move_to_end(tenant)
@@ -134,8 +136,8 @@ class TenantQuotas:
     def note_sent(self, tenant: str, cost_ms: float, now_ms: float, wait_ms: float = 0.0) -> None:
         """Count ``cost_ms`` of work the router sent for ``tenant`` now, predicted to wait
         ``wait_ms`` in its queue first: it counts until ``now + wait + cost`` (at most
-        ``window_ms``)."""
-        if cost_ms <= 0:
+        ``window_ms``). Nothing is kept while no quota is set."""
+        if cost_ms <= 0 or not self.enabled:
             return
         t = self._touch(tenant, now_ms)
         self._window(t, now_ms)

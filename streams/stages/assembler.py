@@ -181,15 +181,13 @@ class AssemblerStage(RecordStage):
             if not isinstance(msg, Manifest):
                 part.orphans[key] = now
         result = step(entry.state, msg, now, self.policy, lane=self.lane_of(r))
-        if result.refused is not None:
-            if not entry.records and entry.state.manifest is None:
-                part.close(key)
-            self._refuse(r, msg, now, result.refused)
-            return
-        if not result.changed:
+        if result.refused is not None or not result.changed:
             if not entry.records and entry.state.manifest is None:
                 part.close(key)  # an orphan entry that never held anything
-            self.io.finish([r])  # a duplicate part or manifest, or a part that is not this request's
+            if result.refused is not None:
+                self._refuse(r, msg, now, result.refused)
+            else:
+                self.io.finish([r])  # a duplicate part or manifest, or a part that is not this request's
             return
         if opens and result.state is not None and result.state.manifest is not None:
             part.orphans.pop(key, None)  # the parts it held are the request's now (or dropped by it)

@@ -21,7 +21,12 @@ def test_off_by_default_for_rate_and_absolute_work():
     for i in range(1000):
         assert q.check("solo", lane_limit_ms=LANE, now_ms=float(i)) is None
         q.note_sent("solo", 100.0, float(i))  # a tenant alone may fill the pool
-    assert not quotas().enabled
+    off = quotas()
+    assert not off.enabled
+    for i in range(100):  # with no quota set the router's notes keep no state
+        off.note_sent(f"t{i}", 100.0, float(i))
+        off.note_refused(f"t{i}", float(i))
+    assert len(off) == 0
 
 
 def test_rate_sheds_past_the_burst_and_says_when_a_token_is_back():
