@@ -1,7 +1,9 @@
 """`mmstream models build`: export packaged weights into the model repository, once.
 
-A build is keyed by everything that can change its output (``build_key``): the exporter
-recipe, the model package's version and the versions of torch, transformers, onnx,
+A build is keyed by everything that can change its output (``build_key``): the code that
+builds it (the recipe's module, the shared export, fidelity and gate modules and the
+preprocessing it names, each as its syntax tree, so a comment or a blank line does not
+rebuild), the model package's version and the versions of torch, transformers, onnx,
 onnxscript and onnxruntime. When the repository already holds a version with that key the
 build is skipped without importing torch. Builds write into a scratch directory next to the
 target and rename it into place at the end, so a reader never sees half a model; a file
@@ -17,9 +19,11 @@ Run by hand with ``python -m workers.models.build [--root DIR] [--force] [--targ
 from __future__ import annotations
 
 import argparse
+import ast
 import fcntl
 import hashlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import shutil
@@ -42,9 +46,13 @@ from workers.repository import (
 )
 from workers.text import PREPROCESSING_VERSION
 
-# Bump when the export recipe changes in a way the versions below do not capture (graph
-# wrapper, quantization options, fidelity sentences): it invalidates every cached build.
+# Bump to invalidate every cached build for a reason neither the code nor the versions
+# below show (a data file read by a recipe changed, say).
 EXPORTER_VERSION = "2"
+
+# Modules whose code decides every recipe's output, beside each recipe's own ``sources``.
+SHARED_SOURCES = ("workers.models.build", "workers.models.recipe", "workers.models.export",
+                  "workers.models.fidelity", "workers.models.gates", "workers.repository")
 
 # Libraries whose versions change what a build produces.
 _TOOLCHAIN = ("torch", "transformers", "onnx", "onnxscript", "onnxruntime")
@@ -55,19 +63,25 @@ Log = Callable[[str], None]
 @dataclass(frozen=True)
 class Recipe:
     """How to build one model: ``build(scratch_dir, build_key, log)`` writes the files and
-    returns the config (without writing config.json)."""
+    returns the config (without writing config.json). ``sources`` names the modules, beyond
+    ``build``'s own and ``SHARED_SOURCES``, whose code decides what it writes (the
+    preprocessing it measures fidelity through, the engine it checks a variant with)."""
 
     name: str
     version: str
     package: str  # distribution that ships the weights
     build: Callable[[Path, str, Log], ModelConfig]
+    sources: tuple[str, ...] = ()
+    toolchain: tuple[str, ...] = ()  # distributions beyond ``_TOOLCHAIN`` whose versions change its output
 
 
 RECIPES: Mapping[str, Recipe] = {
-    minilm.NAME: Recipe(minilm.NAME, minilm.VERSION, minilm.PACKAGE, minilm.build),
-    efficientnet.NAME: Recipe(efficientnet.NAME, efficientnet.VERSION, efficientnet.PACKAGE, efficientnet.build),
-    smollm.NAME: Recipe(smollm.NAME, smollm.VERSION, smollm.PACKAGE, smollm.build),
-    whisper.NAME: Recipe(whisper.NAME, whisper.VERSION, whisper.PACKAGE, whisper.build),
+    minilm.NAME: Recipe(minilm.NAME, minilm.VERSION, minilm.PACKAGE, minilm.build, ("workers.text",)),
+    efficientnet.NAME: Recipe(efficientnet.NAME, efficientnet.VERSION, efficientnet.PACKAGE, efficientnet.build,
+                              ("workers.image",)),
+    smollm.NAME: Recipe(smollm.NAME, smollm.VERSION, smollm.PACKAGE, smollm.build,
+                        ("workers.prompt", "workers.engines.lm", "workers.engines.llama"), ("llama-cpp-python",)),
+    whisper.NAME: Recipe(whisper.NAME, whisper.VERSION, whisper.PACKAGE, whisper.build, ("workers.audio",)),
 }
 """Every model this package knows how to build. A modality names its own in its spec."""
 
@@ -105,9 +119,26 @@ def build_key(recipe: Recipe) -> str:
         "model": [recipe.name, recipe.version],
         "preprocessing": PREPROCESSING_VERSION,
         "package": [recipe.package, _version(recipe.package)],
-        "toolchain": {lib: _version(lib) for lib in _TOOLCHAIN},
+        "toolchain": {lib: _version(lib) for lib in (*_TOOLCHAIN, *recipe.toolchain)},
+        "code": code_digest((recipe.build.__module__, *recipe.sources, *SHARED_SOURCES)),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def code_digest(modules: tuple[str, ...]) -> str:
+    """Digest of the named modules' code, read from their files without importing them:
+    each file's syntax tree (``ast.dump``), so comments and layout do not count but any
+    change to what the code does, its docstrings and constants included, does. A module
+    that is not a plain source file (built in, or gone) counts by its name alone."""
+    digest = hashlib.sha256()
+    for module in sorted(set(modules)):
+        spec = importlib.util.find_spec(module)
+        digest.update(module.encode() + b"\0")
+        if spec is not None and spec.origin and spec.origin.endswith(".py"):
+            tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+            digest.update(ast.dump(tree).encode())
+        digest.update(b"\0")
+    return digest.hexdigest()
 
 
 def _version(distribution: str) -> str:

@@ -1,7 +1,7 @@
 """Fidelity measurement: how far a variant's outputs drift from its reference.
 
-The sentence list is fixed (changing it changes the recorded numbers, so bump
-``EXPORTER_VERSION`` in ``workers.models.build`` with it). It mixes lengths from one word
+The sentence list is fixed (changing it changes the recorded numbers; the build key sees
+this module's code, so a change rebuilds every model). It mixes lengths from one word
 to past 100 tokens, questions, code, numbers, non-English text and emoji, because int8
 error is not uniform: short and unusual inputs drift most.
 """

@@ -54,7 +54,7 @@ PRECISIONS = ("fp32", "int8")
 EMBEDDING_DIM = 512
 N_MELS = 80
 ENCODER_FRAMES = MEL_FRAMES // 2
-# Changing these clips changes the recorded numbers: bump EXPORTER_VERSION in build.py.
+# Changing these clips changes the recorded numbers; the build key sees this code, so it rebuilds.
 FIDELITY_SCRIPTS: tuple[str, ...] = (
     "Please send the quarterly report to the finance team before Friday.",
     "The weather today is sunny with a light breeze from the west.",

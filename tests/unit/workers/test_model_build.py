@@ -102,3 +102,17 @@ def test_build_module_does_not_import_torch() -> None:
     root = Path(__file__).resolve().parents[3]
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_key_sees_the_code_but_not_its_comments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recipe whose code changed rebuilds; one whose comments changed does not."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    source = tmp_path / "mm_fake_recipe_mod.py"
+    recipe = Recipe("fake", "1", "numpy", lambda *a: None, ("mm_fake_recipe_mod",))
+    monkeypatch.setattr(build_mod, "_TOOLCHAIN", ("numpy",))
+    keys = []
+    for text in ("GATE = 0.9\n", "# a comment\nGATE = 0.9  # why\n", "GATE = 0.8\n"):
+        source.write_text(text)
+        keys.append(build_mod.build_key(recipe))
+    assert keys[0] == keys[1] != keys[2]
+    assert build_mod.code_digest(("mm_no_such_module",)) != build_mod.code_digest(("mm_fake_recipe_mod",))

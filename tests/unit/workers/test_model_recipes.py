@@ -1,10 +1,11 @@
 """The shared recipe helpers, and each recipe held to the config.json it built.
 
-A recipe's config must not change for the same build: models are cached by their build
-key, which does not see the recipe's code. So each recipe's ``config`` is rebuilt here
-from the files, fidelity numbers and shapes of the model already in the repository, and
-must give that model's config.json again, field for field (``built_at`` aside). Skipped
-for a model that is not built (``mmstream models build``; `make test` builds them).
+Each recipe's ``config``, with the gates the build adds (``with_gates``), is rebuilt here
+from the files, fidelity numbers and shapes of the model in the repository and must give
+that model's config.json again, field for field (``built_at`` aside): what the code writes
+today is what is stored. A stored model whose build key is not the one today's code and
+packages give is stale, and fails here with the command that rebuilds it (`make test`
+builds first, so it never sees one). Skipped for a model that is not built.
 """
 
 from __future__ import annotations
@@ -18,17 +19,22 @@ import pytest
 
 from schemas.settings import Settings
 from workers.models import efficientnet, minilm, smollm, whisper
+from workers.models.build import RECIPES, build_key
+from workers.models.gates import with_gates
 from workers.models.recipe import model_config, onnx_file, package_file, package_root, variants
 from workers.repository import CONFIG_FILE, ModelConfig, ModelRepository, ModelRepositoryError, TensorSpec
 
 
 def built(name: str, version: str) -> tuple[ModelConfig, dict[str, Any]]:
-    """The built model and its config.json as stored; skips when it is not built."""
+    """The built model and its config.json as stored; skips when it is not built, fails
+    when it was built by other code or packages than these."""
     repo = ModelRepository(Settings.from_env().models.repository)
     try:
         model = repo.resolve(name, version)
     except ModelRepositoryError:
         pytest.skip(f"{name}/{version} is not built (mmstream models build)")
+    assert model.build_key == build_key(RECIPES[name]), (
+        f"{model.directory} is stale: built by other code or packages (run `mmstream models build`)")
     return model, json.loads((model.directory / CONFIG_FILE).read_text())
 
 
@@ -37,7 +43,7 @@ def fidelity(model: ModelConfig) -> dict[str, dict[str, Any]]:
 
 
 def same_config(assembled: ModelConfig, stored: dict[str, Any]) -> None:
-    got = assembled.to_dict()
+    got = with_gates(assembled).to_dict()  # as _build_into_place writes it
     assert got.pop("built_at") and stored.pop("built_at")
     if "backend" not in stored:  # a model built before configs named their backend (it is inferred then)
         got.pop("backend", None)
