@@ -63,7 +63,8 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--secure", action="store_true",
                     help="start the secured broker instead (SASL_SSL with a local CA, ACLs, its own ports "
                          "MMSTREAM_LOCAL_KAFKA_SECURE_*); the workers log in as the service principal, and its "
-                         "settings are written to a file to source")
+                         "settings are written to a file to source (`tenant add` finds them itself). Workers of "
+                         "the same topic prefix running against the other broker are refused: `mmstream down` first")
     cmd("down", help="stop the workers, Redis and Kafka")
     cmd("status", help="what runs, where, and whether it is healthy (exit 1 if anything is down)")
     c = cmd("config", help="every setting, its environment variable, value and meaning")
@@ -103,8 +104,12 @@ def parser() -> argparse.ArgumentParser:
 
     tn = cmd("tenant", help="tenants of a secured deployment")
     tsub = tn.add_subparsers(dest="tenant_command", required=True, metavar="ACTION")
-    ta = functools.partial(tsub.add_parser, parents=[common])("add", help="create a tenant's credentials, topics and "
-                                                              "ACLs, and write its client properties file")
+    ta = functools.partial(tsub.add_parser, parents=[common])(
+        "add", help="create a tenant's credentials, topics and ACLs, and write its client properties file",
+        description="Create a tenant's SCRAM credential, topics and ACLs on a SASL broker, as the service principal, "
+                    "and write its client properties file. The broker is the one the MMSTREAM_KAFKA_* settings name; "
+                    "when they name no SASL broker and the local secure broker of `mmstream up --secure` runs, it is "
+                    "that one (no need to source its mmstream.env first).")
     ta.add_argument("name", metavar="NAME", help="the tenant (lowercase letters, digits, _ and -): its SASL user")
     ta.add_argument("--lanes", action="append", metavar="LANE[,LANE]",
                     help="lanes it may send on: rt, bulk (repeatable; default: both)")

@@ -15,7 +15,7 @@ from mmstream.console import event_line
 from mmstream.kafka_admin import KafkaAdminError
 from mmstream.localstack import LocalStackError
 from mmstream.quiet import quiet_into
-from mmstream.supervisor import Supervisor, default_replicas, parse_replicas
+from mmstream.supervisor import Supervisor, WorkersElsewhereError, default_replicas, parse_replicas
 from mmstream.tenants import TenantError, add_tenant, properties_text
 from schemas.codec import JSON
 from schemas.request import Lane, Modality, Part, Request, Task
@@ -57,17 +57,25 @@ def _localstack_call(fn: Any, *a: Any, **kw: Any) -> Any:
 
 def cmd_up(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
     env = None
-    if getattr(args, "secure", False):
+    secure = getattr(args, "secure", False)
+    if secure:
         broker = localstack.secure_kafka(settings, repo_root)
         env = {**os.environ, **broker.env()}
         settings = Settings.from_env(env)  # every client below, and every worker, as the service principal
-    kafka, redis = _localstack_call(localstack.up, settings, repo_root, secure=env is not None)
+    supervisor = Supervisor(settings, env)
+    if not args.infra_only:  # refuse before starting anything, not after a probe that cannot be answered
+        try:
+            supervisor.check_broker()
+        except WorkersElsewhereError as exc:
+            raise UserError(_workers_elsewhere(exc, settings, repo_root, secure)) from None
+    kafka, redis = _localstack_call(localstack.up, settings, repo_root, secure=secure)
     print(f"kafka  {kafka.bootstrap}  pid={kafka.pid}  {'external' if kafka.external else 'local'}"
-          f"{'  SASL_SSL' if env is not None else ''}")
+          f"{'  SASL_SSL' if secure else ''}")
     print(f"redis  {redact(settings.redis.url)}  pid={redis.pid}")
-    if env is not None:
+    if secure:
         env_file = broker.write_env_file()
-        print(f"secure settings (service principal) in {env_file}: set -a; . {env_file}; set +a")
+        print(f"secure settings (service principal) in {env_file}; `mmstream tenant add` finds them while this "
+              f"broker runs, other shells and clients: set -a; . {env_file}; set +a")
     created = asyncio.run(ensure_topics(settings.kafka.bootstrap, topic_specs(settings.kafka, settings.dlq),
                                         settings.kafka.replication_factor, client_kwargs(settings)))
     if created:
@@ -79,7 +87,12 @@ def cmd_up(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int
     except ValueError as exc:
         raise UserError(str(exc)) from None
     _ensure_models(settings)
-    workers = Supervisor(settings, env).start(replicas)
+    try:
+        workers = supervisor.start(replicas)
+    except WorkersElsewhereError as exc:  # another `up` started them meanwhile
+        raise UserError(_workers_elsewhere(exc, settings, repo_root, secure)) from None
+    except ValueError as exc:  # an unknown stage in --replicas
+        raise UserError(str(exc)) from None
     for w in workers:
         print(f"worker {w.stage}[{w.replica}]  pid={w.pid}  log={w.log_file}")
     print("waiting for the pipeline to answer a probe request ...", flush=True)
@@ -87,6 +100,21 @@ def cmd_up(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int
     print(f"ready: a probe request was answered end to end ({elapsed:.1f} s after start)")
     print("stop everything with: mmstream down")
     return 0
+
+
+def _workers_elsewhere(exc: WorkersElsewhereError, settings: Settings, repo_root: Path, secure: bool) -> str:
+    """One sentence for `up` while workers of its topic prefix run against the other broker:
+    a prefix has one set of workers (one pid file per stage and replica), and those could
+    never answer this broker's probe."""
+    if exc.theirs == localstack.secure_kafka(settings, repo_root).bootstrap:
+        theirs = f"the secure broker {exc.theirs} (`mmstream up --secure`)"
+    elif exc.theirs:
+        theirs = f"{exc.theirs} ({'a plain `mmstream up`' if secure else 'another broker'})"
+    else:
+        theirs = "a broker their pid files do not name"
+    command = "mmstream up --secure" if secure else "mmstream up"
+    return (f"the workers of topic prefix {settings.kafka.topic_prefix!r} are running against {theirs}, not "
+            f"{settings.kafka.bootstrap}: stop them first with `mmstream down`, then run `{command}` again")
 
 
 def _ensure_models(settings: Settings) -> None:
@@ -252,6 +280,7 @@ async def _send_raw(settings: Settings, payload: dict[str, Any], timeout_s: floa
 
 def cmd_tenant(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
     """`tenant add NAME`: credentials, topics and ACLs, and the tenant's properties file."""
+    settings = _service_settings(settings, repo_root)
     try:
         tenant = asyncio.run(add_tenant(settings, args.name, args.lanes))
     except TenantError as exc:
@@ -266,6 +295,20 @@ def cmd_tenant(args: argparse.Namespace, settings: Settings, repo_root: Path) ->
     print(f"tenant {tenant.name}: lanes {', '.join(tenant.lanes)}; client properties in {out}")
     print(f"send as it with: mmstream send --properties {out} --text hello")
     return 0
+
+
+def _service_settings(settings: Settings, repo_root: Path) -> Settings:
+    """The settings a command that needs the service principal of a SASL broker runs with:
+    the environment's when it names a SASL broker; else, while the local secure broker of
+    `mmstream up --secure` runs, that broker as the service principal (what its mmstream.env
+    holds, so nobody has to source it first); else the environment's, which the command
+    refuses saying why."""
+    broker = localstack.secure_kafka(settings, repo_root)
+    if settings.kafka.authenticated or not broker.running():
+        return settings
+    print(f"mmstream: the environment names no SASL broker; using the local secure broker {broker.bootstrap} "
+          "(`mmstream up --secure`) as its service principal", file=sys.stderr)
+    return Settings.from_env({**os.environ, **broker.env()})
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:

@@ -5,6 +5,11 @@ The stages it knows are ``streams.stages.stage_names()`` once the settings' moda
 plugins are loaded; each modality's spec says how many replicas of its stage start by
 default (``default_replicas``).
 
+Each pid file records the broker its worker was started against: one prefix of a state
+dir has one set of workers, so ``start`` refuses (``WorkersElsewhereError``) while live
+workers of the prefix talk to another broker (the plaintext one of `mmstream up` and the
+secured one of `mmstream up --secure`), rather than reuse workers that cannot answer.
+
 Prometheus finds them through file-based service discovery: after every start and stop the
 supervisor rewrites ``<state_dir>/prometheus/targets/<topic_prefix>.json`` with the metrics
 address of each live worker (infra/prometheus/prometheus.yml reads that folder), so every
@@ -45,6 +50,9 @@ class WorkerProc:
     started_at: float
     assigned_port: int = 0
     """The metrics port handed to the worker (0: it picks one and writes it to its .port file)."""
+    bootstrap: str = ""
+    """The broker it was started against (``MMSTREAM_KAFKA_BOOTSTRAP``); empty in a pid file
+    written before this was recorded."""
 
     @property
     def alive(self) -> bool:
@@ -84,6 +92,16 @@ def parse_replicas(specs: list[str]) -> dict[str, int]:
     return out
 
 
+class WorkersElsewhereError(ValueError):
+    """Live workers of this prefix talk to another broker than the one asked for."""
+
+    def __init__(self, message: str, theirs: str, workers: list[WorkerProc]) -> None:
+        super().__init__(message)
+        self.theirs = theirs
+        """The broker they talk to ("" when their pid files do not say)."""
+        self.workers = workers
+
+
 class Supervisor:
     def __init__(self, settings: Settings, env: dict[str, str] | None = None) -> None:
         self.settings = settings
@@ -105,10 +123,24 @@ class Supervisor:
                 f.unlink(missing_ok=True)
         return procs
 
+    def check_broker(self) -> None:
+        """Raise ``WorkersElsewhereError`` if a live worker of this prefix was started against
+        another broker than the settings' (or its pid file does not say which)."""
+        ours = self.settings.kafka.bootstrap
+        others = [w for w in self.workers() if w.alive and w.bootstrap != ours]
+        if others:
+            theirs = others[0].bootstrap
+            where = theirs or "a broker their pid files do not name"
+            raise WorkersElsewhereError(
+                f"{len(others)} running worker(s) of topic prefix {self.settings.kafka.topic_prefix!r} talk to "
+                f"{where}, not {ours}: stop them first with `mmstream down`", theirs, others)
+
     def start(self, replicas: dict[str, int]) -> list[WorkerProc]:
         """Make each stage run exactly ``replicas[stage]`` workers (idempotent). Loads the
         settings' modality plugins first, so their stages are known; raises ``ValueError``
-        (``ModalityError`` for a plugin) naming what is unknown."""
+        (``ModalityError`` for a plugin) naming what is unknown, and ``WorkersElsewhereError``
+        (before touching any worker) while live workers of the prefix talk to another broker."""
+        self.check_broker()
         modalities.load_plugins(self.settings.modalities.plugins)
         stages = stage_names()
         unknown = set(replicas) - set(stages)
@@ -169,7 +201,7 @@ class Supervisor:
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=env, start_new_session=True,
             )
-        w = WorkerProc(stage, replica, proc.pid, str(log_file), time.time(), port)
+        w = WorkerProc(stage, replica, proc.pid, str(log_file), time.time(), port, self.settings.kafka.bootstrap)
         self._pidfile(stage, replica).write_text(json.dumps(asdict(w)))
         return w
 

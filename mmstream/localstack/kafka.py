@@ -156,6 +156,12 @@ class LocalKafka:
         procs.stop_recorded(self.pid_file, self.root / "start.lock", grace_s)
         return self.status()
 
+    def running(self) -> bool:
+        """Whether our broker (the one this state dir's pid file records) runs for
+        ``bootstrap``; asks the broker nothing, so it is instant."""
+        record = procs.read_pid_file(self.pid_file)
+        return record is not None and record.is_running() and record.extra.get("bootstrap") == self.bootstrap
+
     def status(self) -> KafkaStatus:
         """Our broker's state if one runs, else whether some other broker serves ``bootstrap``."""
         record = procs.read_pid_file(self.pid_file)
