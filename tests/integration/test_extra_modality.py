@@ -1,10 +1,12 @@
 """A modality registered from outside the package goes end to end through the real pipeline:
-the "doc" plugin (tests/integration/doc_modality.py), loaded into every worker by
+the "doc" plugin of docs/adding-a-modality.md (its code block as it stands, written out by
+tests/integration/doc_modality.py), loaded into every worker by
 ``MMSTREAM_MODALITIES_PLUGINS``, gets its own topics and encode stage, is embedded with the
 real text model, answers per part, and grounds a real generation."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
@@ -14,25 +16,33 @@ from schemas.request import Modality, Params, Part, Request, Task
 from schemas.tensor import from_wire
 from streams.client import Client, new_id
 from tests.integration.conftest import start_pipeline
+from tests.integration.doc_modality import write_plugin
 from workers import modalities
 
 pytestmark = pytest.mark.integration
 
-PLUGIN = "tests.integration.doc_modality"
-
 
 @pytest.fixture(scope="module")
-def doc_pipeline(infra):
+def doc_pipeline(infra, tmp_path_factory):
     before = dict(modalities.REGISTRY)
+    root = tmp_path_factory.mktemp("plugin")
+    plugin = write_plugin(root)  # mypkg.doc, from the guide
     # The supervisor loads the plugin into this process too (to know the encode.doc stage).
-    pipe = start_pipeline(infra, {"router": 1, "assembler": 1, "encode.text": 1, "encode.doc": 1, "generate": 1},
-                          MMSTREAM_MODALITIES_PLUGINS=PLUGIN, MMSTREAM_ROUTER_SERVED_MODALITIES="text,doc")
-    yield pipe
-    pipe.supervisor.stop()
-    # Leave the registry as other tests in this process expect it (and let a later load re-register).
-    modalities.REGISTRY.clear()
-    modalities.REGISTRY.update(before)
-    sys.modules.pop(PLUGIN, None)
+    sys.path.insert(0, str(root))
+    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
+    try:
+        pipe = start_pipeline(infra, {"router": 1, "assembler": 1, "encode.text": 1, "encode.doc": 1, "generate": 1},
+                              MMSTREAM_MODALITIES_PLUGINS=plugin, MMSTREAM_ROUTER_SERVED_MODALITIES="text,doc",
+                              PYTHONPATH=path)
+        yield pipe
+        pipe.supervisor.stop()
+    finally:
+        # Leave the registry as other tests in this process expect it (and let a later load re-register).
+        modalities.REGISTRY.clear()
+        modalities.REGISTRY.update(before)
+        for name in (plugin, plugin.split(".")[0]):
+            sys.modules.pop(name, None)
+        sys.path.remove(str(root))
 
 
 def _vec(part) -> np.ndarray:
