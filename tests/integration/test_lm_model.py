@@ -2,15 +2,16 @@
 
 Needs no broker: it builds the model into the machine's model repository (once per
 machine; later runs find it up to date) and runs it on the CPU. Skips when the build
-dependencies (torch, transformers, gguf, the model package) are absent. Run with ``-s`` to
-see the latency table.
+dependencies (torch, transformers, gguf, the model package) are absent. Latency is the
+benches' to measure, not a test's: ``python -m mmstream.enginebench --model smollm2-135m``
+(the engine alone, per precision) and ``mmstream bench --workload chat`` (TTFT and TPOT
+through the pipeline).
 """
 
 from __future__ import annotations
 
 import time
 
-import numpy as np
 import pytest
 
 from schemas.settings import Settings
@@ -166,31 +167,6 @@ def test_stop_strings_and_seeded_sampling(engines: dict[str, LMEngine], tokenize
     runs = [serve(engine, ContinuousBatchScheduler(limits, engine.eos_token_ids), {"r": ids}, params)["r"].tokens
             for _ in range(2)]
     assert runs[0] == runs[1]
-
-
-def test_latency_fp32_int8_batch_1_and_4(engines: dict[str, LMEngine], tokenizer) -> None:
-    """Prefill of the first question (one call) and per-step decode, batch 1 and 4; printed."""
-    ids = encode(tokenizer, QUESTIONS[0])
-    print(f"\nprompt {len(ids)} tokens; median of 3 prefills, 16 decode steps")
-    for precision, engine in engines.items():
-        for batch in (1, 4):
-            prefill, decode = [], []
-            for _ in range(3):
-                seqs = [engine.new_sequence(str(i), ids, SamplingParams()) for i in range(batch)]
-                start = time.perf_counter()
-                logits = engine.prefill([(s, len(ids)) for s in seqs])
-                prefill.append(time.perf_counter() - start)
-            for s, row in zip(seqs, logits):
-                engine.append(s, int(np.argmax(row)))
-            for _ in range(16):
-                start = time.perf_counter()
-                logits = engine.decode(seqs)
-                decode.append(time.perf_counter() - start)
-                for s, row in zip(seqs, logits):
-                    engine.append(s, int(np.argmax(row)))
-            print(f"{precision} batch {batch}: prefill {1e3 * np.median(prefill):.1f} ms, "
-                  f"decode {1e3 * np.median(decode):.1f} ms/step "
-                  f"({1e3 * np.median(decode) / batch:.1f} ms/token)")
 
 
 def _prefix(a: list[int], b: list[int]) -> int:
