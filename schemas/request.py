@@ -136,6 +136,16 @@ the tenant from what follows it in namespaced keys (``<tenant>/<id>`` records,
 directory names)."""
 _TOPIC_RE = re.compile(r"[A-Za-z0-9._\-]+")
 _MIME_RE = re.compile(r"[a-z0-9.+\-]+/[a-z0-9.+\-]+")
+INTERNAL_MIME_MARK = "x-mm-"
+"""Media types whose subtype starts with this are the pipeline's own (a video's frame chunk on
+the image pool: ``video/x-mm-jpeg-frames``); a client's part may not claim one, or one
+image part would buy a chunk of frames, each an inference, at the price of one image."""
+
+
+def is_internal_mime(mime: str) -> bool:
+    """Whether ``mime`` (parameters ignored, any case) is reserved for the pipeline's own jobs."""
+    subtype = mime.split(";")[0].strip().lower().partition("/")[2]
+    return subtype.startswith(INTERNAL_MIME_MARK)
 _MODALITY_RE = re.compile(MODALITY_NAME_RE)
 _BUILT_IN = frozenset(m.value for m in Modality)
 
@@ -211,6 +221,9 @@ def _part(p: Any, where: str, limits: Limits, from_json: bool, known: tuple[str,
     mime = _string(p, "mime", 100, where=where)
     if mime is not None and not _MIME_RE.fullmatch(mime.lower()):
         raise WireError(ErrorCode.INVALID_REQUEST, f"mime {mime!r} is not a media type", f"{where}.mime")
+    if mime is not None and is_internal_mime(mime):
+        raise WireError(ErrorCode.UNSUPPORTED_MEDIA, f"mime {mime!r} is reserved for the pipeline's own jobs",
+                        f"{where}.mime")
     given = [k for k in ("text", "data", "ref") if p.get(k) is not None]
     if len(given) != 1:
         raise WireError(ErrorCode.INVALID_REQUEST, "a part carries exactly one of text, data or ref", where)

@@ -11,6 +11,10 @@ leave the stage unable to park it, so the whole record is cut to ``max_bytes`` a
 is named in ``x-mm-truncated``. A deployment that must not keep what clients sent
 (``dlq.keep_payload`` off) parks the metadata only: the value is dropped, and
 ``x-mm-truncated`` says how big it was.
+
+Headers named like the pipeline's own (``x-mm-*``, any case) are the pipeline's alone: an
+original header so named is dropped (and counted in ``x-mm-truncated``), so what a reader of
+the DLQ takes for ``x-mm-error`` or ``x-mm-source`` is always what the pipeline wrote.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from schemas.codec import CONTENT_TYPE_HEADER, ERROR_HEADER, MSGPACK, SOURCE_HEA
 MAX_REASON_BYTES = 1000
 """The longest ``x-mm-error`` value: a reason quotes an exception, which may quote input."""
 MAX_SOURCE_BYTES = 300
+PIPELINE_HEADER_PREFIX = "x-mm-"
+"""The header names the pipeline writes (``schemas.codec``): never copied from a client."""
 RECORD_OVERHEAD_BYTES = 128
 """Room kept for what the producer adds around key, value and headers when it sizes a record
 (aiokafka: a 61-byte batch header, up to 21 bytes of record framing) and for varints."""
@@ -65,16 +71,23 @@ def dead_letter(dlq_topic: str, key: str | bytes | None, value: bytes | None, re
     ours = [(ERROR_HEADER, _cut(reason, MAX_REASON_BYTES))]
     if source is not None:
         ours.append((SOURCE_HEADER, _cut(source, MAX_SOURCE_BYTES)))
+    notes: list[str] = []
     if not keep_payload:
-        ours.append((TRUNCATED_HEADER, f"value {len(raw)} bytes dropped (dlq.keep_payload off)".encode()))
+        notes.append(f"value {len(raw)} bytes dropped (dlq.keep_payload off)")
         raw = b""
-    original = [(str(name), _header_bytes(v)) for name, v in _pairs(headers)]
-    room = max_bytes - RECORD_OVERHEAD_BYTES - _size(k) - _size(raw) - sum(_header_size(h) for h in ours + original)
+    given = [(str(name), v) for name, v in _pairs(headers)]
+    original = [(name, _header_bytes(v)) for name, v in given if not is_pipeline_header(name)]
+    if len(given) > len(original):
+        spoofed = len(given) - len(original)
+        notes.append(f"{spoofed} original x-mm-* header{'s' if spoofed > 1 else ''} dropped")
+    noted = [(TRUNCATED_HEADER, "; ".join(notes).encode())] if notes else []
+    room = (max_bytes - RECORD_OVERHEAD_BYTES - _size(k) - _size(raw)
+            - sum(_header_size(h) for h in ours + noted + original))
     if room >= 0:
-        return Out(dlq_topic, k, raw, original + ours)
+        return Out(dlq_topic, k, raw, original + ours + noted)
     # Cut: reserve room for the note itself (its longest form), then keep what fits.
     budget = (max_bytes - RECORD_OVERHEAD_BYTES - _size(k) - sum(_header_size(h) for h in ours)
-              - _header_size((TRUNCATED_HEADER, b"x" * 80)) - _FIELD_OVERHEAD)
+              - _header_size((TRUNCATED_HEADER, b"x" * 120)) - _FIELD_OVERHEAD)
     kept = list(original)
     while kept and sum(_header_size(h) for h in kept) > budget:
         kept.pop()
@@ -83,7 +96,13 @@ def dead_letter(dlq_topic: str, key: str | bytes | None, value: bytes | None, re
     if len(kept) < len(original):
         dropped = len(original) - len(kept)
         note += f"; {dropped} original header{'s' if dropped > 1 else ''} dropped"
+    note = "; ".join([note, *notes])
     return Out(dlq_topic, k, raw[:cut_to], kept + ours + [(TRUNCATED_HEADER, note.encode())])
+
+
+def is_pipeline_header(name: str) -> bool:
+    """Whether a header name is one the pipeline writes itself (``x-mm-*``, any case)."""
+    return name.strip().lower().startswith(PIPELINE_HEADER_PREFIX)
 
 
 def _pairs(headers: Mapping[str, Any] | Iterable[tuple[str, Any]] | None) -> Iterable[tuple[str, Any]]:

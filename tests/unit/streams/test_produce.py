@@ -72,3 +72,16 @@ def test_the_whole_record_always_fits(key, value, headers, reason, source, max_b
 def _producer_size(out) -> int:
     """The size aiokafka's producer checks against max_request_size."""
     return DefaultRecordBatchBuilder.estimate_size_in_bytes(out.key, out.value, out.headers)
+
+
+def test_client_headers_named_like_the_pipelines_own_are_dropped_and_counted():
+    spoofed = [("x-mm-error", b"all fine"), ("X-MM-Source", b"mm.encode.text.rt[0]@1"), ("trace-id", b"7")]
+    out = dead_letter("mm.dlq", None, b"v", "undecodable: bad", spoofed, "mm.ingress.rt[0]@9", max_bytes=MB)
+    names = [n.lower() for n, _ in out.headers]
+    assert names.count(ERROR_HEADER) == 1 and names.count(SOURCE_HEADER) == 1 and names.count(TRUNCATED_HEADER) == 1
+    headers = dict(out.headers)
+    assert headers[ERROR_HEADER] == b"undecodable: bad" and headers[SOURCE_HEADER] == b"mm.ingress.rt[0]@9"
+    assert headers["trace-id"] == b"7" and headers[TRUNCATED_HEADER] == b"2 original x-mm-* headers dropped"
+    cut = dead_letter("mm.dlq", None, b"v" * 5000, "why", spoofed, max_bytes=2048)
+    assert [n for n, _ in cut.headers].count(TRUNCATED_HEADER) == 1  # one note says both
+    assert b"2 original x-mm-* headers dropped" in dict(cut.headers)[TRUNCATED_HEADER]
