@@ -118,6 +118,10 @@ class StageIO:
         """Assignments so far: output held across a revoke is never sent again."""
         self.dropped = 0
         """Outputs dropped because the partitions they were for were lost meanwhile."""
+        self.handed: set[tuple[str, int, int]] = set()
+        """The records of the batch being handled that the stage has taken care of (delivered,
+        finished, joined or ``hold``); see ``RecordStage``: if handling raises, only the others
+        are handled again, one at a time."""
 
     # -- life ------------------------------------------------------------------------------
 
@@ -181,7 +185,13 @@ class StageIO:
     def finish(self, inputs: Iterable[ConsumerRecord]) -> None:
         """Inputs that are done and produced nothing (or whose outputs are already acked)."""
         for r in inputs:
+            self.handed.add((r.topic, r.partition, r.offset))
             self.tracker.finish(TopicPartition(r.topic, r.partition), r.offset)
+
+    def hold(self, inputs: Iterable[ConsumerRecord]) -> None:
+        """The stage keeps these records to finish later (queued work, a request's open state):
+        they count as taken care of in the batch being handled."""
+        self.handed.update((r.topic, r.partition, r.offset) for r in inputs)
 
     def backlog(self, topic: str) -> int:
         """Records of ``topic`` on this consumer's partitions not yet returned by ``poll``:
@@ -222,6 +232,7 @@ class StageIO:
         assignment the inputs were read in (default: now); outputs of an older one are
         dropped, never sent."""
         inputs = list(inputs)
+        self.handed.update((r.topic, r.partition, r.offset) for r in inputs)
         task = asyncio.create_task(self._deliver(list(outs), inputs, self.epoch if epoch is None else epoch))
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)

@@ -5,8 +5,10 @@ A stage subclasses ``RecordStage`` and implements ``handle(records)``; it finish
 record exactly once, through ``io.deliver(outs, inputs)`` (finished when its outputs are
 with the broker) or ``io.finish(inputs)``. ``handle`` must not raise for one bad record:
 what a record can do wrong ends as an error event or a dead letter. An exception that
-escapes anyway is logged and the batch's records are dead-lettered, so one bug costs its
-records, never the stage.
+escapes anyway is logged, and the records of the batch the stage had not yet taken care of
+(delivered, finished, joined, or kept with ``io.hold``) are handled again one at a time:
+the one that raises alone is dead-lettered alone, so one bad record costs itself, never its
+neighbours (up to a poll of every tenant's records) nor the stage.
 
 Loops that survive their own errors: every long-running task of a stage is started with
 ``supervise(name, factory)``; one that raises is logged, counted
@@ -34,6 +36,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+import traceback
 from typing import Any, Awaitable, Callable, Sequence
 
 import faust
@@ -237,16 +240,61 @@ class RecordStage(mode.Service):
                 await self.idle()
                 continue
             records.sort(key=lambda r: self.lane_of(r) == "bulk")  # rt first, offset order kept
+            await self.handle_isolated(records)
+
+    async def handle_isolated(self, records: list[ConsumerRecord]) -> None:
+        """``handle(records)``; if it raises, each record it had not taken care of is handled
+        again alone, and one that raises alone is dead-lettered alone."""
+        self.io.handed = set()
+        try:
+            await self.handle(records)
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if len(records) == 1:
+                self._park(records[0], exc)
+                return
+            log.error("%s: a batch of %d records failed (%s); handling its records one at a time", self.stage,
+                      len(records), bounded(repr(exc)))
+        for r in [r for r in records if (r.topic, r.partition, r.offset) not in self.io.handed]:
+            self.io.handed = set()
             try:
-                await self.handle(records)
+                await self.handle([r])
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.exception("%s: a batch of %d records failed; dead-lettering it", self.stage, len(records))
-                self.io.deliver([self.dlq(r, f"internal: {self.stage} failed: {exc!r}") for r in records], records)
+                self._park(r, exc)
+
+    def _park(self, r: ConsumerRecord, exc: Exception) -> None:
+        """Dead-letter one record whose handling raised (unless the stage took care of it first)."""
+        log.error("%s: record %s failed alone (%s, at %s); dead-lettering it", self.stage, _where(r),
+                  bounded(repr(exc)), _raised_at(exc))
+        if (r.topic, r.partition, r.offset) not in self.io.handed:
+            self.io.deliver([self.dlq(r, f"internal: {self.stage} failed: {exc!r}")], [r])
 
     async def idle(self) -> None:
         """Called when a poll returned nothing (stages with timers use it)."""
+
+
+MAX_LOGGED_CHARS = 300
+"""The most of a value (an exception's repr, a reason) one log line quotes: a reason may quote
+input, and a client must not be able to fill the logs with it."""
+
+
+def bounded(text: str, limit: int = MAX_LOGGED_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, saying how much was cut."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+def _raised_at(exc: BaseException) -> str:
+    """Where in the code ``exc`` was raised (file:line in function): a bug's place, without
+    the exception's text, which may quote input."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "unknown"
+    f = frames[-1]
+    return f"{f.filename}:{f.lineno} in {f.name}"
 
 
 def _where(r: ConsumerRecord) -> str:

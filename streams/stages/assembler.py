@@ -154,6 +154,7 @@ class AssemblerStage(RecordStage):
                 self.io.deliver([self.dlq(r, f"invalid_request: undecodable fan-in message: {exc}")], [r])
                 continue
             self._apply(part, r, msg, key, now)
+            self.io.hold([r])  # in the request's state (or answered): never handled twice
 
     def _apply(self, part: PartitionState, r: ConsumerRecord, msg: Any, key: str, now: float) -> None:
         if isinstance(msg, DeadlineTick):

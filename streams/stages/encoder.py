@@ -147,6 +147,7 @@ class EncoderStage(RecordStage):
         self.held += len(jobs)
         self._flow()
         self._prepare(jobs)
+        self.io.hold(r for _, r in jobs)
 
     def take_local(self, offers: list[tuple[EncodeJob, float, Callable[[Out], None]]],
                    max_queued_ms: float) -> list[bool]:

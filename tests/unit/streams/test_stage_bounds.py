@@ -30,6 +30,9 @@ class Recorder:
         self.delivered: list[tuple[list, list]] = []
         self.finished: list[int] = []
 
+    def hold(self, inputs):
+        pass
+
     def deliver(self, outs, inputs=()):
         self.delivered.append((list(outs), list(inputs)))
         self.finished.extend(r.offset for r in inputs)
@@ -131,3 +134,59 @@ async def test_a_supervised_task_that_raises_is_logged_and_started_again(assembl
     task.cancel()
     assert len(runs) == 3 and assembler.restarts == {"sweep": 2}
     assert "task sweep failed" in caplog.text
+
+
+class HandingIO:
+    """StageIO's bookkeeping of which records of a batch were taken care of."""
+
+    def __init__(self) -> None:
+        self.handed: set = set()
+        self.delivered: list[tuple[list, list]] = []
+
+    def _mark(self, inputs):
+        self.handed.update((r.topic, r.partition, r.offset) for r in inputs)
+
+    def deliver(self, outs, inputs=(), epoch=None):
+        inputs = list(inputs)
+        self._mark(inputs)
+        self.delivered.append((list(outs), inputs))
+
+    def finish(self, inputs):
+        self._mark(inputs)
+
+    hold = _mark
+
+
+class PoisonedStage:
+    """A stage whose handler raises on the record with value ``b"poison"``, after it has
+    already answered the records before it in the batch."""
+
+    stage = "unit.poisoned"
+    handle_isolated = RecordStage.handle_isolated
+    _park = RecordStage._park
+
+    def __init__(self) -> None:
+        self.io = HandingIO()
+        self.handled: list[int] = []
+
+    async def handle(self, records) -> None:
+        for r in records:
+            if r.value == b"poison":
+                raise RuntimeError("a bug " + "x" * 5000)
+            self.handled.append(r.offset)
+            self.io.deliver([f"answer {r.offset}"], [r])
+
+    def dlq(self, r, reason):
+        return f"dlq {r.offset}: {reason[:40]}"
+
+
+async def test_a_bad_record_is_dead_lettered_alone_and_its_neighbours_are_handled(caplog) -> None:
+    stage = PoisonedStage()
+    values = [b"ok", b"ok", b"poison", b"ok", b"ok"]
+    records = [ConsumerRecord("unit.ingress.rt", 0, i, 0, 0, None, v, None, 1, 2, []) for i, v in enumerate(values)]
+    await stage.handle_isolated(records)
+    assert stage.handled == [0, 1, 3, 4]  # each answered once: the two before the bad one were not handled again
+    parked = [(outs, [r.offset for r in inputs]) for outs, inputs in stage.io.delivered if outs[0].startswith("dlq")]
+    assert [inputs for _, inputs in parked] == [[2]] and parked[0][0][0].startswith("dlq 2: internal: unit.poisoned")
+    assert "handling its records one at a time" in caplog.text and "record unit.ingress.rt[0]@2 failed alone" in caplog.text
+    assert all(len(m) < 800 for m in caplog.messages)  # the exception's text is cut, however long
