@@ -63,6 +63,9 @@ class EncodeJob(_Job):
     """For a fanned-out part (a video's frames): which chunk of the part this job is."""
     nonce: str | None = omit_none()
     """The request's nonce (see the module doc): copied into this job's ``EncodedPart``."""
+    ref_bytes: int | None = omit_none()
+    """For a ``ref`` part: its stored size when the router priced it (bytes); the worker reads
+    at most that many and refuses a payload that has grown since."""
 
     TYPE = "encode"
 

@@ -27,12 +27,23 @@ class LimitsSettings(Section):
         30_000, "Deadline given to requests that set none, milliseconds from acceptance.", ge=1
     )
     max_deadline_ms: int = setting(600_000, "Longest deadline a client may ask for.", ge=1)
-    max_ref_bytes: int = setting(64 * 1024 * 1024, "Largest payload fetched by claim check (ref).", ge=1)
+    max_ref_bytes: int = setting(
+        64 * 1024 * 1024, "Largest payload fetched by one claim check (ref), at its stored size: the router sizes every ref "
+        "at admission (STRLEN, the file's size) and fails a larger part with payload_too_large; the worker then reads "
+        "at most the size priced.", ge=1
+    )
+    max_request_ref_bytes: int = setting(
+        64 * 1024 * 1024, "Most bytes the refs of one request may name together, at their stored size (the same blob "
+        "named by 16 parts counts 16 times); over it the request is payload_too_large.", ge=1
+    )
     ref_file_root: str = setting(
         "", "Directory whose files may be sent as file:// refs, one subdirectory per tenant (a tenant's refs resolve "
         "only under <root>/<tenant>/); empty: file refs are refused."
     )
-    claim_ttl_s: int = setting(3600, "How long the SDK keeps a claim-checked payload in Redis.", ge=1)
+    claim_ttl_s: int = setting(
+        3600, "How long the SDK keeps a claim-checked payload in Redis; the router also caps the remaining life of "
+        "every claim check a request names at this (one stored without an expiry gets one).", ge=1
+    )
     max_audio_seconds: float = setting(300.0, "Longest audio clip accepted (decoded duration).", gt=0)
     max_image_pixels: int = setting(
         25_000_000, "Largest image (width x height, read from the header before decoding): the decompression-bomb guard.", ge=1
@@ -265,6 +276,14 @@ class QuotaSettings(Section):
     window_ms: int = setting(
         10_000, "Longest time one job counts as a tenant's queued work, and how long a refused tenant makes the "
         "others keep to their fair share.", ge=100
+    )
+    ref_bytes_per_s: float = setting(
+        64.0 * 1024 * 1024, "Bytes per second one tenant's refs may make the workers read (token bucket per router "
+        "replica, refs at their stored size); 0: no byte limit. Over it: overloaded with retry_after_ms.", ge=0
+    )
+    ref_bytes_burst: float = setting(
+        0.0, "Bytes a tenant's refs may name at once above that rate; 0: the larger of one second's worth and "
+        "limits.max_request_ref_bytes (so one request at the cap always gets in eventually).", ge=0
     )
     max_tenants: int = setting(10_000, "Most tenants whose counts the router keeps (memory bound; idle ones go).", ge=1)
     metric_tenants: int = setting(

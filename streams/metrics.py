@@ -78,7 +78,7 @@ OUTCOMES = frozenset({"ok", "error", "dlq"})
 event; ``dlq``: it could not be decoded and went to the dead-letter topic."""
 CACHE_RESULTS = frozenset({"hit", "miss", "error"})
 DECISIONS = frozenset({"admit", "defer", "reject"})
-SHED_REASONS = frozenset({"rate", "queued"})
+SHED_REASONS = frozenset({"rate", "queued", "ref_bytes"})
 ERROR_CODES = frozenset(str(c) for c in ErrorCode)
 ENGINE_FIELDS = ("model", "version", "precision", "provider", "backend")
 MIXED = "mixed"

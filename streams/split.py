@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 from schemas.errors import ErrorCode, WireError
 from schemas.jobs import EncodedPart, EncodeJob, Manifest
@@ -57,14 +57,20 @@ def split_request(
     default_deadline_ms: int,
     nonce: str | None = None,
     digest: str | None = None,
+    refused: Mapping[int, WireError] | None = None,
+    ref_bytes: Mapping[int, int] | None = None,
 ) -> RoutePlan:
     """Split ``req`` into per-part encode jobs on each modality's topic for the request's lane.
 
     ``client_sent_at_ms`` is the ingress record's timestamp; the router's span runs from it
     (queued) through ``started_at_ms`` to ``now_ms``. ``nonce`` goes into the manifest, every
     job and every part answered here (``schemas.jobs``: how the assembler knows its parts);
-    ``digest`` names the ingress record in the manifest.
+    ``digest`` names the ingress record in the manifest. ``refused``: parts that fail here with
+    that error (a ref the router could not price); ``ref_bytes``: the priced size of each ref
+    part, carried in its job.
     """
+    refused = refused or {}
+    ref_bytes = ref_bytes or {}
     deadline_at = now_ms + (req.deadline_ms or default_deadline_ms)
     reply_to = req.reply_to or topics.results
     router_span = Span("route", client_sent_at_ms, started_at_ms, now_ms).to_wire()
@@ -83,6 +89,8 @@ def split_request(
 
     by_topic: dict[str, list[int]] = {}
     for i, part in enumerate(req.parts):
+        if i in refused:
+            continue
         if str(part.modality) in served_modalities and not (req.task == Task.GENERATE and part.modality == Modality.TEXT):
             by_topic.setdefault(topic_of(part), []).append(i)
     chosen: dict[int, int | None] = {}
@@ -103,10 +111,14 @@ def split_request(
             failed.append(EncodedPart(id=req.id, part=i, modality=modality, sent_at_ms=now_ms, error=err.to_wire(),
                                       tenant=req.tenant, nonce=nonce))
             continue
+        if i in refused:
+            failed.append(EncodedPart(id=req.id, part=i, modality=modality, sent_at_ms=now_ms,
+                                      error=refused[i].to_wire(), tenant=req.tenant, nonce=nonce))
+            continue
         job = EncodeJob(
             id=req.id, part=i, n_parts=len(req.parts), modality=modality, lane=str(req.lane), tenant=req.tenant,
             deadline_at_ms=deadline_at, sent_at_ms=now_ms, text=part.text, data=part.data, ref=part.ref,
-            mime=part.mime, nonce=nonce,
+            mime=part.mime, nonce=nonce, ref_bytes=ref_bytes.get(i) if part.ref is not None else None,
         )
         jobs.append(RoutedJob(topic_of(part), f"{req.id}:{i}".encode(), job, chosen[i]))
     return RoutePlan(manifest, jobs, failed)

@@ -88,7 +88,7 @@ class EncoderFront:
                 if job.ref is not None:  # a claim check: its bytes, fetched here (never on the engine's time)
                     if self.resolver is None:
                         raise refs_not_served(job)
-                    data = self.resolver.fetch(job.ref, f"parts.{job.part}.ref", job.tenant)
+                    data = self.resolver.fetch(job.ref, f"parts.{job.part}.ref", job.tenant, job.ref_bytes)
                     job = dataclasses.replace(job, data=data, ref=None)
                 elif job.data is None and job.text is None:
                     raise refs_not_served(job)

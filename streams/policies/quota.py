@@ -16,6 +16,11 @@ Two limits, each off at 0:
   another is turned away is held back until that one gets its turn. ``retry_after_ms`` is
   when enough of its counted work is predicted done.
 
+- **ref bytes**: a second token bucket per tenant, in bytes (``ref_bytes_per_s`` refill,
+  ``ref_bytes_burst`` capacity): a request takes the stored size of what its refs name (the
+  router sizes them first), so a small request cannot make the workers read gigabytes. A
+  request bigger than the bucket waits for a full one and leaves it in debt.
+
 Shed means ``overloaded`` with ``retry_after_ms`` (the router's ``Reject``). Memory is bounded:
 a tenant's counts are dropped once idle longer than its bucket needs to refill and the
 window to empty, and past ``max_tenants`` the least recently seen go first (a dropped tenant
@@ -50,6 +55,14 @@ class QuotaLimits:
     """Counted work (ms) past which a tenant is shed, alone or not; 0: off."""
     window_ms: float = 10_000.0
     max_tenants: int = 10_000
+    ref_bytes_per_s: float = 0.0
+    """Bytes per second a tenant's refs may name; 0: no byte limit."""
+    ref_bytes_burst: float = 0.0
+    """The byte bucket's capacity; 0: one second's worth."""
+
+    @property
+    def ref_capacity(self) -> float:
+        return self.ref_bytes_burst if self.ref_bytes_burst > 0 else self.ref_bytes_per_s
 
     def rate_of(self, tenant: str) -> tuple[float, float]:
         """(rate per second, bucket capacity) of ``tenant``."""
@@ -62,7 +75,7 @@ class Shed:
     """A request the tenant's quota refuses: answer ``overloaded`` with ``retry_after_ms``."""
 
     reason: str
-    """``rate`` or ``queued``: which limit refused it (a metric label)."""
+    """``rate``, ``queued`` or ``ref_bytes``: which limit refused it (a metric label)."""
     message: str
     retry_after_ms: int
 
@@ -78,6 +91,8 @@ class _Tenant:
     """Slot index (of the predicted end) -> ms of work counted until that slot ends."""
     sent_ms: float = 0.0
     """Sum of the slots."""
+    ref_tokens: float = 0.0
+    """Bytes left in the ref bucket (negative: in debt after a request bigger than it)."""
 
 
 class TenantQuotas:
@@ -95,11 +110,13 @@ class TenantQuotas:
     @property
     def enabled(self) -> bool:
         q = self.limits
-        return q.rate_per_s > 0 or bool(q.overrides) or q.fair_share > 0 or q.max_queued_ms > 0
+        return (q.rate_per_s > 0 or bool(q.overrides) or q.fair_share > 0 or q.max_queued_ms > 0
+                or q.ref_bytes_per_s > 0)
 
-    def check(self, tenant: str, *, lane_limit_ms: float, now_ms: float) -> Shed | None:
+    def check(self, tenant: str, *, lane_limit_ms: float, now_ms: float, ref_bytes: int = 0) -> Shed | None:
         """Whether ``tenant`` may send one more request now (None) or is shed. Takes a token
-        when it may; ``lane_limit_ms`` is the admission limit of the request's lane."""
+        (and ``ref_bytes`` from its byte bucket) when it may; ``lane_limit_ms`` is the admission
+        limit of the request's lane, ``ref_bytes`` what the request's refs name."""
         self._expire(now_ms)
         t = self._touch(tenant, now_ms)
         sent = self._window(t, now_ms)
@@ -110,16 +127,25 @@ class TenantQuotas:
         if sent >= limit:
             return Shed("queued", f"tenant {tenant} has {sent:.0f} ms of work in the pipeline (its limit now: "
                         f"{limit:.0f} ms); retry later", self._drain_ms(t, limit, now_ms))
-        rate, capacity = q.rate_of(tenant)
-        if rate <= 0:
-            return None
-        t.tokens = min(capacity, t.tokens + (now_ms - t.updated_ms) * rate / 1000.0)
+        elapsed_ms = now_ms - t.updated_ms
         t.updated_ms = now_ms
-        if t.tokens < 1.0:
-            wait = math.ceil((1.0 - t.tokens) * 1000.0 / rate)
-            return Shed("rate", f"tenant {tenant} is over its rate of {rate:g} requests per second; retry later",
-                        max(1, wait))
-        t.tokens -= 1.0
+        if q.ref_bytes_per_s > 0:
+            t.ref_tokens = min(q.ref_capacity, t.ref_tokens + elapsed_ms * q.ref_bytes_per_s / 1000.0)
+            need = min(float(ref_bytes), q.ref_capacity)
+            if ref_bytes > 0 and t.ref_tokens < need:
+                wait = math.ceil((need - t.ref_tokens) * 1000.0 / q.ref_bytes_per_s)
+                return Shed("ref_bytes", f"tenant {tenant} is over its rate of {q.ref_bytes_per_s:.0f} bytes per "
+                            "second read through refs; retry later", max(1, wait))
+        rate, capacity = q.rate_of(tenant)
+        if rate > 0:
+            t.tokens = min(capacity, t.tokens + elapsed_ms * rate / 1000.0)
+            if t.tokens < 1.0:
+                wait = math.ceil((1.0 - t.tokens) * 1000.0 / rate)
+                return Shed("rate", f"tenant {tenant} is over its rate of {rate:g} requests per second; retry later",
+                            max(1, wait))
+            t.tokens -= 1.0
+        if q.ref_bytes_per_s > 0:
+            t.ref_tokens -= ref_bytes
         return None
 
     def note_refused(self, tenant: str, now_ms: float) -> None:
@@ -159,7 +185,8 @@ class TenantQuotas:
     def _touch(self, tenant: str, now_ms: float) -> _Tenant:
         t = self._tenants.get(tenant)
         if t is None:
-            t = self._tenants[tenant] = _Tenant(self.limits.rate_of(tenant)[1], now_ms, now_ms)
+            t = self._tenants[tenant] = _Tenant(self.limits.rate_of(tenant)[1], now_ms, now_ms,
+                                                ref_tokens=self.limits.ref_capacity)
             while len(self._tenants) > self.limits.max_tenants:
                 self._tenants.popitem(last=False)
         else:
@@ -198,6 +225,10 @@ class TenantQuotas:
             name, t = next(iter(self._tenants.items()))
             rate, capacity = self.limits.rate_of(name)
             refill_ms = capacity * 1000.0 / rate if rate > 0 else 0.0
+            if self.limits.ref_bytes_per_s > 0 and t.ref_tokens < self.limits.ref_capacity:
+                # A tenant in debt stays until its byte bucket would be full again.
+                debt = self.limits.ref_capacity - t.ref_tokens
+                refill_ms = max(refill_ms, debt * 1000.0 / self.limits.ref_bytes_per_s)
             if now_ms - max(t.seen_ms, t.refused_ms) < max(self.limits.window_ms, refill_ms):
                 return
             del self._tenants[name]

@@ -25,6 +25,13 @@ names the ingress record (``digest``: a replay of it is recognised downstream, a
 request reusing the id is refused) and carries a fresh ``nonce`` that the request's parts
 must carry back (``schemas.jobs``). Before admission, the tenant's quota
 (``streams.policies.quota``) may shed the request with ``overloaded``.
+
+Refs are priced at their stored size before anything reads them (``workers.claims.ClaimSizer``,
+injected as ``ref_sizes``): a part whose ref is unknown, not the tenant's or over
+``limits.max_ref_bytes`` fails alone, here; a request whose refs name more than
+``limits.max_request_ref_bytes`` together is ``payload_too_large``; the tenant's byte bucket
+(``quota.ref_bytes_per_s``) sheds the rest. Each job carries its ref's priced size, and the
+worker reads no more. Without a sizer every ref is priced at the most it may read.
 """
 
 from __future__ import annotations
@@ -35,7 +42,8 @@ import hashlib
 import logging
 import secrets
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
 
 import faust
 from aiokafka.structs import ConsumerRecord
@@ -58,11 +66,12 @@ from streams.reply_topics import ReplyTopics, TopicCache
 from streams.result_cache import ResultCache
 from streams.split import RoutedJob, split_request
 from streams.runtime.io import Joint
-from streams.runtime.stage import RecordStage
+from streams.runtime.stage import RecordStage, bounded
 from streams.security import client_kwargs
 from streams.topics import TopicNames
 from workers import modalities
 from workers.cache_keys import content_digest, result_key
+from workers.claims import ClaimSizer
 from workers.redisconn import connect_async
 from workers.text import normalize
 
@@ -72,6 +81,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TEXT_MAX_TOKENS = 256.0
+RefSizes = Callable[[Sequence[tuple[int, str]], str], Awaitable[dict[int, "int | WireError"]]]
+"""(part index, ref) pairs and the tenant -> per part its stored bytes or the error it fails
+with (``ClaimSizer.sizes``)."""
 
 def limits_from(settings: Settings) -> Limits:
     lim = settings.limits
@@ -114,7 +126,7 @@ class Router:
 
     def __init__(self, settings: Settings, topic_exists: Callable[[str], Awaitable[bool]],
                  load: LoadView | None = None, results: Any = None,
-                 nonce: Callable[[], str] = lambda: secrets.token_hex(12)) -> None:
+                 nonce: Callable[[], str] = lambda: secrets.token_hex(12), ref_sizes: RefSizes | None = None) -> None:
         self.settings = settings
         self.topics = TopicNames(settings.kafka.topic_prefix)
         self.limits = limits_from(settings)
@@ -135,8 +147,11 @@ class Router:
         q = settings.quota
         self.quotas = TenantQuotas(QuotaLimits(
             rate_per_s=q.rate_per_s, burst=q.burst, overrides=parse_overrides(q.overrides), fair_share=q.fair_share,
-            max_queued_ms=q.max_queued_ms, window_ms=float(q.window_ms), max_tenants=q.max_tenants))
+            max_queued_ms=q.max_queued_ms, window_ms=float(q.window_ms), max_tenants=q.max_tenants,
+            ref_bytes_per_s=q.ref_bytes_per_s,
+            ref_bytes_burst=q.ref_bytes_burst or max(q.ref_bytes_per_s, float(settings.limits.max_request_ref_bytes))))
         self.nonce = nonce
+        self.ref_sizes = ref_sizes
 
     async def handle(self, raw: bytes, headers: Any, record_ts_ms: float | None, source: str,
                      tenant: str | None = None) -> Routed:
@@ -166,6 +181,7 @@ class Router:
                                     "out (it is taken from the topic) or send on that tenant's own topic", "tenant")
                 req = dataclasses.replace(req, tenant=tenant)
             req = dataclasses.replace(req, reply_to=await self.replies.check(req.reply_to, tenant))
+            ref_bytes, refused = await self._price_refs(req)
         except WireError as err:
             who = peek_reply(obj)
             if who is None:
@@ -179,7 +195,7 @@ class Router:
             who_tenant = tenant if tenant is not None else obj.get("tenant")
             return Routed([self._verdict(rid, who_tenant, "rt", reply_to, [event], digest)], "error", str(err.code))
         client_sent = record_ts_ms if record_ts_ms else started
-        shed = self._quota(req, started)
+        shed = self._quota(req, started, sum(ref_bytes.values()))
         if shed is not None:
             err = WireError(ErrorCode.OVERLOADED, shed.message, None, shed.retry_after_ms)
             event = Event(req.id, EventKind.ERROR, 0, now_ms(), error=err.to_wire())
@@ -204,7 +220,7 @@ class Router:
             cost_ms=self._part_cost, modality_topics=self.settings.router.modality_topics,
             served_modalities=self.served_modalities, client_sent_at_ms=client_sent,
             started_at_ms=started, now_ms=now_ms(), default_deadline_ms=self.settings.limits.default_deadline_ms,
-            nonce=self.nonce(), digest=digest,
+            nonce=self.nonce(), digest=digest, refused=refused, ref_bytes=ref_bytes,
         )
         m = plan.manifest
         encoded = self.topics.encoded(req.lane)
@@ -274,11 +290,42 @@ class Router:
         found = self._part_stage(part)
         return found[1] if found is not None else 0.0
 
-    def _quota(self, req: Any, now: float) -> Shed | None:
+    async def _price_refs(self, req: Any) -> tuple[dict[int, int], dict[int, WireError]]:
+        """(part index -> stored bytes of its ref, part index -> the error it fails with) for
+        the ref parts of a served modality. Raises ``WireError`` (``payload_too_large``) when
+        the refs that resolve name more than ``limits.max_request_ref_bytes`` together."""
+        refs = [(i, p.ref) for i, p in enumerate(req.parts)
+                if p.ref is not None and str(p.modality) in self.served_modalities]
+        if not refs:
+            return {}, {}
+        lim = self.settings.limits
+        if self.ref_sizes is None:
+            found: dict[int, int | WireError] = {i: lim.max_ref_bytes for i, _ in refs}
+        else:
+            found = await self.ref_sizes(refs, req.tenant)
+        sizes: dict[int, int] = {}
+        refused: dict[int, WireError] = {}
+        for i, _ in refs:
+            got = found.get(i, WireError(ErrorCode.INTERNAL, "the claim check could not be sized", f"parts.{i}.ref"))
+            if isinstance(got, WireError):
+                refused[i] = got
+            elif got > lim.max_ref_bytes:
+                refused[i] = WireError(ErrorCode.PAYLOAD_TOO_LARGE, f"the referenced payload is {got} bytes; the "
+                                       f"limit is {lim.max_ref_bytes}", f"parts.{i}.ref")
+            else:
+                sizes[i] = got
+        total = sum(sizes.values())
+        if total > lim.max_request_ref_bytes:
+            raise WireError(ErrorCode.PAYLOAD_TOO_LARGE, f"the refs of this request name {total} bytes together; the "
+                            f"limit is {lim.max_request_ref_bytes} per request", "parts")
+        return sizes, refused
+
+    def _quota(self, req: Any, now: float, ref_bytes: int = 0) -> Shed | None:
         """The tenant's quota decision (None: within it, or no quota is set)."""
         if not self.quotas.enabled:
             return None
-        return self.quotas.check(req.tenant, lane_limit_ms=self.lane_limit_ms.get(str(req.lane), 0.0), now_ms=now)
+        return self.quotas.check(req.tenant, lane_limit_ms=self.lane_limit_ms.get(str(req.lane), 0.0), now_ms=now,
+                                 ref_bytes=ref_bytes)
 
     def _admit(self, req: Any) -> Admit | Reject | None:
         """The admission decision for a valid request (None when admission is off)."""
@@ -308,7 +355,7 @@ class Router:
                        v.to_wire())
 
     def _dlq(self, raw: bytes, headers: Any, source: str, reason: str) -> Out:
-        log.warning("router: to DLQ from %s: %s", source, reason)
+        log.warning("router: to DLQ from %s: %s", bounded(source), bounded(reason))
         return dead_letter(self.topics.dlq, None, raw, reason, headers=headers, source=source,
                            max_bytes=self.settings.kafka.max_message_bytes, keep_payload=self.settings.dlq.keep_payload)
 
@@ -341,12 +388,14 @@ class RouterStage(RecordStage):
         self.load = LoadView()
         results = ResultCache(settings.redis.url, settings.cache.ttl_result_s, tls_ca=settings.redis.tls_ca) \
             if settings.cache.enabled and settings.cache.whole_result else None
-        self.router = Router(settings, self.topic_cache.exists, self.load, results)
+        self.redis = connect_async(settings.redis.url, settings.redis.tls_ca, socket_timeout=0.2,
+                                   socket_connect_timeout=0.2)
+        lim = settings.limits
+        sizer = ClaimSizer(self.redis, Path(lim.ref_file_root) if lim.ref_file_root else None, lim.claim_ttl_s)
+        self.router = Router(settings, self.topic_cache.exists, self.load, results, ref_sizes=sizer.sizes)
         self.tenant_labels = TenantLabels(settings.quota.metric_tenants)
         adm = settings.admission
         self.backpressure = Backpressure(adm.backpressure_high_ms, adm.backpressure_low_ms)
-        self.redis = connect_async(settings.redis.url, settings.redis.tls_ca, socket_timeout=0.2,
-                                   socket_connect_timeout=0.2)
         self.colocated = dict(colocated or {})
         """Encode topic -> the encoder running in this process that may take its jobs over."""
 
@@ -363,6 +412,7 @@ class RouterStage(RecordStage):
             # The manifest and everything not offered first; an encoder's answers come after.
             offered = {id(j.out) for j in local}
             joint = Joint(self.io, r, epoch)
+            self.io.hold([r])  # finished by the joint once every delivery landed
             joint.send([o for o in result.outs if id(o) not in offered])
             handovers.append((joint, local))
         if handovers:

@@ -292,3 +292,9 @@ def test_consumer_lag_gauges_follow_the_latest_rows():
     m.set_consumer_lag([LagRow("mm-router", "mm.ingress.rt", 0, 9, 9, 0)])
     assert value(m, "mmstream_consumer_lag", topic="mm.ingress.rt", partition="0", group="mm-router") == 0
     assert value(m, "mmstream_consumer_lag", topic="mm.ingress.rt", partition="1", group="mm-router") is None
+
+
+def test_every_reason_a_quota_sheds_for_is_a_known_label():
+    from streams.metrics import SHED_REASONS
+
+    assert {"rate", "queued", "ref_bytes"} <= SHED_REASONS  # a shed for refs' bytes counts, never raises

@@ -106,3 +106,29 @@ def test_labels_name_a_bounded_set_then_other():
     labels = TenantLabels(2)
     assert [labels(t) for t in ("a", "b", "c", "a", "other", "d")] == ["a", "b", "other", "a", "other", "other"]
     assert TenantLabels(0)("a") == "other"
+
+
+def test_ref_bytes_are_a_bucket_of_their_own():
+    q = quotas(ref_bytes_per_s=1000.0, ref_bytes_burst=2000.0)
+    assert q.enabled
+    assert q.check("a", lane_limit_ms=LANE, now_ms=0.0, ref_bytes=1500) is None
+    shed = q.check("a", lane_limit_ms=LANE, now_ms=0.0, ref_bytes=1000)
+    assert shed is not None and shed.reason == "ref_bytes" and shed.retry_after_ms == 500
+    assert q.check("a", lane_limit_ms=LANE, now_ms=0.0) is None  # requests without refs are not held back
+    assert q.check("b", lane_limit_ms=LANE, now_ms=0.0, ref_bytes=2000) is None  # each tenant its own bucket
+    assert q.check("a", lane_limit_ms=LANE, now_ms=500.0, ref_bytes=1000) is None
+
+
+def test_a_request_bigger_than_the_byte_bucket_waits_for_a_full_one_and_leaves_debt():
+    q = quotas(ref_bytes_per_s=1000.0, ref_bytes_burst=1000.0)
+    assert q.check("a", lane_limit_ms=LANE, now_ms=0.0, ref_bytes=3000) is None  # full bucket: in, 2000 in debt
+    shed = q.check("a", lane_limit_ms=LANE, now_ms=0.0, ref_bytes=1)
+    assert shed is not None and shed.retry_after_ms == 2001
+    assert q.check("a", lane_limit_ms=LANE, now_ms=2001.0, ref_bytes=1) is None
+
+
+def test_a_rate_shed_takes_no_bytes():
+    q = quotas(rate_per_s=1.0, burst=1.0, ref_bytes_per_s=1000.0, ref_bytes_burst=1000.0)
+    assert q.check("a", lane_limit_ms=LANE, now_ms=0.0, ref_bytes=10) is None
+    assert q.check("a", lane_limit_ms=LANE, now_ms=0.0, ref_bytes=990).reason == "rate"
+    assert q.check("a", lane_limit_ms=LANE, now_ms=1000.0, ref_bytes=990) is None  # the 990 bytes were kept

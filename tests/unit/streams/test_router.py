@@ -178,3 +178,94 @@ def test_dead_letters_keep_only_metadata_when_asked():
     headers = dict(outs[0].headers)
     assert outs[0].topic == "mm.dlq" and outs[0].value == b""
     assert headers["trace-id"] == b"42" and b"8 bytes dropped" in headers["x-mm-truncated"]
+
+
+# -- issue 22: refs priced at their stored size, internal media types refused -------------------
+
+
+def sized_router(stored: dict[str, int], **env):
+    """A router whose claim checks have the sizes ``stored`` (ref -> bytes; others unknown)."""
+    from schemas.errors import ErrorCode, WireError
+
+    r = make_router(**env)
+    asked = []
+
+    async def sizes(refs, tenant):
+        asked.append((list(refs), tenant))
+        return {i: stored[ref] if ref in stored else WireError(ErrorCode.INVALID_REQUEST, "unknown", f"parts.{i}.ref")
+                for i, ref in refs}
+
+    r.ref_sizes = sizes
+    return r, asked
+
+
+def image_ref(ref):
+    return {"modality": "image", "ref": ref, "mime": "image/jpeg"}
+
+
+def fan_in(outs):
+    return [fan_in_from_wire(unpack(o.value)) for o in outs if o.topic.startswith("mm.encoded.")]
+
+
+def test_refs_are_sized_at_admission_and_each_job_carries_its_priced_size():
+    r, asked = sized_router({"redis:mm:claim:default:a:0": 1234})
+    outs = handle(r, pack({"id": "rf1", "parts": [image_ref("redis:mm:claim:default:a:0"),
+                                                  image_ref("redis:mm:claim:default:gone:0")]}))
+    jobs = [EncodeJob.from_wire(unpack(o.value)) for o in outs if o.topic == "mm.encode.image.rt"]
+    assert [(j.part, j.ref_bytes) for j in jobs] == [(0, 1234)]
+    failed = [p for p in fan_in(outs) if getattr(p, "error", None)]
+    assert [(p.part, p.error["field"]) for p in failed] == [(1, "parts.1.ref")]  # fails alone, at the router
+    assert asked[0][1] == "default"
+
+
+def test_a_ref_over_the_per_ref_limit_fails_its_part_before_any_read():
+    r, _ = sized_router({"redis:mm:claim:default:big:0": 5000}, limits__max_ref_bytes="4096")
+    outs = handle(r, pack({"id": "rf2", "parts": [image_ref("redis:mm:claim:default:big:0"),
+                                                  {"modality": "text", "text": "still answered"}]}))
+    assert [o.topic for o in outs].count("mm.encode.image.rt") == 0
+    failed = [p for p in fan_in(outs) if getattr(p, "error", None)]
+    assert failed[0].error["code"] == "payload_too_large" and "5000" in failed[0].error["message"]
+
+
+def test_one_blob_named_by_many_parts_counts_many_times_against_the_request_cap():
+    ref = "redis:mm:claim:default:blob:0"
+    r, _ = sized_router({ref: 1000}, limits__max_request_ref_bytes="15999")
+    _, ev = verdict(handle(r, pack({"id": "rf3", "parts": [image_ref(ref)] * 16}))[0])
+    assert ev.error["code"] == "payload_too_large" and ev.error["field"] == "parts"
+    assert "16000" in ev.error["message"]
+    ok = handle(r, pack({"id": "rf4", "parts": [image_ref(ref)] * 15}))
+    assert [o.topic for o in ok].count("mm.encode.image.rt") == 15
+
+
+def test_a_tenants_ref_bytes_are_bucketed_and_shed_with_retry_after():
+    ref = "redis:mm:claim:default:blob:0"
+    theirs = "redis:mm:claim:other:blob:0"
+    r, _ = sized_router({ref: 1000, theirs: 1000}, quota__ref_bytes_per_s="1000", quota__ref_bytes_burst="3000",
+                        quota__fair_share="0")
+    first = handle(r, pack({"id": "rf5", "parts": [image_ref(ref)] * 3}))
+    assert [o.topic for o in first].count("mm.encode.image.rt") == 3
+    _, ev = verdict(handle(r, pack({"id": "rf6", "parts": [image_ref(ref)]}))[0])
+    assert ev.error["code"] == "overloaded" and ev.error["retriable"] and ev.error["retry_after_ms"] > 0
+    assert "bytes per second" in ev.error["message"]
+    other = handle(r, pack({"id": "rf7", "tenant": "other", "parts": [image_ref(theirs)]}))
+    assert [o.topic for o in other].count("mm.encode.image.rt") == 1  # another tenant's bucket is its own
+
+
+def test_without_a_sizer_a_ref_is_priced_at_the_most_it_may_read():
+    r = make_router(limits__max_ref_bytes="1000", limits__max_request_ref_bytes="2500")
+    ok = handle(r, pack({"id": "rf8", "parts": [image_ref("redis:mm:claim:default:a:0")] * 2}))
+    jobs = [EncodeJob.from_wire(unpack(o.value)) for o in ok if o.topic == "mm.encode.image.rt"]
+    assert [j.ref_bytes for j in jobs] == [1000, 1000]
+    _, ev = verdict(handle(r, pack({"id": "rf9", "parts": [image_ref("redis:mm:claim:default:a:0")] * 3}))[0])
+    assert ev.error["code"] == "payload_too_large"
+
+
+def test_internal_media_types_are_refused_from_clients():
+    from workers.video import FRAMES_MIME
+
+    for mime in (FRAMES_MIME, FRAMES_MIME.upper(), "image/x-mm-anything", f"{FRAMES_MIME}; q=1"):
+        raw = pack({"id": "im1", "parts": [{"modality": "image", "data": b"\x89PNG", "mime": mime}]})
+        outs = handle(make_router(), raw)
+        assert [o.topic for o in outs] == ["mm.encoded.rt"]  # no job reaches the image pool
+        _, ev = verdict(outs[0])
+        assert ev.error["code"] in ("unsupported_media", "invalid_request") and ev.error["field"] == "parts.0.mime"

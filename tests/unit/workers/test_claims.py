@@ -73,3 +73,20 @@ def test_file_refs_resolve_under_the_tenants_directory_only(tmp_path):
         tmp_path / "acme" / ".." / "other" / "clip.bin", "/etc/passwd", tmp_path / "acme")]
     assert {(e.code, e.message) for e in refusals} == {(ErrorCode.INVALID_REQUEST, refusals[0].message)}
     assert str(tmp_path) not in refusals[0].message
+
+
+def test_a_claim_check_is_read_no_further_than_it_was_priced():
+    r = resolver({"mm:claim:acme:r:0": b"x" * 80}, max_bytes=100)
+    assert r.fetch("redis:mm:claim:acme:r:0", "parts.0.ref", "acme", priced_bytes=80) == b"x" * 80
+    r._redis.values["mm:claim:acme:r:0"] = b"y" * 100  # overwritten with more after the router sized it
+    grown = refusal(lambda: r.fetch("redis:mm:claim:acme:r:0", "parts.0.ref", "acme", priced_bytes=80))
+    assert grown.code == ErrorCode.PAYLOAD_TOO_LARGE and "admitted" in grown.message
+
+
+def test_a_file_ref_is_read_no_further_than_it_was_priced(tmp_path):
+    (tmp_path / "acme").mkdir()
+    (tmp_path / "acme" / "clip").write_bytes(b"z" * 50)
+    r = resolver(root=tmp_path, max_bytes=100)
+    assert r.fetch(f"file://{tmp_path}/acme/clip", "parts.0.ref", "acme", priced_bytes=50) == b"z" * 50
+    grown = refusal(lambda: r.fetch(f"file://{tmp_path}/acme/clip", "parts.0.ref", "acme", priced_bytes=10))
+    assert grown.code == ErrorCode.PAYLOAD_TOO_LARGE
