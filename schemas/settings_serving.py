@@ -151,6 +151,11 @@ class VideoSettings(Section):
     max_seconds: float = setting(120.0, "Longest video accepted; longer ones fail with payload_too_large.", gt=0)
     fps: float = setting(1.0, "Frames sampled per second of video.", gt=0)
     max_frames: int = setting(16, "Most frames sampled from one video: bounds its cost on the image pool.", ge=1)
+    max_decoded_pixels: int = setting(
+        2_000_000_000, "Most pixels the video stage decodes for one clip (width x height summed over every frame "
+        "decoded, sampled or not; about 60 fps of 1080p for the 16 s that 16 frames at 1 fps take): the decode work one "
+        "part may cost, whatever its timestamps say; past it the part is payload_too_large.", ge=1
+    )
     frames_per_chunk: int = setting(
         4, "Frames per image-pool job: smaller chunks spread one video over more replicas.", ge=1
     )

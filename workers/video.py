@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
+from typing import Callable
 
 import msgpack
 import numpy as np
@@ -49,16 +50,22 @@ find the sampled ones, so this bounds the work one clip can ask for)."""
 
 
 def decode_video(data: bytes, max_seconds: float, max_frames: int, fps: float,
-                 max_pixels: int = 25_000_000) -> SampledVideo:
+                 max_pixels: int = 25_000_000, max_decoded_pixels: int | None = None,
+                 expired: Callable[[], bool] = lambda: False) -> SampledVideo:
     """Sample frames of an MP4/MOV, Matroska/WebM or AVI clip at ``fps`` (at most ``max_frames``).
 
     Before a frame is decoded: the container and the video codec must be on the allow-lists
     of ``workers.media``, the frame size (from the header) at most ``max_pixels``, the stated
-    duration at most ``max_seconds``. While decoding: each frame's size again, its time, and
-    at most ``MAX_FPS`` frames per second of the limit.
+    duration at most ``max_seconds``. While decoding: each frame's size again, its time, at
+    most ``MAX_FPS`` frames per second of the limit, and at most ``max_decoded_pixels`` pixels
+    decoded in all (width x height summed over every frame decoded, sampled or not: the
+    decode work one clip may cost, whatever its timestamps say). A frame without a time is
+    sampled (it counts as ``1 / fps`` after the one before), so a clip without timestamps
+    costs ``max_frames`` frames, not every frame up to the bound. ``expired`` is asked before
+    each frame: once it says so, decoding stops.
 
     Raises ``WireError``: ``payload_too_large`` past a bound, ``unsupported_media`` for bytes
-    that are not an allowed video or do not decode.
+    that are not an allowed video or do not decode, ``deadline_exceeded`` once ``expired``.
     """
     import av
 
@@ -75,15 +82,22 @@ def decode_video(data: bytes, max_seconds: float, max_frames: int, fps: float,
                             f"video is {duration:.1f} s long; the limit is {max_seconds:.0f} s")
         max_decoded = max(max_frames, int(max_seconds * MAX_FPS))
         frames: list[np.ndarray] = []
-        next_t, last_t, decoded = 0.0, 0.0, 0
+        next_t, last_t, decoded, pixels = 0.0, 0.0, 0, 0
         try:
             for frame in container.decode(stream):
+                if expired():
+                    raise WireError(ErrorCode.DEADLINE_EXCEEDED, "the deadline passed while the video was decoded")
                 decoded += 1
                 if decoded > max_decoded:
                     raise WireError(ErrorCode.PAYLOAD_TOO_LARGE,
                                     f"video has more than {max_decoded} frames in its first {max_seconds:.0f} s")
                 _check_pixels(frame.width, frame.height, max_pixels)
-                t = float(frame.time) if frame.time is not None else last_t
+                pixels += (frame.width or 0) * (frame.height or 0)
+                if max_decoded_pixels is not None and pixels > max_decoded_pixels:
+                    raise WireError(ErrorCode.PAYLOAD_TOO_LARGE,
+                                    f"video needs more than {max_decoded_pixels} decoded pixels for its "
+                                    f"{max_frames} sampled frames (the decode limit)")
+                t = float(frame.time) if frame.time is not None else (last_t + 1.0 / fps if decoded > 1 else 0.0)
                 last_t = t
                 if t > max_seconds:
                     raise WireError(ErrorCode.PAYLOAD_TOO_LARGE, f"video runs past the limit of {max_seconds:.0f} s")

@@ -1,5 +1,12 @@
 """The video stage: one video part in, a header for the assembler and frame-chunk jobs for
-the image pool out (see workers/video.py). Decoding runs in a thread, off the event loop."""
+the image pool out (see workers/video.py). Decoding runs in a thread, off the event loop.
+
+What one clip may cost here is bounded: at most ``video.max_decoded_pixels`` decoded (every
+frame, sampled or not), and nothing past its deadline: a job already expired is answered
+``deadline_exceeded`` without a byte decoded, and a decode that runs past the deadline stops
+at the next frame. The one decode thread takes held jobs rt first and, within a lane, one
+tenant at a time in turn (``streams.policies.fair_queue``), so a tenant's burst of clips
+waits behind its own, not in front of everyone's."""
 
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ from schemas.settings import Settings
 from schemas.trace import Span, now_ms
 from streams.app import topic_names
 from streams.metrics import Metrics
+from streams.policies.fair_queue import FairQueue
 from streams.produce import Out, out_map
 from streams.runtime.stage import RecordStage
 from streams.split import spread_partitions
@@ -36,12 +44,16 @@ def plan_fanout(job: EncodeJob, settings: Settings, decode: Any = decode_video, 
     started = now_ms()
     v = settings.video
     try:
+        if job.deadline_at_ms <= started:
+            raise WireError(ErrorCode.DEADLINE_EXCEEDED, "the deadline passed before the video was decoded",
+                            f"parts.{job.part}")
         data = job.data
         if data is None:
             if resolver is None:
                 raise WireError(ErrorCode.INVALID_REQUEST, "the part has no bytes")
-            data = resolver.fetch(job.ref or "", f"parts.{job.part}.ref", job.tenant)
-        video = decode(data, v.max_seconds, v.max_frames, v.fps, max_pixels=settings.limits.max_image_pixels)
+            data = resolver.fetch(job.ref or "", f"parts.{job.part}.ref", job.tenant, job.ref_bytes)
+        video = decode(data, v.max_seconds, v.max_frames, v.fps, max_pixels=settings.limits.max_image_pixels,
+                       max_decoded_pixels=v.max_decoded_pixels, expired=lambda: now_ms() >= job.deadline_at_ms)
     except WireError as err:
         span = Span(STAGE, job.sent_at_ms, started, now_ms()).to_wire()
         field = err.field or f"parts.{job.part}"
@@ -86,7 +98,8 @@ class VideoStage(RecordStage):
     """Video jobs in, fan-out records out. Decoding runs in one thread, one video at a time,
     while the record loop keeps fetching; each job record is finished once its fan-out is
     with the broker. Intake is bounded: at most ``video.max_held`` jobs are held (each with
-    its bytes); at the bound the runtime pauses the stage's topics until one is done."""
+    its bytes); at the bound the runtime pauses the stage's topics until one is done. The
+    thread takes the held jobs in the fair queue's order (rt first, tenants in turn)."""
 
     stage = STAGE
 
@@ -99,6 +112,8 @@ class VideoStage(RecordStage):
         self.resolver = claim_resolver(settings)
         self.held = 0
         self.max_held = settings.video.max_held
+        self.waiting: FairQueue[tuple[EncodeJob, ConsumerRecord]] = FairQueue()
+        self._decoding = False
 
     def poll_budget(self) -> int:
         return max(0, self.max_held - self.held)  # at 0 the runtime pauses the stage's topics
@@ -112,7 +127,20 @@ class VideoStage(RecordStage):
                 self.io.deliver([self.dlq(r, f"invalid_request: undecodable encode job: {exc}")], [r])
                 continue
             self.held += 1
-            asyncio.ensure_future(self._fan_out(job, r))
+            self.waiting.push(job.lane, job.tenant, (job, r))
+            self.io.hold([r])
+        if not self._decoding and len(self.waiting):
+            self._decoding = True
+            asyncio.ensure_future(self._decode_waiting())
+
+    async def _decode_waiting(self) -> None:
+        """Decode the held jobs one at a time, in the fair queue's order, until none is left."""
+        try:
+            while len(self.waiting):
+                job, record = self.waiting.pop()
+                await self._fan_out(job, record)
+        finally:
+            self._decoding = False
 
     async def _fan_out(self, job: EncodeJob, record: ConsumerRecord) -> None:
         try:

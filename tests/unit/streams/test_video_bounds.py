@@ -30,6 +30,9 @@ class Recorder:
         self.finished: list[int] = []
         self.paused: set[str] = set()
 
+    def hold(self, inputs):
+        pass
+
     def deliver(self, outs, inputs=()):
         self.finished.extend(r.offset for r in inputs)
 
@@ -92,3 +95,46 @@ async def test_at_the_bound_the_stage_pauses_and_takes_no_more_until_a_job_is_do
     assert sorted(stage.io.finished) == [0, 1, 2] and stage.held == 0
     _before_poll(stage)
     assert stage.io.paused == set() and stage.poll_budget() == 3
+
+
+def test_an_expired_job_is_answered_deadline_exceeded_without_a_byte_decoded(tmp_path):
+    from schemas.codec import unpack
+    from schemas.jobs import fan_in_from_wire
+
+    settings = Settings.from_env({"MMSTREAM_KAFKA_TOPIC_PREFIX": PREFIX, "MMSTREAM_LOCAL_STATE_DIR": str(tmp_path)})
+    job = EncodeJob(id="late", part=0, n_parts=1, modality="video", lane="rt", tenant="t", deadline_at_ms=1.0,
+                    sent_at_ms=0, data=b"never decoded")
+
+    def decode(*args, **kwargs):
+        raise AssertionError("decoded past the deadline")
+
+    outs = video.plan_fanout(job, settings, decode)
+    part = fan_in_from_wire(unpack(outs[0].value))
+    assert len(outs) == 1 and part.error["code"] == "deadline_exceeded"
+
+
+async def test_held_jobs_are_decoded_one_tenant_at_a_time(tmp_path, monkeypatch):
+    order = []
+
+    def plan(job, settings, decode, resolver):
+        order.append(job.tenant)
+        return [out_map(f"{PREFIX}.encoded.rt", job.id, {"v": 1})]
+
+    monkeypatch.setattr(video, "plan_fanout", plan)
+    settings = Settings.from_env({"MMSTREAM_KAFKA_TOPIC_PREFIX": PREFIX, "MMSTREAM_LOCAL_STATE_DIR": str(tmp_path)})
+    s = video.VideoStage(create_app(settings, "encode.video", health=WorkerHealth()), settings,
+                         Metrics(health=WorkerHealth()))
+    s.io = Recorder()
+
+    def rec(offset, tenant):
+        job = EncodeJob(id=f"v{offset}", part=0, n_parts=1, modality="video", lane="rt", tenant=tenant,
+                        deadline_at_ms=1e18, sent_at_ms=0, data=b"x")
+        value = pack(job.to_wire())
+        return ConsumerRecord(f"{PREFIX}.encode.video.rt", 0, offset, 0, 0, None, value, None, 0, len(value), [])
+
+    await s.handle([rec(0, "hog"), rec(1, "hog"), rec(2, "hog"), rec(3, "quiet")])
+    for _ in range(200):
+        if len(order) == 4:
+            break
+        await asyncio.sleep(0.01)
+    assert order == ["hog", "quiet", "hog", "hog"] and sorted(s.io.finished) == [0, 1, 2, 3]

@@ -35,3 +35,67 @@ def test_guards():
         frames_from_bytes(b"\x00" * 10)
     with pytest.raises(WireError):  # too many frames for one chunk: refused before any is decoded
         frames_from_bytes(chunk_frames(np.zeros((65, FRAME_SIDE, FRAME_SIDE, 3), np.uint8), 65)[0])
+
+
+class _Frame:
+    def __init__(self, width=320, height=240):
+        self.time, self.width, self.height = None, width, height
+
+    def to_image(self):
+        from PIL import Image
+
+        return Image.new("RGB", (self.width, self.height))
+
+
+class _UntimedClip:
+    """A container whose frames carry no timestamps (and whose stream states no duration)."""
+
+    def __init__(self, n):
+        from types import SimpleNamespace
+
+        self.n, self.decoded = n, 0
+        stream = SimpleNamespace(codec_context=SimpleNamespace(width=320, height=240), duration=None, time_base=None)
+        self.streams = SimpleNamespace(video=[stream], audio=[])
+        self.duration = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def decode(self, stream):
+        for _ in range(self.n):
+            self.decoded += 1
+            yield _Frame()
+
+
+def test_a_clip_without_timestamps_decodes_max_frames_not_every_frame_up_to_the_bound(monkeypatch):
+    import workers.video as wv
+
+    clip = _UntimedClip(10_000)
+    monkeypatch.setattr(wv, "open_container", lambda data, allowed, kind: clip)
+    monkeypatch.setattr(wv, "check_codec", lambda stream, allowed, kind: None)
+    v = decode_video(b"untimed", max_seconds=120, max_frames=16, fps=1.0)
+    assert len(v.frames) == 16 and clip.decoded == 16
+
+
+def test_decode_work_is_bounded_by_pixels_whatever_the_timestamps_say():
+    clip = video(["chelsea"] * 4, seconds_each=1.0, fps=8)  # 32 frames of 320x240
+    with pytest.raises(WireError) as e:
+        decode_video(clip, 60, max_frames=16, fps=1.0, max_decoded_pixels=10 * 320 * 240)
+    assert e.value.code == ErrorCode.PAYLOAD_TOO_LARGE and "decoded pixels" in e.value.message
+    assert len(decode_video(clip, 60, 16, 1.0, max_decoded_pixels=40 * 320 * 240).frames) == 4
+
+
+def test_decoding_stops_once_the_deadline_passes():
+    clip = video(["chelsea"] * 4, seconds_each=1.0, fps=8)
+    asked = []
+
+    def expired():
+        asked.append(1)
+        return len(asked) > 3
+
+    with pytest.raises(WireError) as e:
+        decode_video(clip, 60, 16, 1.0, expired=expired)
+    assert e.value.code == ErrorCode.DEADLINE_EXCEEDED and len(asked) == 4
