@@ -278,6 +278,15 @@ async def _send_raw(settings: Settings, payload: dict[str, Any], timeout_s: floa
         return await _follow(sub, timeout_s)
 
 
+def write_properties(path: Path, text: str) -> None:
+    """Write a file that holds a password: mode 0600 before a byte is written, an existing
+    file's mode included (``O_CREAT``'s mode applies only to a new file)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(text)
+
+
 def cmd_tenant(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
     """`tenant add NAME`: credentials, topics and ACLs, and the tenant's properties file."""
     settings = _service_settings(settings, repo_root)
@@ -289,9 +298,7 @@ def cmd_tenant(args: argparse.Namespace, settings: Settings, repo_root: Path) ->
         raise UserError(f"the broker refused: {exc} (the service principal needs ALTER on the cluster)") from None
     out = args.out or settings.local.state_dir / "tenants" / settings.kafka.topic_prefix / f"{tenant.name}.properties"
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds a password
-    with os.fdopen(fd, "w") as f:
-        f.write(properties_text(tenant, settings.kafka.topic_prefix))
+    write_properties(out, properties_text(tenant, settings.kafka.topic_prefix))
     print(f"tenant {tenant.name}: lanes {', '.join(tenant.lanes)}; client properties in {out}")
     print(f"send as it with: mmstream send --properties {out} --text hello")
     return 0

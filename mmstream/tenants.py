@@ -40,6 +40,10 @@ from streams.topics import LANES, TopicNames, ensure_topics, tenant_topic_specs
 
 
 LOGIN_WAIT_S = 30.0
+RESERVED_NAMES = frozenset({"default", "other", "mmadmin", "mmworker", "mmclient"})
+"""Names a tenant may not take: ``default`` is whom the shared ingress topics and unreadable
+requests are answered as (the operators' namespace), ``other`` the shed metric's label for
+every tenant past the named ones, and the rest the local Redis's own users."""
 
 
 class TenantError(ValueError):
@@ -64,6 +68,9 @@ def check_name(name: str, settings: Settings) -> None:
                           "letter or digit, at most 48 characters")
     if name in {settings.kafka.username, BROKER_USER}:
         raise TenantError(f"{name!r} is one of the pipeline's own principals, not a tenant")
+    if name in RESERVED_NAMES:
+        raise TenantError(f"{name!r} is reserved ({', '.join(sorted(RESERVED_NAMES))} are the pipeline's own "
+                          "names); choose another")
 
 
 def parse_lanes(lanes: Sequence[str] | None) -> tuple[str, ...]:

@@ -42,7 +42,8 @@ def test_prefixed_grants_never_reach_another_tenant_or_an_internal_topic():
             assert matches == [], (a, matches)
 
 
-@pytest.mark.parametrize("name", ["mmstream", "mmstream-broker", "Acme", "a.b", "", "x" * 49])
+@pytest.mark.parametrize("name", ["mmstream", "mmstream-broker", "Acme", "a.b", "", "x" * 49, "default", "other",
+                                  "mmadmin"])
 def test_reserved_and_malformed_tenant_names_are_refused(name):
     with pytest.raises(TenantError):
         check_name(name, SETTINGS)
@@ -70,3 +71,15 @@ def test_the_admin_requests_encode_as_the_protocol_says():
     assert scram.FLEXIBLE_VERSION and scram.API_VERSION == 0
     decoded = type(scram).SCHEMA.decode(BytesIO(scram.encode()))
     assert decoded[0] == [] and decoded[1][0][:4] == ("acme", 2, 4096, b"x" * 4)
+
+
+def test_a_properties_file_is_private_even_where_one_existed_open(tmp_path):
+    import os
+
+    from mmstream.commands import write_properties
+
+    out = tmp_path / "acme.properties"
+    out.write_text("old")
+    os.chmod(out, 0o644)
+    write_properties(out, "sasl.password=secret\n")
+    assert out.stat().st_mode & 0o777 == 0o600 and out.read_text() == "sasl.password=secret\n"
