@@ -26,6 +26,7 @@ from streams.retry import RetryConfig
 from streams.stages import stage_names
 from streams.topics import ensure_topics, topic_specs
 from workers import modalities
+from workers.engines.gate import gate_failures
 from workers.repository import ModelNotFoundError, ModelRepository
 
 
@@ -376,7 +377,9 @@ def _models_list(root: Path) -> int:
             cfg = repo.resolve(name, version)
             print(f"{name} {version}  ({cfg.directory})")
             for precision, v in sorted(cfg.variants.items()):
-                print(f"  {precision:<5} {v.bytes / 1e6:7.1f} MB  {_fidelity(v.fidelity)}")
+                failures = gate_failures(v.fidelity, v.gate)
+                gate = "" if not v.gate else ("  gate: passes" if not failures else f"  gate: REFUSED ({'; '.join(failures)})")
+                print(f"  {precision:<5} {v.bytes / 1e6:7.1f} MB  {cfg.backend_of(precision):<14} {_fidelity(v.fidelity)}{gate}")
     return 0
 
 

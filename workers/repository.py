@@ -75,9 +75,12 @@ class VariantSpec:
     bytes: int
     fidelity: Mapping[str, Any] = field(default_factory=dict)
     gate: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    backend: str = ""  # the engine serving this variant when it is not the model's (a GGUF beside ONNX graphs)
 
     def to_dict(self) -> dict[str, Any]:
-        out = {"file": self.file, "bytes": self.bytes, "fidelity": dict(self.fidelity)}
+        out: dict[str, Any] = {"file": self.file, "bytes": self.bytes, "fidelity": dict(self.fidelity)}
+        if self.backend:
+            out["backend"] = self.backend
         if self.gate:
             out["gate"] = {metric: dict(bounds) for metric, bounds in self.gate.items()}
         return out
@@ -116,6 +119,10 @@ class ModelConfig:
                 f"{self.name} version {self.version} has no {precision!r} variant "
                 f"(built: {', '.join(sorted(self.variants))})"
             ) from None
+
+    def backend_of(self, precision: str) -> str:
+        """The engine backend serving ``precision``: the variant's own, else the model's."""
+        return self.variant(precision).backend or self.backend
 
     def model_path(self, precision: str) -> Path:
         return self.directory / self.variant(precision).file
@@ -161,6 +168,7 @@ class ModelConfig:
                     fidelity=MappingProxyType(dict(v.get("fidelity", {}))),
                     gate=MappingProxyType({str(m): MappingProxyType({str(k): float(x) for k, x in b.items()})
                                            for m, b in v.get("gate", {}).items()}),
+                    backend=str(v.get("backend", "")),
                 )
                 for p, v in data["variants"].items()
             }

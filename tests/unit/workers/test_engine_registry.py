@@ -100,13 +100,15 @@ def test_each_backend_module_is_imported_only_when_asked_for() -> None:
         "assert e.engine_class('onnxruntime').__name__ == 'OnnxEngine'\n"
         "assert 'workers.engines.lm' not in sys.modules\n"
         "assert e.engine_class('lm-onnxruntime').__name__ == 'LMEngine'\n"
+        "assert 'llama_cpp' not in sys.modules\n"
+        "assert e.engine_class('llama-cpp').__name__ == 'LlamaEngine' and 'llama_cpp' not in sys.modules\n"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
 
 
 def test_every_registered_backend_resolves_to_a_class_of_that_backend() -> None:
-    assert set(BACKENDS) == {"onnxruntime", "ctranslate2", "lm-onnxruntime"}
+    assert set(BACKENDS) == {"onnxruntime", "ctranslate2", "lm-onnxruntime", "llama-cpp"}
     for name in BACKENDS:
         cls = engine_class(name)
         assert cls.backend == name
@@ -115,7 +117,7 @@ def test_every_registered_backend_resolves_to_a_class_of_that_backend() -> None:
 
 
 def test_an_unknown_backend_is_a_clear_error() -> None:
-    with pytest.raises(EngineError, match=r"unknown engine backend 'tensorrt-native'; known: ctranslate2, lm-onnxruntime, onnxruntime"):
+    with pytest.raises(EngineError, match=r"unknown engine backend 'tensorrt-native'; known: ctranslate2, llama-cpp, lm-onnxruntime, onnxruntime"):
         engine_class("tensorrt-native")
 
 
@@ -186,3 +188,14 @@ def test_whisper_backend_runs_on_the_cpu_without_cuda_in_the_provider_list(tmp_p
     assert cls.from_options(config, "int8", EngineOptions()).device == "auto"
     with pytest.raises(EngineError, match="is missing"):  # the contract's load error, before any runtime work
         cls.from_options(config, "int8", CPU).load()
+
+
+def test_each_variant_is_served_by_its_own_backend(tmp_path: Path) -> None:
+    """A GGUF variant beside ONNX graphs names llama.cpp; the others keep the model's."""
+    data = {**tiny_config_dict(tmp_path), "task": "text-generation", "backend": "lm-onnxruntime"}
+    data["variants"] = {"fp32": {"file": "model.fp32.onnx", "bytes": 1},
+                        "q4_1": {"file": "model.q4_1.gguf", "bytes": 1, "backend": "llama-cpp"}}
+    config = ModelConfig.from_dict(data, tmp_path)
+    assert (config.backend_of("fp32"), config.backend_of("q4_1")) == ("lm-onnxruntime", "llama-cpp")
+    assert config.to_dict()["variants"]["q4_1"]["backend"] == "llama-cpp"
+    assert "backend" not in config.to_dict()["variants"]["fp32"]
