@@ -30,13 +30,13 @@ from schemas.request import Modality, Request, Task
 from schemas.settings import Settings
 from schemas.trace import now_ms
 from streams.policies.batching import Batch, BatchLimits, MicroBatcher, Pending, Wait
-from streams.policies.scheduler import SchedulerLimits, SequenceRequest, StaticBatchScheduler
-from streams.stages.generator import prompt_parts
+from streams.cores.generation import GenerationCore, GenerationRequest
+from streams.stages.generator import build_core, prompt_parts
 from workers import prompt as P
 from workers.audio import AudioEncoder
 from workers.encoders import batch_dependent
 from workers.engines import EngineOptions, load_engine
-from workers.engines.lm import SamplingParams, StopChecker, execute_step
+from workers.engines.lm_types import LMError, SamplingParams
 from workers.image import ImageEncoder, load_labels
 from workers.repository import ModelRepository
 from workers.text import TextEncoder, TextPreprocessor
@@ -104,17 +104,11 @@ class Engines:
             self.info["encode.audio"] = _info(aengine.info)
             self.audio = AudioEncoder(aengine, max_seconds=settings.limits.max_audio_seconds)
             self.audio.warmup()
-        self.lm = None
+        self.lm: GenerationCore | None = None
         if need_lm:
-            import tokenizers
-
-
-            g = settings.generator
-            lcfg = repo.resolve(settings.models.lm_model)
-            self.lm = load_engine(lcfg, g.precision, options, stage="generate")
-            self.tokenizer = tokenizers.Tokenizer.from_file(str(lcfg.tokenizer_path))
-            self.stops = StopChecker(self.tokenizer, self.lm.eos_token_ids)
-            self.info["generate"] = _info(self.lm.info)
+            # The generator stage's own core (same engine, gate, scheduler and prompt builder).
+            self.lm, self.tokenizer = build_core(settings)
+            self.info["generate"] = _info(self.lm.engine.info)
 
     def floor_ms(self, text: str, image: tuple[bytes, str] | None, repeats: int = 20) -> dict[str, float]:
         """Median service time of each engine alone at batch 1 (encoder call included:
@@ -265,18 +259,16 @@ class Monolith:
                                 "service_ms": round(finished - started, 3)})
 
     def _generate(self, batch: list[Outcome], grounding: dict[tuple[int, int], dict[str, Any]]) -> None:
-        """Static batching, as a monolith does it: the batch's sequences run to completion
-        together (the same engine and prompt builder as the generator stage)."""
+        """The batch's sequences run to completion together on the generator stage's core
+        (as a monolith does it: the next batch waits for this one)."""
 
-        e, g = self.engines, self.engines.settings.generator
+        e = self.engines
         if e.lm is None:
             for o in batch:
                 o.errors.append("generate: no language model loaded")
             return
         started = now_ms()
-        scheduler = StaticBatchScheduler(SchedulerLimits(g.max_tokens_per_step, max(g.max_running, len(batch)),
-                                                         g.max_prefill_chunk), e.lm.eos_token_ids)
-        sequences, first, last, count = {}, {}, {}, {}
+        first, last, count = {}, {}, {}
         for o in batch:
             parts = [{"modality": "text", "text": p.text} if p.modality == Modality.TEXT else grounding.get((id(o), i), {})
                      for i, p in enumerate(o.request.parts)]
@@ -284,18 +276,18 @@ class Monolith:
             ids = e.tokenizer.encode(text, add_special_tokens=False).ids
             params = SamplingParams(max_tokens=o.request.params.max_tokens, temperature=o.request.params.temperature,
                                     stop=o.request.params.stop)
-            sid = str(id(o))
-            sequences[sid] = e.lm.new_sequence(sid, ids, params)
-            scheduler.add(SequenceRequest(sid, len(ids), params.max_tokens, str(o.request.lane), time.monotonic()))
-        while scheduler.has_work:
-            step = execute_step(e.lm, scheduler.schedule(time.monotonic()), sequences, e.stops)
+            try:
+                e.lm.submit(GenerationRequest(str(id(o)), tuple(ids), params, str(o.request.lane), time.monotonic()))
+            except LMError as exc:
+                o.errors.append(f"generate: {exc}")
+        while e.lm.has_work:
+            updates = e.lm.step()
             now = now_ms()
-            for sid in step.tokens:
-                first.setdefault(sid, now)
-                last[sid] = now
-                count[sid] = count.get(sid, 0) + 1
-            for fin in scheduler.update(step):
-                e.lm.release(sequences.pop(fin.seq_id))
+            for u in updates:
+                if u.new_tokens:
+                    first.setdefault(u.key, now)
+                    last[u.key] = now
+                    count[u.key] = count.get(u.key, 0) + 1
         for o in batch:
             sid = str(id(o))
             if sid in first:

@@ -18,6 +18,8 @@ EnginePrecision = Literal["fp32", "fp16", "bf16", "int8"]
 ENGINE_PRECISIONS: tuple[str, ...] = get_args(EnginePrecision)
 """Precision variants an ONNX engine can serve (the repository must hold the variant)."""
 LmPrecision = Literal["fp32", "int8"]
+GeneratorPrecision = Literal["q4_1", "fp32", "int8"]
+"""The LM variants: q4_1 is the packaged GGUF on llama.cpp, fp32 and int8 the ONNX exports."""
 """The LM and Whisper engines serve fp32 or int8 weights."""
 Partitioner = Literal["least-loaded", "spread", "hash", "round-robin"]
 Scheduler = Literal["continuous", "static"]

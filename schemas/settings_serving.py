@@ -10,7 +10,7 @@ import re
 from pydantic import field_validator, model_validator
 
 from schemas.request import MODALITY_NAME_RE
-from schemas.settings_base import (ENGINE_PRECISIONS, TASKS, EnginePrecision, Grouping, LmPrecision, Partitioner,
+from schemas.settings_base import (ENGINE_PRECISIONS, TASKS, EnginePrecision, GeneratorPrecision, Grouping, LmPrecision, Partitioner,
                                    Scheduler, Section, csv_items, setting)
 
 
@@ -199,8 +199,20 @@ class AdmissionSettings(Section):
 
 
 class GeneratorSettings(Section):
-    precision: LmPrecision = setting(
-        "fp32", "LM weights: fp32 (batched output equals alone) or int8 (faster, not batch-invariant, drifts from fp32)."
+    precision: GeneratorPrecision = setting(
+        "q4_1", "LM variant: q4_1 (the packaged 4-bit GGUF on llama.cpp, many sequences per decode; falls back to fp32 "
+        "when its fidelity gate fails or llama.cpp is missing), fp32 or int8 (the ONNX exports)."
+    )
+    threads: int = setting(
+        0, "CPU threads of the llama.cpp engine (0: one per core). On a box shared with the broker, fewer can win.", ge=0
+    )
+    kv_cache_tokens: int = setting(
+        8192, "KV cells the running sequences of the llama.cpp engine share; a sequence reserves prompt + max_tokens "
+        "of them at admission and waits while they are taken.", ge=256
+    )
+    ttft_bound_ms: int = setting(
+        1_000, "rt generate requests whose predicted time to first token exceeds this are answered overloaded at once, "
+        "with retry_after_ms (bulk gets 10x); 0 admits everything.", ge=0
     )
     scheduler: Scheduler = setting("continuous", "continuous (step-level, sequences join and leave) or static batching.")
     max_tokens_per_step: int = setting(

@@ -2,8 +2,8 @@
 
 One step is schedule -> execute -> update (as in vLLM v1). The scheduler is pure policy over
 plain data: it does no I/O, knows nothing of the model, and takes ``now`` (monotonic
-seconds) as an argument. It fills in the engine's own plan type (``workers.engines.lm.StepPlan``);
-the caller executes it (``workers.engines.lm.execute_step``) and hands back a ``StepOutput``;
+seconds) as an argument. It fills in the engines' plan type (``workers.engines.lm_types.StepPlan``);
+the caller executes it (``streams.cores.generation.GenerationCore``) and hands back a ``StepOutput``;
 call ``update`` once per ``schedule``.
 
 Per step, in this order, until ``max_tokens_per_step`` tokens are spent:
@@ -29,9 +29,9 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
-from workers.engines.lm import PrefillChunk, StepOutput, StepPlan
+from workers.engines.lm_types import PrefillChunk, StepOutput, StepPlan
 
 LANES = ("rt", "bulk")
 
@@ -85,9 +85,10 @@ class SchedulerLimits:
     max_tokens_per_step: int = 256  # prefill + decode tokens in one model step
     max_running: int = 8  # sequences holding KV state (prefilling or decoding)
     max_prefill_chunk: int = 256  # most prompt tokens of one sequence in one step
+    max_kv_tokens: int = 0  # KV cells running sequences may reserve (prompt + max_tokens each); 0 = no bound
 
     def __post_init__(self) -> None:
-        if min(self.max_tokens_per_step, self.max_running, self.max_prefill_chunk) < 1:
+        if min(self.max_tokens_per_step, self.max_running, self.max_prefill_chunk) < 1 or self.max_kv_tokens < 0:
             raise SchedulerError(f"invalid scheduler limits {self}")
 
 
@@ -102,6 +103,7 @@ class SequenceRequest:
     arrived_at: float  # monotonic seconds
     deadline: float | None = None  # monotonic seconds; None = none
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    ignore_eos: bool = False  # end only at max_tokens or a stop string (benchmarks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +210,15 @@ class ContinuousBatchScheduler:
     def has_work(self) -> bool:
         return bool(self._running) or self.num_waiting > 0
 
+    def waiting_by_lane(self) -> dict[str, tuple[int, int]]:
+        """lane -> (sequences waiting, their prompt tokens not computed yet)."""
+        return {lane: (len(q), sum(s.request.prompt_len - s.num_computed for s in q))
+                for lane, q in self._waiting.items()}
+
+    def remaining_tokens(self) -> tuple[int, ...]:
+        """Tokens each running sequence may still generate (its max_tokens less its output)."""
+        return tuple(s.request.max_tokens - len(s.output) for s in self._running.values())
+
     def status(self, seq_id: str) -> SequenceStatus | None:
         """Status of a live sequence; None once it has ended (``Finished`` said how)."""
         if seq_id in self._running:
@@ -220,9 +231,13 @@ class ContinuousBatchScheduler:
 
     # -- one step -------------------------------------------------------------------------
 
-    def schedule(self, now: float) -> SchedulerOutput:
-        """Decide the next step (see the module docstring). Raises ``SchedulerError`` when
-        the previous step's ``update`` is missing."""
+    def schedule(self, now: float, on_admit: Callable[[str], int | None] | None = None) -> SchedulerOutput:
+        """Decide the next step (see the module docstring). ``on_admit(seq_id)``, when
+        given, is told of each sequence admitted now and returns how many of its prompt
+        tokens already have KV (a prefix cache hit found at admission; below the prompt
+        length) or None when it cannot start (it is then ended as ``ABORTED`` and listed in
+        ``dropped``). Raises ``SchedulerError`` when the previous step's ``update`` is
+        missing."""
         if self._pending is not None:
             raise SchedulerError("schedule() called twice without update()")
         dropped = self._drop_expired(now)
@@ -241,8 +256,14 @@ class ContinuousBatchScheduler:
                     prefill.append(chunk)
                     budget -= chunk.num_tokens
             queue = self._waiting[lane]
-            while queue and budget > 0 and self._may_admit():
+            while queue and budget > 0 and self._may_admit(queue[0]):
                 seq = queue.popleft()
+                if on_admit is not None:
+                    cached = on_admit(seq.request.seq_id)
+                    if cached is None:
+                        dropped.append(self._finish(seq, SequenceStatus.ABORTED, now))
+                        continue
+                    seq.num_computed = max(seq.num_computed, min(int(cached), seq.request.prompt_len - 1))
                 seq.move(SequenceStatus.PREFILLING, now)
                 self._running[seq.request.seq_id] = seq
                 chunk = self._chunk(seq, budget)
@@ -281,7 +302,7 @@ class ContinuousBatchScheduler:
             if seq is None:
                 continue
             seq.output.append(int(token))
-            if token in self.eos_token_ids:
+            if token in self.eos_token_ids and not seq.request.ignore_eos:
                 ending = SequenceStatus.FINISHED_EOS
             elif seq_id in step.stopped:
                 ending = SequenceStatus.FINISHED_STOP
@@ -301,8 +322,14 @@ class ContinuousBatchScheduler:
 
     # -- policy pieces --------------------------------------------------------------------
 
-    def _may_admit(self) -> bool:
-        return len(self._running) < self.limits.max_running
+    def _may_admit(self, seq: _Sequence) -> bool:
+        if len(self._running) >= self.limits.max_running:
+            return False
+        if not self.limits.max_kv_tokens:
+            return True
+        reserved = sum(_reservation(s) for s in self._running.values())
+        # A sequence larger than the whole budget still runs alone rather than never.
+        return reserved + _reservation(seq) <= self.limits.max_kv_tokens or not self._running
 
     def _chunk(self, seq: _Sequence, budget: int) -> PrefillChunk:
         remaining = seq.request.prompt_len - seq.num_computed
@@ -334,8 +361,12 @@ class StaticBatchScheduler(ContinuousBatchScheduler):
         self._admitting = not self._running
         return super().schedule(now)
 
-    def _may_admit(self) -> bool:
-        return self._admitting and len(self._running) < self.limits.max_running
+    def _may_admit(self, seq: _Sequence) -> bool:
+        return self._admitting and super()._may_admit(seq)
+
+
+def _reservation(seq: _Sequence) -> int:
+    return seq.request.prompt_len + seq.request.max_tokens
 
 
 def _expired(seq: _Sequence, now: float) -> bool:

@@ -1,10 +1,12 @@
 """The generator stage: assembled generate jobs in, tokens and one terminal event out.
 
-One engine, one step loop (vLLM-style: schedule -> execute -> update). Intake agents only
-turn jobs into sequences and hand them to the scheduler (without acknowledging them); the
-loop runs each step in the engine thread, streams new text as ``token`` events in order,
-and on a sequence's end sends its ``result`` (or ``error``) event and only then
-acknowledges the job — so a crash repeats a generation (the SDK shows each (kind, seq)
+Thin glue around a ``streams.cores.generation.GenerationCore`` (scheduler, engine, KV and
+prefix bookkeeping; no Kafka). Intake turns a job into a prompt, refuses at once what cannot
+run or would wait past the TTFT bound (``streams.policies.gen_admission``: ``overloaded``
+with ``retry_after_ms``), and submits the rest to the core without acknowledging the job.
+The step loop runs ``core.step()`` in the engine thread, streams new text as ``token``
+events in order, and on a sequence's end sends its ``result`` (or ``error``) event and only
+then acknowledges the job, so a crash repeats a generation (the SDK shows each (kind, seq)
 once) but never loses one.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -30,26 +33,26 @@ from schemas.jobs import GenerateJob, request_key
 from schemas.settings import Settings
 from schemas.trace import now_ms
 from streams.app import topic_names
+from streams.cores.generation import GenerationCore, GenerationRequest, GenerationUpdate, calibrate
 from streams.metrics import Metrics
-from streams.policies.scheduler import (
-    ContinuousBatchScheduler,
-    SchedulerLimits,
-    SequenceRequest,
-    StaticBatchScheduler,
-    StepOutput,
-)
+from streams.policies.gen_admission import ttft_bound_ms
+from streams.policies.scheduler import ContinuousBatchScheduler, SchedulerLimits, StaticBatchScheduler
 from streams.produce import Out, out_map
 from streams.runtime.recovery import done_marker, recover
 from streams.runtime.stage import RecordStage
 from workers import modalities
 from workers import prompt as P
 from workers.engines import EngineOptions, load_engine
-from workers.engines.lm import LMError, SamplingParams, StopChecker, execute_step
+from workers.engines.lm import GENERATION_FILE, StopChecker
+from workers.engines.lm_types import LMError, SamplingParams
 from workers.prefix_cache import PrefixCache
 from workers.repository import ModelRepository
 
 log = logging.getLogger(__name__)
 STAGE = "generate"
+CHARS_PER_TOKEN_BOUND = 16
+"""A prompt of more characters than context x this is refused before it is tokenized: no
+token of the model's vocabulary is that long on average, so it could never fit."""
 
 
 def prompt_parts(parts: list[dict[str, Any]]) -> list[Any]:
@@ -68,13 +71,10 @@ def prompt_parts(parts: list[dict[str, Any]]) -> list[Any]:
 class Active:
     job: GenerateJob
     record: ConsumerRecord
-    seq: Any
     started_ms: float
-    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     sent_text: str = ""
     next_seq: int = 1  # 0 was the router's `accepted`
     first_token_ms: float | None = None
-    last_token_ms: float | None = None
     token_times: list[float] = field(default_factory=list)
 
 
@@ -96,12 +96,12 @@ class GeneratorStage(RecordStage):
 
     stage = STAGE
 
-    def __init__(self, app: faust.App, settings: Settings, metrics: Metrics, engine: Any, tokenizer: Any,
-                 scheduler: Any, stops: Any) -> None:
+    def __init__(self, app: faust.App, settings: Settings, metrics: Metrics, core: GenerationCore,
+                 tokenizer: Any) -> None:
         names = topic_names(settings)
         super().__init__(app, settings, [names.generate("rt")], [names.generate("bulk")])
         self.metrics = metrics
-        self.engine, self.tokenizer, self.scheduler, self.stops = engine, tokenizer, scheduler, stops
+        self.core, self.tokenizer = core, tokenizer
         self.active: dict[str, Active] = {}
         self.done: dict[str, float] = {}
         self.sent: dict[str, set[tuple[str, int]]] = {}
@@ -110,10 +110,9 @@ class GeneratorStage(RecordStage):
         self.every = max(1, settings.generator.stream_every_tokens)
         self.cross_tenant = settings.cache.cross_tenant
         self.max_active = settings.generator.max_queued
+        self.ttft_bound_ms = float(settings.generator.ttft_bound_ms)
         self.done_retention_ms = float(settings.generator.done_retention_ms)
-        self.stepping = False
-        """A step runs in the engine thread now: sequences it holds are released after it."""
-        self.release_later: list[Any] = []
+        self.max_prompt_chars = core.engine.max_context * CHARS_PER_TOKEN_BOUND
 
     # -- intake --------------------------------------------------------------------------
 
@@ -143,18 +142,31 @@ class GeneratorStage(RecordStage):
         params = job.params or {}
         try:
             text = P.render_chatml(P.build_messages(prompt_parts(job.parts), P.PromptSettings()))
+            if len(text) > self.max_prompt_chars:  # bounded before the tokenizer spends anything on it
+                raise LMError(f"the prompt has {len(text)} characters; at most {self.max_prompt_chars} can fit "
+                              f"the context of {self.core.engine.max_context} tokens")
             ids = self.tokenizer.encode(text, add_special_tokens=False).ids
             sampling = SamplingParams(max_tokens=int(params.get("max_tokens", 64)),
                                       temperature=float(params.get("temperature", 0.0)),
                                       stop=tuple(params.get("stop") or ()))
-            seq = self.engine.new_sequence(key, ids, sampling, cache_scope=self.cache_scope(job))
+            self.core.check(len(ids), sampling)
         except (LMError, ValueError, TypeError) as exc:
             self._fail(job, r, WireError(ErrorCode.INVALID_REQUEST, str(exc)))
             return
-        self.active[key] = Active(job, r, seq, now, cached_tokens=seq.num_cached)
+        bound = ttft_bound_ms(self.ttft_bound_ms, job.lane)
+        if bound:
+            predicted = self.core.predict_ttft_ms(len(ids), job.lane)
+            if predicted > bound:
+                self.metrics.admission(job.lane, "reject")
+                self._fail(job, r, WireError(
+                    ErrorCode.OVERLOADED, f"the generator is busy: the first token would come in about "
+                    f"{predicted:.0f} ms, past the {bound:.0f} ms bound", retry_after_ms=int(max(100.0, predicted - bound))))
+                return
         deadline = time.monotonic() + (job.deadline_at_ms - now) / 1000.0
-        self.scheduler.add(SequenceRequest(key, len(ids), sampling.max_tokens, job.lane, arrived_at=time.monotonic(),
-                                           deadline=deadline, num_cached_tokens=seq.num_cached))
+        self.core.submit(GenerationRequest(key, tuple(ids), sampling, job.lane, arrived_at=time.monotonic(),
+                                           deadline=deadline, cache_scope=self.cache_scope(job)))
+        self.active[key] = Active(job, r, now)
+        self.io.hold([r])  # finished with its terminal event: never handled twice
 
     def cache_scope(self, job: GenerateJob) -> str:
         """Whose prompt prefixes ``job`` may reuse: its tenant's only (a hit shows in the
@@ -177,68 +189,53 @@ class GeneratorStage(RecordStage):
     async def _steps_forever(self) -> None:
         loop = asyncio.get_running_loop()
         while not self.should_stop:
-            if not self.scheduler.has_work:
+            if not self.core.has_work:
                 self.wake.clear()
                 await self.wake.wait()
                 continue
-            out = self.scheduler.schedule(time.monotonic())
-            self.stepping = True
-            try:
-                step = await loop.run_in_executor(self.executor, execute_step, self.engine, out.plan,
-                                                  {k: a.seq for k, a in self.active.items()}, self.stops)
-            except Exception as exc:  # a failed step fails the sequences in it, not the stage
-                log.exception("generate: step failed")
-                failed = set(out.decode) | {c.seq_id for c in out.prefill}
-                for seq_id in failed:
-                    self.scheduler.abort(seq_id, time.monotonic())
-                # The step owed these tokens; their sequences are aborted, so none is used.
-                owed = set(out.decode) | {c.seq_id for c in out.prefill if c.is_last}
-                self.scheduler.update(StepOutput(tokens={seq_id: 0 for seq_id in owed}))
-                self._released_after_step()
-                for seq_id in failed:
-                    a = self.active.pop(seq_id, None)
-                    if a:
-                        self.engine.release(a.seq)
-                        self._fail(a.job, a.record, WireError(ErrorCode.INTERNAL, f"generation failed: {exc!r}"), a)
-                continue
-            self._released_after_step()
-            finished = self.scheduler.update(step)
-            self._stream(step.tokens, {f.seq_id for f in finished})
-            for fin in finished:
-                self._finish(fin)
+            updates = await loop.run_in_executor(self.executor, self.core.step)
+            self._stream(updates)
+            for u in updates:
+                if u.finish_reason is not None:
+                    self._finish(u)
             self._note_state()
 
-    def _stream(self, tokens: dict[str, int], ending: set[str]) -> None:
+    def _stream(self, updates: list[GenerationUpdate]) -> None:
         outs: list[Out] = []
         now = now_ms()
-        for seq_id in tokens:
-            a = self.active.get(seq_id)
-            if a is None:
+        for u in updates:
+            a = self.active.get(u.key)
+            if a is None or (u.new_tokens == 0 and u.finish_reason is None):
                 continue
-            a.token_times.append(now)
-            delta = a.seq.text[len(a.sent_text):] if a.seq.text.startswith(a.sent_text) else a.seq.text
-            due = len(a.token_times) % self.every == 0 or seq_id in ending
+            if u.new_tokens:
+                a.token_times.append(now)
+            if u.finish_reason not in (None, "eos", "stop", "max_tokens"):
+                continue
+            delta = u.text[len(a.sent_text):] if u.text.startswith(a.sent_text) else u.text
+            due = len(a.token_times) % self.every == 0 or u.finish_reason is not None
             if delta and due:
                 ev = Event(a.job.id, EventKind.TOKEN, a.next_seq, now,
-                           payload={"text": delta, "tokens": len(a.seq.generated)})
-                if ("token", a.next_seq) not in self.sent.get(seq_id, ()):  # not sent before a takeover
+                           payload={"text": delta, "tokens": u.completion_tokens})
+                if ("token", a.next_seq) not in self.sent.get(u.key, ()):  # not sent before a takeover
                     outs.append(out_map(a.job.reply_to, a.job.id, ev.to_wire()))
                 a.next_seq += 1
-                a.sent_text = a.seq.text
+                a.sent_text = u.text
                 if a.first_token_ms is None:
                     a.first_token_ms = now
         if outs:
             self.io.deliver(outs)
 
-    def _finish(self, fin: Any) -> None:
-        a = self.active.pop(fin.seq_id, None)
+    def _finish(self, u: GenerationUpdate) -> None:
+        a = self.active.pop(u.key, None)
         if a is None:
             return
-        self.engine.release(a.seq)
         job, now = a.job, now_ms()
-        if fin.reason in ("deadline_exceeded", "aborted"):
-            code = ErrorCode.DEADLINE_EXCEEDED if fin.reason == "deadline_exceeded" else ErrorCode.INTERNAL
-            self._fail(job, a.record, WireError(code, f"generation ended: {fin.reason}"), a)
+        if u.finish_reason == "deadline_exceeded":
+            self._fail(job, a.record, WireError(ErrorCode.DEADLINE_EXCEEDED, "generation ended: deadline_exceeded"), a)
+            return
+        if u.finish_reason == "error":
+            code = ErrorCode.INVALID_REQUEST if u.code == "invalid_request" else ErrorCode.INTERNAL
+            self._fail(job, a.record, WireError(code, u.error or "generation failed"), a)
             return
         n = len(a.token_times)
         ttft = (a.first_token_ms or now) - job.accepted_at_ms
@@ -246,8 +243,8 @@ class GeneratorStage(RecordStage):
         timings = self._timings(job, a, now)
         timings.update(ttft_ms=round(ttft, 3), tpot_ms=round(tpot, 3) if tpot is not None else None)
         ev = Event(job.id, EventKind.RESULT, a.next_seq, now, timings=timings, payload={
-            "task": "generate", "text": a.seq.text, "finish_reason": fin.reason,
-            "tokens": {"prompt": a.seq.prompt_len, "completion": len(fin.tokens), "cached": a.cached_tokens},
+            "task": "generate", "text": u.text, "finish_reason": u.finish_reason,
+            "tokens": {"prompt": u.prompt_tokens, "completion": u.completion_tokens, "cached": u.cached_tokens},
             "parts": job.parts})
         self._terminal(job, a.record, ev)
         self.metrics.request_done(STAGE, "ok")
@@ -321,20 +318,13 @@ class GeneratorStage(RecordStage):
 
     async def on_revoked(self, tps: set[TopicPartition]) -> None:
         """Generations of revoked partitions stop here, unanswered; the next owner runs them
-        again. A step in the engine thread may still hold their KV: released after it."""
+        again. The core frees their KV at its next step (the engine thread's to touch)."""
         gone = {(tp.topic, tp.partition) for tp in tps}
-        for seq_id, a in list(self.active.items()):
+        for key, a in list(self.active.items()):
             if (a.record.topic, a.record.partition) in gone:
-                self.scheduler.abort(seq_id, time.monotonic())
-                self.active.pop(seq_id)
-                self.release_later.append(a.seq)
-        if not self.stepping:
-            self._released_after_step()
-
-    def _released_after_step(self) -> None:
-        self.stepping = False
-        while self.release_later:
-            self.engine.release(self.release_later.pop())
+                self.core.cancel(key)
+                self.active.pop(key)
+        self.wake.set()
 
     async def idle(self) -> None:
         self._prune_done(now_ms())
@@ -346,24 +336,39 @@ def _opens(rec: ConsumerRecord) -> tuple[str, str, str] | None:
     return request_key(job.tenant, job.id), job.reply_to, job.id
 
 
-def install_generator(app: faust.App, settings: Settings, metrics: Metrics) -> None:
+def build_core(settings: Settings, observer: Any = None) -> tuple[GenerationCore, Any]:
+    """The generation core the settings describe, its engine loaded (through the fidelity
+    gate and its fallback), warmed up and its step cost calibrated; and the tokenizer."""
     import tokenizers
-
 
     g = settings.generator
     config = ModelRepository(settings.models.repository).resolve(settings.models.lm_model)
+    generation = json.loads((config.directory / GENERATION_FILE).read_text(encoding="utf-8"))
+    kv_bytes_per_token = int(generation["layers"]) * 2 * int(generation["kv_heads"]) * int(generation["head_dim"]) * 2
+    extra = dict(threads=g.threads, max_sequences=g.max_running, kv_tokens=g.kv_cache_tokens,
+                 prefix_tokens=g.prefix_cache_mb * 1024 * 1024 // kv_bytes_per_token)
     engine = load_engine(config, g.precision, EngineOptions.from_settings(settings.encoder),
-                         stage=STAGE, observer=metrics)
+                         stage=STAGE, observer=observer, **extra)
     info = engine.info
-    if g.prefix_cache_mb > 0:  # keyed by the variant that actually serves
+    kv_budget = g.kv_cache_tokens if info.backend == "llama-cpp" else 0  # the ONNX engine's KV grows per sequence
+    if info.backend == "lm-onnxruntime" and g.prefix_cache_mb > 0:  # keyed by the variant that actually serves
         engine.prefix_cache = PrefixCache(g.prefix_cache_mb * 1024 * 1024, 16,
                                           f"{info.model}/{info.version}/{info.precision}")
-    metrics.set_engine(STAGE, dataclasses.asdict(info))
     tokenizer = tokenizers.Tokenizer.from_file(str(config.tokenizer_path))
     engine.warmup()
-    limits = SchedulerLimits(g.max_tokens_per_step, g.max_running, g.max_prefill_chunk)
+    limits = SchedulerLimits(g.max_tokens_per_step, g.max_running, g.max_prefill_chunk, kv_budget)
     cls = StaticBatchScheduler if g.scheduler == "static" else ContinuousBatchScheduler
-    scheduler = cls(limits, engine.eos_token_ids)
-    log.info("generate: %s/%s %s on %s, %s batching, prefix cache %s", info.model, info.version, info.precision,
-             info.provider, g.scheduler, "on" if engine.prefix_cache else "off")
-    GeneratorStage(app, settings, metrics, engine, tokenizer, scheduler, StopChecker(tokenizer, engine.eos_token_ids)).install()
+    core = GenerationCore(engine, cls(limits, engine.eos_token_ids), StopChecker(tokenizer, engine.eos_token_ids))
+    calibrate(core)
+    return core, tokenizer
+
+
+def install_generator(app: faust.App, settings: Settings, metrics: Metrics) -> None:
+    core, tokenizer = build_core(settings, metrics)
+    info = core.engine.info
+    metrics.set_engine(STAGE, dataclasses.asdict(info))
+    c = core.cost.coef
+    log.info("generate: %s/%s %s on %s (%s), %s batching, step cost %.1f ms + %.2f/decode + %.3f/prompt token",
+             info.model, info.version, info.precision, info.provider, info.backend, settings.generator.scheduler,
+             c[0], c[1], c[2])
+    GeneratorStage(app, settings, metrics, core, tokenizer).install()

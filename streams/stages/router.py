@@ -59,6 +59,7 @@ from streams import costs
 from streams.load import LoadView
 from streams.metrics import Metrics
 from streams.policies.admission import AdmissionLimits, Admit, Backpressure, Reject, admit
+from streams.policies.gen_admission import estimate_prompt_tokens, price_generate_ms
 from streams.policies.partitioning import Partitioner
 from streams.policies.quota import QuotaLimits, Shed, TenantLabels, TenantQuotas
 from streams.produce import Out, dead_letter, out_map
@@ -235,7 +236,7 @@ class Router:
         for j in jobs:
             self.load.note_sent(j.job.topic, j.job.partition, j.cost_ms, m.accepted_at_ms)
         wait = decision.predicted_wait_ms if isinstance(decision, Admit) else 0.0
-        self.quotas.note_sent(req.tenant, sum(j.cost_ms for j in jobs), started, wait)
+        self.quotas.note_sent(req.tenant, sum(j.cost_ms for j in jobs) + self._generate_cost(req), started, wait)
         modalities = set(m.modalities)
         return Routed(outs, "ok", modality=modalities.pop() if len(modalities) == 1 else "mixed", lane=str(req.lane),
                       queued_ms=max(0.0, started - client_sent), service_ms=m.accepted_at_ms - started,
@@ -289,6 +290,15 @@ class Router:
     def _part_cost(self, part: Any) -> float:
         found = self._part_stage(part)
         return found[1] if found is not None else 0.0
+
+    def _generate_cost(self, req: Any) -> float:
+        """The generator's work a generate request causes (0 for embed), priced before any
+        of it runs, so a tenant's quota counts generation too."""
+        if str(req.task) != "generate":
+            return 0.0
+        chars = sum(len(p.text) for p in req.parts if p.text is not None)
+        others = sum(1 for p in req.parts if p.text is None)
+        return price_generate_ms(estimate_prompt_tokens(chars, others), int(req.params.max_tokens))
 
     async def _price_refs(self, req: Any) -> tuple[dict[int, int], dict[int, WireError]]:
         """(part index -> stored bytes of its ref, part index -> the error it fails with) for

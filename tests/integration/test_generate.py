@@ -59,3 +59,30 @@ async def test_past_deadline_generation_is_deadline_exceeded(gen_pipeline):
                                           params=Params(max_tokens=1000)))
         event = await sub.result(timeout_s=60)
     assert event.kind == "error" and event.error["code"] == "deadline_exceeded"
+
+
+@pytest.fixture(scope="module")
+def tight_pipeline(infra):
+    """A generator held to a 300 ms rt TTFT bound: a burst past what it can start in time."""
+    pipe = start_pipeline(infra, {"router": 1, "assembler": 1, "encode.text": 1, "generate": 1},
+                          MMSTREAM_ROUTER_SERVED_MODALITIES="text", MMSTREAM_GENERATOR_TTFT_BOUND_MS="300",
+                          MMSTREAM_GENERATOR_MAX_RUNNING="2")
+    yield pipe
+    pipe.supervisor.stop()
+
+
+async def test_a_burst_past_the_ttft_bound_is_shed_at_once_and_nothing_is_lost(tight_pipeline):
+    import asyncio
+
+    async with Client(tight_pipeline.bootstrap, tight_pipeline.prefix) as client:
+        subs = [await client.submit(Request(id=new_id(), task=Task.GENERATE, deadline_ms=120_000,
+                                            parts=(Part(Modality.TEXT, text=f"Count from {i} to {i + 40}."),),
+                                            params=Params(max_tokens=48)))
+                for i in range(24)]
+        ends = await asyncio.gather(*(s.result(timeout_s=120) for s in subs))
+    kinds = [e.kind for e in ends]
+    shed = [e for e in ends if e.kind == "error"]
+    assert len(ends) == 24 and kinds.count("result") >= 1 and shed, kinds
+    for e in shed:
+        assert e.error["code"] == "overloaded" and e.error["retry_after_ms"] >= 100, e.error
+        assert "first token" in e.error["message"]

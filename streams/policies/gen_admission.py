@@ -1,0 +1,110 @@
+"""Admission for generate requests: price a request in engine time, predict its time to first
+token from what is queued and running, and refuse it at once when that is past the bound.
+
+Pure policy over plain data (the generation core fills in ``QueueState``; the stage acts).
+
+The price of a step is learned from measured steps: ``ms = fixed + per_decode * decodes +
+per_prefill_token * prefill_tokens`` (``StepCostModel``, least squares over recent steps with
+exponential forgetting, started from a calibration). The prediction (``predict_ttft_ms``) is
+the time to prefill everything queued ahead of the request plus its own prompt, at the step
+budget left after the running sequences' decodes, plus, when no slot will be free for it, the
+time until enough running sequences end (each at its remaining ``max_tokens``, an upper
+bound: eos ends many sooner). It is an estimate for shedding, not a promise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+LANES = ("rt", "bulk")
+
+
+@dataclass(frozen=True, slots=True)
+class QueueState:
+    """What waits and runs in one generation core, as ``predict_ttft_ms`` needs it."""
+
+    running: int  # sequences holding a slot
+    max_running: int
+    max_tokens_per_step: int
+    remaining: tuple[int, ...]  # tokens each running sequence may still generate
+    waiting_tokens: dict[str, int]  # lane -> prompt tokens of sequences not admitted yet
+    waiting: dict[str, int]  # lane -> sequences not admitted yet
+
+
+class StepCostModel:
+    """Milliseconds of one engine step from its decodes and prefill tokens (see the module
+    docstring). ``observe`` refits from the step just measured; ``forget`` is the weight kept
+    by older steps at each observation."""
+
+    def __init__(self, fixed_ms: float = 5.0, per_decode_ms: float = 1.0, per_prefill_token_ms: float = 0.5,
+                 forget: float = 0.98, prior_weight: float = 5.0) -> None:
+        self.forget = forget
+        self._prior = np.array([fixed_ms, per_decode_ms, per_prefill_token_ms])
+        self._xtx = np.eye(3) * prior_weight
+        self._xty = self._xtx @ self._prior
+        self.coef = self._prior.copy()
+        self.observed = 0
+
+    def observe(self, ms: float, decodes: int, prefill_tokens: int) -> None:
+        x = np.array([1.0, float(decodes), float(prefill_tokens)])
+        self._xtx = self.forget * self._xtx + np.outer(x, x)
+        self._xty = self.forget * self._xty + x * float(ms)
+        # Ridge toward the prior keeps a coefficient the recent steps do not show (no
+        # prefill for a while) where it was, rather than letting it drift to anything.
+        coef = np.linalg.solve(self._xtx + np.eye(3) * 1e-3, self._xty + 1e-3 * self._prior)
+        self.coef = np.maximum(coef, 0.0)
+        self.observed += 1
+
+    def step_ms(self, decodes: int, prefill_tokens: int) -> float:
+        return float(self.coef @ np.array([1.0, float(decodes), float(prefill_tokens)]))
+
+
+def predict_ttft_ms(model: StepCostModel, state: QueueState, prompt_tokens: int, lane: str) -> float:
+    """Predicted milliseconds from now to the first token of a request of ``prompt_tokens``
+    on ``lane`` that joins the back of its lane's queue (rt waits only for rt; bulk for
+    both)."""
+    ahead = LANES[:LANES.index(lane) + 1]
+    work = prompt_tokens + sum(state.waiting_tokens.get(l, 0) for l in ahead)
+    queued = 1 + sum(state.waiting.get(l, 0) for l in ahead)
+    free = state.max_running - state.running
+    slot_wait = 0.0
+    if queued > free:
+        # The (queued - free)-th sequence to end frees the slot this request needs.
+        ends = sorted(state.remaining)
+        need = queued - free
+        steps = ends[need - 1] if need <= len(ends) else (ends[-1] if ends else 0) * math.ceil(need / max(1, len(ends)))
+        slot_wait = steps * model.step_ms(state.running, 0)
+    decodes = min(state.running, state.max_running)
+    per_step = max(1, state.max_tokens_per_step - decodes)
+    steps = math.ceil(work / per_step)
+    return slot_wait + steps * model.step_ms(decodes, min(work, per_step))
+
+
+# What a generate request costs before the generator has seen it (the router prices it for
+# the tenant's quota): llama.cpp on the packaged GGUF, 2 threads, 8 sequences decoding
+# together, measured on the 2-core build box (docs/generation.md).
+ROUTER_STEP_COST = (6.0, 3.5, 0.35)  # fixed ms per step, ms per decode, ms per prompt token
+CHARS_PER_TOKEN = 3  # fewer characters per token than English averages: errs on the dear side
+GROUNDING_TOKENS = 64  # what one non-text part adds to the prompt (labels, a transcript)
+
+
+def estimate_prompt_tokens(text_chars: int, other_parts: int) -> int:
+    """Prompt tokens of a request before tokenizing it (the router does not tokenize)."""
+    return math.ceil(text_chars / CHARS_PER_TOKEN) + GROUNDING_TOKENS * other_parts + 32
+
+
+def price_generate_ms(prompt_tokens: int, max_tokens: int, cost: tuple[float, float, float] = ROUTER_STEP_COST,
+                      batch: int = 8) -> float:
+    """Engine milliseconds a generate request takes from a generator running ``batch``
+    sequences together: its prompt's prefill plus ``max_tokens`` decode steps, each its
+    share of the step's fixed cost plus its own decode."""
+    fixed, per_decode, per_prompt = cost
+    return prompt_tokens * per_prompt + max_tokens * (per_decode + fixed / max(1, batch))
+
+
+def ttft_bound_ms(bound_ms: float, lane: str) -> float:
+    """The TTFT a lane is held to: the setting for rt, ten times it for bulk; 0 = none."""
+    return bound_ms if lane == "rt" else bound_ms * 10

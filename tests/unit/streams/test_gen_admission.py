@@ -1,0 +1,62 @@
+"""The step cost model and the TTFT prediction that generate admission sheds on."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, strategies as st
+
+from streams.policies.gen_admission import QueueState, StepCostModel, predict_ttft_ms, ttft_bound_ms
+
+
+def test_the_cost_model_learns_a_linear_step_cost() -> None:
+    model = StepCostModel()
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        d, p = int(rng.integers(0, 9)), int(rng.integers(0, 200))
+        model.observe(8.0 + 1.5 * d + 0.25 * p + rng.normal(0, 0.1), d, p)
+    assert np.allclose(model.coef, [8.0, 1.5, 0.25], atol=0.3)
+    assert abs(model.step_ms(4, 100) - (8 + 6 + 25)) < 1.5
+
+
+def state(running=0, remaining=(), waiting_rt=0, tokens_rt=0, waiting_bulk=0, tokens_bulk=0) -> QueueState:
+    return QueueState(running, 4, 64, tuple(remaining), {"rt": tokens_rt, "bulk": tokens_bulk},
+                      {"rt": waiting_rt, "bulk": waiting_bulk})
+
+
+def test_an_idle_core_predicts_one_prefill() -> None:
+    model = StepCostModel(fixed_ms=10, per_decode_ms=1, per_prefill_token_ms=0.5)
+    assert predict_ttft_ms(model, state(), 32, "rt") == 10 + 16
+
+
+def test_no_free_slot_adds_the_wait_for_one_to_end() -> None:
+    model = StepCostModel(fixed_ms=10, per_decode_ms=1, per_prefill_token_ms=0.5)
+    full = state(running=4, remaining=(30, 5, 50, 40))
+    assert predict_ttft_ms(model, full, 32, "rt") >= 5 * model.step_ms(4, 0)
+
+
+def test_rt_does_not_wait_for_bulk_but_bulk_waits_for_rt() -> None:
+    model = StepCostModel()
+    s = state(waiting_rt=2, tokens_rt=100, waiting_bulk=10, tokens_bulk=2000)
+    assert predict_ttft_ms(model, s, 10, "rt") < predict_ttft_ms(model, s, 10, "bulk")
+
+
+@given(st.integers(0, 4), st.integers(0, 20), st.integers(0, 2000), st.integers(1, 500))
+def test_more_queued_work_never_predicts_sooner(running, waiting, tokens, prompt) -> None:
+    model = StepCostModel()
+    base = state(running=running, remaining=(10,) * running, waiting_rt=waiting, tokens_rt=tokens)
+    more = state(running=running, remaining=(10,) * running, waiting_rt=waiting + 1, tokens_rt=tokens + 50)
+    assert predict_ttft_ms(model, more, prompt, "rt") >= predict_ttft_ms(model, base, prompt, "rt")
+
+
+def test_bulk_is_held_to_ten_times_the_bound() -> None:
+    assert ttft_bound_ms(1000, "rt") == 1000 and ttft_bound_ms(1000, "bulk") == 10_000 and ttft_bound_ms(0, "rt") == 0
+
+
+def test_a_generate_request_is_priced_by_its_prompt_and_max_tokens() -> None:
+    from streams.policies.gen_admission import estimate_prompt_tokens, price_generate_ms
+
+    short, long_prompt = estimate_prompt_tokens(30, 0), estimate_prompt_tokens(30_000, 0)
+    assert long_prompt > 100 * short / 10 and estimate_prompt_tokens(30, 1) > short
+    assert price_generate_ms(short, 256) > 10 * price_generate_ms(short, 16) / 2
+    assert price_generate_ms(long_prompt, 16) > price_generate_ms(short, 16)
+    assert price_generate_ms(short, 16, batch=1) > price_generate_ms(short, 16, batch=8)
