@@ -268,15 +268,19 @@ def calibrate(core: GenerationCore, prompt_tokens: int = 96, steps: int = 6) -> 
     from the engine thread, before the core serves."""
     engine, pad = core.engine, min(core.engine.eos_token_ids)
     width = max(1, min(core.scheduler.limits.max_running, 4))
-    seqs = [engine.new_sequence(f"calibrate-{i}", [pad] * prompt_tokens, SamplingParams(max_tokens=steps + 1))
+    seqs = [engine.new_sequence(f"calibrate-{i}", [pad + i % 2] * prompt_tokens, SamplingParams(max_tokens=steps + 1))
             for i in range(width)]
     try:
-        for i, seq in enumerate(seqs):
+        prefills = []
+        for seq in seqs:  # the first two have prompts of their own; the rest may hit the prefix cache
             started = time.perf_counter()
+            cached = seq.num_cached
             engine.forward([(seq, seq.prompt_len - seq.num_cached)])
-            if i == 0:  # the others found the first one's prompt in the prefix cache
-                core.cost.observe((time.perf_counter() - started) * 1000.0, 0, seq.prompt_len)
+            if cached == 0:
+                prefills.append((time.perf_counter() - started) * 1000.0)
             engine.append(seq, pad)
+        # The faster prompt: a worker calibrates while its neighbours start on the same cores.
+        core.cost.observe(min(prefills), 0, prompt_tokens)
         for group in (seqs[:1], seqs):
             for _ in range(steps // 2):
                 started = time.perf_counter()

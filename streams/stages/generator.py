@@ -154,7 +154,9 @@ class GeneratorStage(RecordStage):
             self._fail(job, r, WireError(ErrorCode.INVALID_REQUEST, str(exc)))
             return
         bound = ttft_bound_ms(self.ttft_bound_ms, job.lane)
-        if bound:
+        # An idle core admits whatever its prediction says: refusing serves nobody, and a
+        # cost model that overestimates (calibrated on a busy box) must see steps to learn.
+        if bound and self.core.num_live:
             predicted = self.core.predict_ttft_ms(len(ids), job.lane)
             if predicted > bound:
                 self.metrics.admission(job.lane, "reject")

@@ -31,7 +31,7 @@ async def test_capital_of_france_streams_tokens_then_one_result(gen_pipeline):
     async with Client(gen_pipeline.bootstrap, gen_pipeline.prefix) as client:
         events = await _generate(client, Part(Modality.TEXT, text="What is the capital of France?"))
     kinds = [e.kind for e in events]
-    assert kinds[0] == "accepted" and kinds[-1] == "result" and kinds.count("token") >= 2
+    assert kinds[0] == "accepted" and kinds[-1] == "result" and kinds.count("token") >= 2, events[-1]
     seqs = [e.seq for e in events]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
     result = events[-1]

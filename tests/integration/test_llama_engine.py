@@ -39,21 +39,6 @@ def prompt(tok, question: str) -> list[int]:
     return tok.encode(text, add_special_tokens=False).ids
 
 
-def greedy_together(e, prompts, n):
-    seqs = [e.new_sequence(str(i), p, SamplingParams(max_tokens=n)) for i, p in enumerate(prompts)]
-    logits = e.forward([(s, s.prompt_len - s.num_cached) for s in seqs])
-    for _ in range(n - 1):
-        for s, row in zip(seqs, logits):
-            e.append(s, int(np.argmax(row)))
-        logits = e.forward([(s, 1) for s in seqs])
-    for s, row in zip(seqs, logits):
-        e.append(s, int(np.argmax(row)))
-    out = [s.generated for s in seqs]
-    for s in seqs:
-        e.release(s)
-    return out
-
-
 def test_the_gguf_answers_and_the_build_recorded_its_gate(model):
     config, tok = model
     fidelity = config.variants[GGUF_PRECISION].fidelity
@@ -63,14 +48,31 @@ def test_the_gguf_answers_and_the_build_recorded_its_gate(model):
 
 
 def test_many_sequences_in_one_decode_match_each_alone(model):
+    """Each row of a shared step is its own sequence's: its logits match that sequence run
+    alone (to the kernels' rounding: a batch of 4 prompts runs other matrix kernels than one,
+    so near-ties can flip), and never another's."""
     config, tok = model
     prompts = [prompt(tok, q) for q in ("What is 12 plus 30?", "Name three primary colors.",
                                         "Write a haiku about the sea.", "What is the capital of France?")]
-    alone = [engine(config, prefix_tokens=0).generate_greedy(p, 12) for p in prompts]
-    together = greedy_together(engine(config, prefix_tokens=0), prompts, 12)
-    # Shared steps run other kernels (matrix-matrix, not matrix-vector): allow a late split.
-    agree = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in zip(alone, together)]
-    assert sum(agree) >= 0.75 * sum(len(a) for a in alone), (alone, together)
+    e = engine(config, prefix_tokens=0)
+    alone = []
+    for p in prompts:
+        seq = e.new_sequence("a", p, SamplingParams(max_tokens=2))
+        alone.append(e.forward([(seq, len(p))])[0])
+        e.release(seq)
+    seqs = [e.new_sequence(str(i), p, SamplingParams(max_tokens=2)) for i, p in enumerate(prompts)]
+    together = e.forward([(s, len(p)) for s, p in zip(seqs, prompts)])
+    corr = np.corrcoef(np.vstack([alone, together]))[:4, 4:]  # alone i vs together j
+    assert (np.diag(corr) > 0.995).all(), corr
+    assert (np.diag(corr)[:, None] > corr + 0.01 - np.eye(4)).all(), corr  # no row is another's
+    for a, t in zip(alone, together):
+        assert int(np.argmax(t)) in np.argsort(-a)[:3]
+    for s in seqs:  # decode steps stay each sequence's own too
+        e.append(s, int(np.argmax(together[seqs.index(s)])))
+    step = e.forward([(s, 1) for s in seqs])
+    assert np.corrcoef(step)[np.triu_indices(4, 1)].max() < 0.999
+    for s in seqs:
+        e.release(s)
 
 
 def test_a_shared_system_prompt_is_decoded_once_and_gives_the_same_answer(model):
