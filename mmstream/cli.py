@@ -122,9 +122,13 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("action", nargs="?", default="run", choices=["run", "compare"],
                    help="run a benchmark (default) or compare JSON reports")
     b.add_argument("inputs", nargs="*", type=Path, help="for compare: the JSON reports to put side by side")
-    b.add_argument("--workload", default="text", choices=["text", "mixed", "chat", "capacity"], help="request mix (default: %(default)s; capacity: 60%% texts of 1, 4 or 15 sentences, 40%% photos of 256-1024 px)")
+    b.add_argument("--workload", default="text", choices=["text", "mixed", "chat", "chat-mm", "capacity"], help="request mix (default: %(default)s; chat-mm: a question beside a photo; capacity: 60%% texts of 1, 4 or 15 sentences, 40%% photos of 256-1024 px)")
     b.add_argument("--scheduler", choices=["continuous", "static"],
                    help="chat: the generator's batching (runs on a pipeline of its own)")
+    b.add_argument("--lm-precision", choices=["q4_1", "fp32", "int8"],
+                   help="chat: the generator's LM variant, q4_1 on llama.cpp or fp32/int8 on ONNX Runtime "
+                        "(runs on a pipeline of its own)")
+    b.add_argument("--chat-max-tokens", type=int, default=32, help="chat: max_tokens of each request (default: %(default)s)")
     b.add_argument("--mode", default="pipeline", choices=["pipeline", "monolithic", "server"],
                    help="the pipeline; monolithic: one process, one FIFO for every model; server: one process, a queue and engine thread per model (a generic model server) (default: %(default)s)")
     b.add_argument("--rate", type=float, default=20.0, help="offered requests per second (default: %(default)s)")

@@ -32,7 +32,9 @@ def config_from_args(args: Any) -> BenchConfig:
                        levers_off=tuple(lv for lv in LEVERS
                                         if getattr(args, f"no_{lv}", False)),
                        own_pipeline=getattr(args, "own_pipeline", False),
-                       scheduler=getattr(args, "scheduler", None))
+                       scheduler=getattr(args, "scheduler", None),
+                       lm_precision=getattr(args, "lm_precision", None),
+                       chat_max_tokens=getattr(args, "chat_max_tokens", None) or 32)
 
 
 def cli_main(args: Any, settings: Settings) -> int:

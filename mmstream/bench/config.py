@@ -11,8 +11,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 MODES = ("pipeline", "monolithic", "server")
-WORKLOADS = ("text", "mixed", "chat", "capacity")
+WORKLOADS = ("text", "mixed", "chat", "chat-mm", "capacity")
 SCHEDULERS = ("continuous", "static")
+LM_PRECISIONS = ("q4_1", "fp32", "int8")
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,9 @@ class BenchConfig:
     scheduler: str | None = None
     """Chat workload: the generator's batching (continuous or static); the run then gets a
     pipeline of its own with that setting. None: whatever the running pipeline uses."""
+    lm_precision: str | None = None
+    """Chat workload: the generator's LM variant (q4_1 on llama.cpp, fp32 or int8 on ONNX
+    Runtime); the run then gets a pipeline of its own. None: what the running pipeline uses."""
     chat_max_tokens: int = 32
     own_pipeline: bool = False
     """Run against a fresh pipeline started for this run, even with every lever on."""
@@ -71,6 +75,10 @@ class BenchConfig:
             raise ValueError("rates and duration must be positive")
         if self.scheduler is not None and self.scheduler not in SCHEDULERS:
             raise ValueError(f"unknown scheduler {self.scheduler!r}; schedulers: {', '.join(SCHEDULERS)}")
+        if self.lm_precision is not None and self.lm_precision not in LM_PRECISIONS:
+            raise ValueError(f"unknown LM precision {self.lm_precision!r}; precisions: {', '.join(LM_PRECISIONS)}")
+        if self.chat_max_tokens < 1:
+            raise ValueError("chat max tokens must be at least 1")
         if not 0.0 <= self.repeat < 1.0:
             raise ValueError("repeat must be in [0, 1)")
         if self.lanes and (any(lane not in ("rt", "bulk") or share < 0 for lane, share in self.lanes)

@@ -33,6 +33,10 @@ class Record:
     cache: str | None = None
     """``hit`` when every cached part was a reuse-cache hit, ``miss`` when any was computed."""
     tpot_ms: float | None = None
+    completion_tokens: int = 0
+    """Generation: tokens the answer has."""
+    retry_after_ms: int | None = None
+    """An ``overloaded`` answer's retry hint."""
 
 
 
@@ -93,7 +97,12 @@ def build_run(mode: str, cfg: BenchConfig, rate: float, records: Sequence[Record
         "by_cache": {outcome: summary([r.done_at_ms - r.sent_at_ms for r in ok if r.cache == outcome])
                      for outcome in ("hit", "miss")},
         "generation": {"ttft_ms": summary([r.ttft_ms for r in ok if r.ttft_ms is not None]),
-                       "tpot_ms": summary([r.tpot_ms for r in ok if r.tpot_ms is not None])},
+                       "tpot_ms": summary([r.tpot_ms for r in ok if r.tpot_ms is not None]),
+                       "ttft_ms_by_lane": {lane: summary([r.ttft_ms for r in ok if r.ttft_ms is not None and r.lane == lane])
+                                           for lane in sorted({r.lane for r in ok if r.ttft_ms is not None})},
+                       "tokens_per_s": round(sum(r.completion_tokens for r in ok) / window_s, 3) if window_s else 0.0,
+                       "overloaded_with_retry_after": sum(1 for r in done if r.outcome == "overloaded"
+                                                          and r.retry_after_ms is not None)},
     }
 
 

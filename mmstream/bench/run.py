@@ -91,20 +91,24 @@ async def run_bench(settings: Settings, cfg: BenchConfig, progress: bool = True)
     loading a model raises.
     """
     mono = cfg.mode in ("monolithic", "server")
-    images = cfg.workload in ("mixed", "capacity")
+    images = cfg.workload in ("mixed", "capacity", "chat-mm")
     engines = await asyncio.to_thread(Engines, settings, images,
-                                      mono and cfg.workload == "mixed", mono and cfg.workload == "chat")
+                                      mono and cfg.workload == "mixed", mono and cfg.workload in ("chat", "chat-mm"))
     floor = engines.floor_ms(floor_text(), sample_images()[0] if images else None,
                              cfg.floor_repeats)
     runs = []
     for rate in cfg.sweep:
-        if cfg.mode == "pipeline" and (cfg.levers_off or cfg.own_pipeline or cfg.scheduler):
+        if cfg.mode == "pipeline" and (cfg.levers_off or cfg.own_pipeline or cfg.scheduler or cfg.lm_precision):
             extra = {"MMSTREAM_GENERATOR_SCHEDULER": cfg.scheduler} if cfg.scheduler else {}
+            if cfg.lm_precision:
+                extra["MMSTREAM_GENERATOR_PRECISION"] = cfg.lm_precision
             async with own_pipeline(settings, cfg.levers_off, cfg.workload, extra_env=extra) as run_settings:
                 run = await _run_pipeline(run_settings, cfg, rate, progress)
             run["levers_off"] = list(cfg.levers_off)
             if cfg.scheduler:
                 run["scheduler"] = cfg.scheduler
+            if cfg.lm_precision:
+                run["lm_precision"] = cfg.lm_precision
         elif cfg.mode == "pipeline":
             run = await _run_pipeline(settings, cfg, rate, progress)
         else:
@@ -206,12 +210,14 @@ def _pipeline_record(req: Request, sub: Submission) -> Record:
         rec.outcome = "ok"
     else:
         rec.outcome = (t.error or {}).get("code", "internal")
+        rec.retry_after_ms = (t.error or {}).get("retry_after_ms")
     rec.stages = [dict(s) for s in (t.timings or {}).get("stages", [])]
     rec.ttft_ms = (t.timings or {}).get("ttft_ms")
+    rec.tpot_ms = (t.timings or {}).get("tpot_ms")
+    rec.completion_tokens = int(((t.payload or {}).get("tokens") or {}).get("completion", 0) or 0)
     c = t.cache or {}
     if c.get("hits") or c.get("misses"):
         rec.cache = "miss" if c.get("misses") else "hit"
-    rec.tpot_ms = (t.timings or {}).get("tpot_ms")
     return rec
 
 

@@ -89,6 +89,21 @@ def chat_request(rng: random.Random, lane: str, max_tokens: int = 32) -> Request
                    params=Params(max_tokens=max_tokens), deadline_ms=120_000)
 
 
+MM_QUESTIONS = ("What is in this picture? Answer in one sentence.", "Describe this photo briefly.",
+                "What animal or object does this image show?", "Name the main thing in this picture.")
+
+
+def chat_mm_request(rng: random.Random, lane: str, max_tokens: int = 32) -> Request:
+    """A generate request over a photo: a question beside one of the sample photos, made
+    bytes of its own (a tag in the JPEG comment) so the reuse cache does not answer it; the
+    image pool labels it and the generator answers from the labels (the cascade)."""
+    data, mime = rng.choice(sample_images())
+    tagged = _with_comment(data, rng.getrandbits(64)) if mime == "image/jpeg" else data
+    return Request(id=new_id(), task=Task.GENERATE, lane=Lane(lane), params=Params(max_tokens=max_tokens),
+                   deadline_ms=120_000, parts=(Part(Modality.TEXT, text=rng.choice(MM_QUESTIONS)),
+                                               Part(Modality.IMAGE, data=tagged, mime=mime)))
+
+
 def mixed_request(rng: random.Random, lane: str) -> Request:
     """A text part plus photos, a short video or a spoken clip with the shares of
     ``MIXED_KINDS``. Every medium is bytes of its own (a tag in the JPEG comment or the
@@ -209,8 +224,9 @@ def schedule(cfg: BenchConfig, rate: float) -> tuple[list[float], list[Request]]
     """The arrival offsets and requests of one run: a function of (seed, rate, workload) only."""
     rng = random.Random(f"{cfg.seed}:{rate}")
     offsets = arrival_offsets(rate, cfg.duration_s, rng)
-    if cfg.workload == "chat":
-        requests = [chat_request(rng, cfg.lane, cfg.chat_max_tokens) for _ in offsets]
+    if cfg.workload in ("chat", "chat-mm"):
+        make_chat = chat_request if cfg.workload == "chat" else chat_mm_request
+        requests = [make_chat(rng, cfg.lane, cfg.chat_max_tokens) for _ in offsets]
     else:
         make = {"text": text_request, "mixed": mixed_request, "capacity": capacity_request}[cfg.workload]
         requests = [make(rng, cfg.lane) for _ in offsets]
