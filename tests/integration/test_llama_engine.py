@@ -87,7 +87,9 @@ def test_a_shared_system_prompt_is_decoded_once_and_gives_the_same_answer(model)
     assert shared >= 16 and e.prefix_hits >= shared  # the system prompt, to the token
     assert e.generate_greedy(second, 8) == engine(config, prefix_tokens=0).generate_greedy(second, 8)
     again = e.new_sequence("d", second, SamplingParams(max_tokens=8))
-    assert again.num_cached == len(second) - 1  # a repeated prompt computes its last token only
+    assert again.num_cached == len(second) - 1 and again.reuse is not None  # the last token comes with its logits
+    first_token = int(np.argmax(e.forward([(again, 1)])[0]))
+    assert again.num_cached == len(second) and first_token == engine(config, prefix_tokens=0).generate_greedy(second, 1)[0]
     e.release(again)
     other = e.new_sequence("c", second, SamplingParams(max_tokens=8), cache_scope="another-tenant")
     assert other.num_cached == 0  # a prefix cached for one scope is not another's

@@ -12,9 +12,11 @@ the prefix cache uses the ids above them. A prompt whose leading tokens match a 
 prompt (same tenant scope) gets those cells by ``llama_memory_seq_cp``: shared, not copied,
 not decoded again, to the token (positions need not be block-aligned here, as the ONNX
 engine's hashed blocks must be); at least its last token is computed, for its logits. When
-a prompt is complete it becomes a cached prompt the same way (replacing one it extends; the
-least recently used one evicted past ``prefix_slots`` or ``prefix_tokens``). So a system
-prompt that many requests share is decoded once, and a repeated prompt costs one token.
+a prompt is complete it becomes a cached prompt the same way, with the logits after it
+(replacing one it extends; the least recently used one evicted past ``prefix_slots`` or
+``prefix_tokens``). So a system prompt that many requests share is decoded once, and a
+repeated prompt decodes nothing: its last cell is linked too and its stored logits give the
+first token (as llama.cpp's own server and llama-cpp-python do).
 
 Same contract as ``workers.engines.lm.LMEngine`` where the generation core uses one:
 ``new_sequence``, ``forward`` (one step's (sequence, n) chunks, one logits row each),
@@ -96,6 +98,7 @@ class _Prefix:
     scope: str
     tokens: np.ndarray  # int32: a whole prompt, its cells held by ``seq_id``
     used_at: float
+    logits: np.ndarray | None = None  # after the prompt's last token: a repeat of it needs no decode
 
 
 class LlamaEngine:
@@ -256,6 +259,8 @@ class LlamaEngine:
             prefix.used_at = time.monotonic()
             seq.num_cached = n
             self.prefix_hits += n
+            if n == len(prompt) - 1 and len(prefix.tokens) == len(prompt) and prefix.logits is not None:
+                seq.reuse = prefix  # the same prompt: its last cell and logits are held too
         return seq
 
     def release(self, seq: LMSequence) -> None:
@@ -278,9 +283,9 @@ class LlamaEngine:
                 best = (prefix, n)
         return best
 
-    def _remember_prompt(self, seq: LMSequence) -> None:
-        """Keep the prompt as a cached prefix, unless a cached one already covers it; one it
-        extends is replaced."""
+    def _remember_prompt(self, seq: LMSequence, logits: np.ndarray) -> None:
+        """Keep the prompt (and the logits after it) as a cached prefix, unless a cached one
+        already covers it; one it extends is replaced."""
         n = seq.prompt_len
         if not self.prefix_slots or n > self.prefix_tokens:
             return
@@ -291,6 +296,8 @@ class LlamaEngine:
             common = _common_prefix(prefix.tokens, head, n)
             if common == n:  # already held
                 prefix.used_at = time.monotonic()
+                if len(prefix.tokens) == n and prefix.logits is None:
+                    prefix.logits = logits.copy()
                 return
             if common == len(prefix.tokens):  # the new prompt extends it: keep the longer one
                 self._drop_prefix(prefix)
@@ -302,7 +309,7 @@ class LlamaEngine:
         ids = {p.seq_id for p in self._prefixes}
         holder = next(i for i in range(self.max_sequences, self.max_sequences + self.prefix_slots) if i not in ids)
         self._lib.llama_memory_seq_cp(self._mem, seq.state, holder, 0, n)
-        self._prefixes.append(_Prefix(holder, seq.scope, head, time.monotonic()))
+        self._prefixes.append(_Prefix(holder, seq.scope, head, time.monotonic(), logits.copy()))
 
     def _drop_prefix(self, prefix: _Prefix) -> None:
         self._prefixes.remove(prefix)
@@ -325,6 +332,14 @@ class LlamaEngine:
             start = seq.num_cached
             if n < 1 or start + n > len(seq.tokens) or getattr(seq, "state", None) is None:
                 raise LMError(f"{seq.seq_id}: cannot compute {n} tokens from {start} of {len(seq.tokens)}")
+            prefix, seq.reuse = seq.reuse, None
+            if prefix is not None and prefix in self._prefixes and n == 1 and start == seq.prompt_len - 1:
+                # A repeated prompt: its last cell is linked too, and its logits were stored.
+                self._lib.llama_memory_seq_cp(self._mem, prefix.seq_id, seq.state, start, start + 1)
+                out[row] = prefix.logits
+                seq.num_cached += 1
+                self.prefix_hits += 1
+                continue
             while n > 0:  # a chunk larger than the batch goes over several decode calls
                 take = min(n, self.batch_tokens - used)
                 pending.append((row, seq, start, take))
@@ -336,9 +351,9 @@ class LlamaEngine:
                     pending, used = [], 0
         if pending:
             self._decode(pending, out)
-        for seq, _ in chunks:
+        for row, (seq, _) in enumerate(chunks):
             if seq.num_cached == seq.prompt_len:
-                self._remember_prompt(seq)
+                self._remember_prompt(seq, out[row])
         return out
 
     def _decode(self, pieces: list[tuple[int, LMSequence, int, int]], out: np.ndarray) -> None:

@@ -81,6 +81,7 @@ class LMSequence:
     block_keys: list[bytes] = field(default_factory=list)  # prefix-cache keys of the prompt
     state: Any = None  # an engine's own handle (llama.cpp: the slot's seq id); None once released
     scope: str = ""  # whose cached prefixes it may reuse (a tenant; "" = shared)
+    reuse: Any = None  # an engine's note that its next step is served from a cache (llama.cpp)
 
     @property
     def generated(self) -> list[int]:
