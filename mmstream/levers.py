@@ -16,6 +16,7 @@ from typing import AsyncIterator
 
 from mmstream.lever_names import LEVERS
 from mmstream.supervisor import Supervisor
+from schemas.request import Task
 from schemas.settings import Settings
 from streams.client import wait_until_serving
 from streams.security import KafkaSecurity, client_kwargs
@@ -37,9 +38,11 @@ OFF_ENV = {
 def replicas(off: tuple[str, ...], workload: str) -> dict[str, int]:
     """One worker per stage the workload needs (the generic pool when routing is off)."""
     stages = {"router": 1, "assembler": 1}
-    if workload == "chat":  # text parts of generate requests need no encoder
+    if workload in ("chat", "chat-mm"):  # text parts of generate requests need no encoder
         stages["generate"] = 1
-        stages["encode.text"] = 1  # answers the readiness probe
+        stages["encode.text"] = 1  # answers the embed probes of the bench
+        if workload == "chat-mm":
+            stages["encode.image"] = 1  # labels the photos the questions are about
         return stages
     if "routing" in off:
         stages["encode.any"] = 1
@@ -75,8 +78,10 @@ async def own_pipeline(settings: Settings, off: tuple[str, ...], workload: str,
     supervisor = Supervisor(run_settings, env)
     await asyncio.to_thread(supervisor.start, replicas(off, workload))
     try:
+        # A chat run starts once the generator answers too (it loads and calibrates after the rest).
+        task = Task.GENERATE if workload.startswith("chat") else Task.EMBED
         await wait_until_serving(run_settings.kafka.bootstrap, run_settings.kafka.topic_prefix, timeout_s,
-                                 KafkaSecurity.from_settings(run_settings.kafka))
+                                 KafkaSecurity.from_settings(run_settings.kafka), task=task)
         yield run_settings
     finally:
         await asyncio.to_thread(supervisor.stop)

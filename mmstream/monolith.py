@@ -259,8 +259,9 @@ class Monolith:
                                 "service_ms": round(finished - started, 3)})
 
     def _generate(self, batch: list[Outcome], grounding: dict[tuple[int, int], dict[str, Any]]) -> None:
-        """The batch's sequences run to completion together on the generator stage's core
-        (as a monolith does it: the next batch waits for this one)."""
+        """The batch's sequences run on the generator stage's core (its scheduler, up to
+        ``max_running`` at once) until every one has ended; the next batch waits for this
+        one, as a monolith's does."""
 
         e = self.engines
         if e.lm is None:
@@ -280,16 +281,21 @@ class Monolith:
                 e.lm.submit(GenerationRequest(str(id(o)), tuple(ids), params, str(o.request.lane), time.monotonic()))
             except LMError as exc:
                 o.errors.append(f"generate: {exc}")
+        failed: dict[str, str] = {}
         while e.lm.has_work:
             updates = e.lm.step()
             now = now_ms()
             for u in updates:
+                if u.finish_reason in ("error", "deadline_exceeded", "aborted"):
+                    failed[u.key] = f"generate: {u.finish_reason}: {u.error}".rstrip(": ")
                 if u.new_tokens:
                     first.setdefault(u.key, now)
                     last[u.key] = now
                     count[u.key] = count.get(u.key, 0) + 1
         for o in batch:
             sid = str(id(o))
+            if sid in failed:
+                o.errors.append(failed[sid])
             if sid in first:
                 o.ttft_ms = first[sid] - o.arrived_at_ms
                 o.tpot_ms = (last[sid] - first[sid]) / (count[sid] - 1) if count[sid] > 1 else None

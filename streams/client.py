@@ -37,7 +37,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 from schemas.codec import CONTENT_TYPE_HEADER, MSGPACK, DecodeError, pack, unpack
 from schemas.events import Event, EventKind
-from schemas.request import Modality, Part, Request, claim_key
+from schemas.request import Modality, Params, Part, Request, Task, claim_key
 from schemas.trace import now_ms
 from streams.retry import NO_RETRY, RetryConfig, retry_delay_ms
 from streams.security import KafkaSecurity, read_properties
@@ -321,16 +321,18 @@ class Client:
 
 
 async def wait_until_serving(bootstrap: str, topic_prefix: str, timeout_s: float = 180.0,
-                             security: KafkaSecurity | None = None) -> float:
-    """Send small probe requests until one is answered end to end; return the seconds it took.
+                             security: KafkaSecurity | None = None, task: Task = Task.EMBED) -> float:
+    """Send small probe requests (of ``task``: ``GENERATE`` waits for a generator too) until
+    one is answered end to end; return the seconds it took.
 
     Raises ``TimeoutError`` when none is answered within ``timeout_s``.
     """
     start = time.monotonic()
+    params = Params(max_tokens=1) if task == Task.GENERATE else Params()
     async with Client(bootstrap, topic_prefix, security=security) as client:
         while time.monotonic() - start < timeout_s:
             sub = await client.submit(Request(id=f"probe-{new_id()}", parts=(Part(Modality.TEXT, text="probe"),),
-                                              deadline_ms=10_000))
+                                              task=task, params=params, deadline_ms=10_000))
             try:
                 if (await sub.result(timeout_s=15)).kind == "result":
                     return time.monotonic() - start

@@ -60,6 +60,7 @@ class GenerationUpdate:
     finish_reason: str | None = None
     error: str = ""
     code: str = ""
+    token_ids: tuple[int, ...] = ()  # the generated ids, on the update that ends it
 
 
 class GenerationCore:
@@ -75,12 +76,14 @@ class GenerationCore:
         self.last_step: tuple[float, int, int] = (0.0, 0, 0)  # (ms, decodes, prefill tokens) of the last step
         self._state = self._queue_state()
         self._lock = threading.Lock()
-        self._inbox: deque[GenerationRequest] = deque()
-        self._cancels: deque[str] = deque()
+        # Submits and cancels in the order they came: a cancel then a new submit of the same
+        # key (a partition lost and taken back) must not cancel the new one.
+        self._inbox: deque[GenerationRequest | str] = deque()
         self._requests: dict[str, GenerationRequest] = {}  # submitted, not ended (engine thread)
         self._seqs: dict[str, LMSequence] = {}  # admitted: hold engine state
         self._cached: dict[str, int] = {}  # admitted: prompt tokens the prefix cache gave
         self._refused: list[GenerationUpdate] = []
+        self._live = 0  # submitted, not yet ended or cancelled (read by the intake thread)
 
     # -- any thread -----------------------------------------------------------------------
 
@@ -98,38 +101,43 @@ class GenerationCore:
         self.check(len(request.prompt), request.sampling)
         with self._lock:
             self._inbox.append(request)
+            self._live += 1
 
     def cancel(self, key: str) -> None:
-        """End ``key`` at the next step without an update (its caller has let it go)."""
+        """End ``key`` at the next step without an update (its caller has let it go); a
+        later ``submit`` of the same key is a new request."""
         with self._lock:
-            self._cancels.append(key)
+            self._inbox.append(key)
 
-    def predict_ttft_ms(self, prompt_tokens: int, lane: str) -> float:
+    def predict_ttft_ms(self, prompt_tokens: int, lane: str, max_tokens: int = 0) -> float:
         """Predicted ms to the first token of a request submitted now (``streams.policies.
         gen_admission``): what the last step left queued and running, plus what was
         submitted since."""
         with self._lock:
             state = self._state
-            extra = [r for r in self._inbox]
+            extra = [r for r in self._inbox if not isinstance(r, str)]
         waiting = dict(state.waiting)
         tokens = dict(state.waiting_tokens)
         for r in extra:
             waiting[r.lane] = waiting.get(r.lane, 0) + 1
             tokens[r.lane] = tokens.get(r.lane, 0) + len(r.prompt)
+        cells = dict(state.waiting_cells or {})
+        for r in extra:
+            cells[r.lane] = cells.get(r.lane, 0) + len(r.prompt) + r.sampling.max_tokens
         state = QueueState(state.running, state.max_running, state.max_tokens_per_step, state.remaining,
-                           tokens, waiting)
-        return predict_ttft_ms(self.cost, state, prompt_tokens, lane)
+                           tokens, waiting, state.reservations, state.kv_budget, cells)
+        return predict_ttft_ms(self.cost, state, prompt_tokens, lane, cells=prompt_tokens + max_tokens)
 
     @property
     def num_live(self) -> int:
-        """Requests submitted and not ended (waiting, running or not yet taken in)."""
+        """Requests submitted and not ended or cancelled (waiting, running or not taken in)."""
         with self._lock:
-            return len(self._inbox) + len(self._requests)
+            return self._live
 
     @property
     def has_work(self) -> bool:
         with self._lock:
-            queued = bool(self._inbox or self._cancels)
+            queued = bool(self._inbox)
         return queued or self.scheduler.has_work or bool(self._refused)
 
     # -- the step thread ------------------------------------------------------------------
@@ -148,7 +156,8 @@ class GenerationCore:
         by_lane = self.scheduler.waiting_by_lane()
         return QueueState(self.scheduler.num_running, limits.max_running, limits.max_tokens_per_step,
                           self.scheduler.remaining_tokens(), {l: t for l, (_, t) in by_lane.items()},
-                          {l: n for l, (n, _) in by_lane.items()})
+                          {l: n for l, (n, _) in by_lane.items()}, self.scheduler.reservations(),
+                          limits.max_kv_tokens, self.scheduler.waiting_cells())
 
     def _step(self) -> list[GenerationUpdate]:
         self._take_inbox()
@@ -185,16 +194,35 @@ class GenerationCore:
     def _take_inbox(self) -> None:
         with self._lock:
             inbox, self._inbox = self._inbox, deque()
-            cancels, self._cancels = self._cancels, deque()
-        for r in inbox:
+        for item in inbox:
+            if isinstance(item, str):
+                self._cancel(item)
+                continue
+            r = item
+            try:
+                self.scheduler.add(SequenceRequest(r.key, len(r.prompt), r.sampling.max_tokens, r.lane,
+                                                   arrived_at=r.arrived_at, deadline=r.deadline,
+                                                   ignore_eos=r.sampling.ignore_eos))
+            except Exception as exc:  # one bad request ends alone; the rest of the inbox goes on
+                self._refused.append(GenerationUpdate(r.key, "", 0, 0, len(r.prompt), 0, "error", str(exc),
+                                                      getattr(exc, "code", "internal")))
+                self._ended()
+                continue
             self._requests[r.key] = r
-            self.scheduler.add(SequenceRequest(r.key, len(r.prompt), r.sampling.max_tokens, r.lane,
-                                               arrived_at=r.arrived_at, deadline=r.deadline,
-                                               ignore_eos=r.sampling.ignore_eos))
-        for key in cancels:
-            self.scheduler.abort(key, self.clock())
-            self._requests.pop(key, None)
-            self._release(key)
+        state = self._queue_state()  # what was taken in is priced by admission from now on
+        with self._lock:
+            self._state = state
+
+    def _cancel(self, key: str) -> None:
+        if key in self._requests or key in self._seqs:
+            self._ended()
+        self.scheduler.abort(key, self.clock())
+        self._requests.pop(key, None)
+        self._release(key)
+
+    def _ended(self) -> None:
+        with self._lock:
+            self._live -= 1
 
     def _admit(self, key: str) -> int | None:
         """The scheduler admits ``key``: give it engine state; returns its cached prompt
@@ -206,6 +234,7 @@ class GenerationCore:
             self._refused.append(GenerationUpdate(key, "", 0, 0, len(r.prompt), 0, "error", str(exc),
                                                   getattr(exc, "code", "internal")))
             self._requests.pop(key, None)
+            self._ended()
             return None
         self._seqs[key] = seq
         self._cached[key] = seq.num_cached
@@ -242,6 +271,7 @@ class GenerationCore:
         return [self._end(key, "error", error=message, code="internal") for key in keys]
 
     def _end(self, key: str, reason: str, produced: bool = False, error: str = "", code: str = "") -> GenerationUpdate:
+        self._ended()
         r = self._requests.pop(key, None)
         seq = self._seqs.get(key)
         update = (self._update(key, seq, 1 if produced else 0, reason, error, code) if seq is not None else
@@ -252,7 +282,8 @@ class GenerationCore:
     def _update(self, key: str, seq: LMSequence, new_tokens: int, reason: str | None = None,
                 error: str = "", code: str = "") -> GenerationUpdate:
         return GenerationUpdate(key, seq.text, len(seq.generated), new_tokens, seq.prompt_len,
-                                self._cached.get(key, 0), reason, error, code)
+                                self._cached.get(key, 0), reason, error, code,
+                                tuple(seq.generated) if reason is not None else ())
 
     def _release(self, key: str) -> None:
         seq = self._seqs.pop(key, None)
@@ -266,28 +297,30 @@ def calibrate(core: GenerationCore, prompt_tokens: int = 96, steps: int = 6) -> 
     and of ``max_running`` sequences, each observed by ``core.cost`` (so admission prices
     the first requests from this machine, not from the defaults). Runs engine calls: call it
     from the engine thread, before the core serves."""
-    engine, pad = core.engine, min(core.engine.eos_token_ids)
+    engine = core.engine
     width = max(1, min(core.scheduler.limits.max_running, 4))
-    seqs = [engine.new_sequence(f"calibrate-{i}", [pad + i % 2] * prompt_tokens, SamplingParams(max_tokens=steps + 1))
+    # Tokens no earlier prompt used (the warm-up's are pad tokens), one prompt per sequence,
+    # so each prefill is a whole one and none hits the prefix cache.
+    base = min(engine.eos_token_ids) + 2
+    seqs = [engine.new_sequence(f"calibrate-{i}", [base + i] * prompt_tokens, SamplingParams(max_tokens=steps + 1))
             for i in range(width)]
     try:
         prefills = []
-        for seq in seqs:  # the first two have prompts of their own; the rest may hit the prefix cache
+        for seq in seqs:
             started = time.perf_counter()
-            cached = seq.num_cached
             engine.forward([(seq, seq.prompt_len - seq.num_cached)])
-            if cached == 0:
-                prefills.append((time.perf_counter() - started) * 1000.0)
-            engine.append(seq, pad)
-        # The faster prompt: a worker calibrates while its neighbours start on the same cores.
-        core.cost.observe(min(prefills), 0, prompt_tokens)
+            prefills.append(((time.perf_counter() - started) * 1000.0, seq.prompt_len - 0))
+            engine.append(seq, base)
+        # The fastest prompt: a worker calibrates while its neighbours start on the same cores.
+        ms, n = min(prefills)
+        core.cost.observe(ms, 0, n)
         for group in (seqs[:1], seqs):
             for _ in range(steps // 2):
                 started = time.perf_counter()
                 engine.forward([(s, 1) for s in group])
                 core.cost.observe((time.perf_counter() - started) * 1000.0, len(group), 0)
                 for s in group:
-                    engine.append(s, pad)
+                    engine.append(s, base)
     finally:
         for seq in seqs:
             engine.release(seq)

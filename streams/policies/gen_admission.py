@@ -32,6 +32,9 @@ class QueueState:
     remaining: tuple[int, ...]  # tokens each running sequence may still generate
     waiting_tokens: dict[str, int]  # lane -> prompt tokens of sequences not admitted yet
     waiting: dict[str, int]  # lane -> sequences not admitted yet
+    reservations: tuple[int, ...] = ()  # KV cells each running sequence holds, in ``remaining``'s order
+    kv_budget: int = 0  # KV cells running sequences may reserve; 0 = no bound
+    waiting_cells: dict[str, int] | None = None  # lane -> KV cells the waiting sequences will reserve
 
 
 class StepCostModel:
@@ -62,25 +65,37 @@ class StepCostModel:
         return float(self.coef @ np.array([1.0, float(decodes), float(prefill_tokens)]))
 
 
-def predict_ttft_ms(model: StepCostModel, state: QueueState, prompt_tokens: int, lane: str) -> float:
+def predict_ttft_ms(model: StepCostModel, state: QueueState, prompt_tokens: int, lane: str,
+                    cells: int = 0) -> float:
     """Predicted milliseconds from now to the first token of a request of ``prompt_tokens``
-    on ``lane`` that joins the back of its lane's queue (rt waits only for rt; bulk for
-    both)."""
+    (reserving ``cells`` KV cells) on ``lane`` that joins the back of its lane's queue (rt
+    waits only for rt; bulk for both)."""
     ahead = LANES[:LANES.index(lane) + 1]
     work = prompt_tokens + sum(state.waiting_tokens.get(l, 0) for l in ahead)
     queued = 1 + sum(state.waiting.get(l, 0) for l in ahead)
     free = state.max_running - state.running
-    slot_wait = 0.0
-    if queued > free:
-        # The (queued - free)-th sequence to end frees the slot this request needs.
-        ends = sorted(state.remaining)
+    ends = sorted(zip(state.remaining, state.reservations or (0,) * len(state.remaining)))
+    decode_step = model.step_ms(state.running, 0)
+    wait_steps = 0
+    if queued > free and ends:
+        # The (queued - free)-th sequence to end frees the slot this request needs; past the
+        # running ones, each wave of ``max_running`` waits about as long again.
         need = queued - free
-        steps = ends[need - 1] if need <= len(ends) else (ends[-1] if ends else 0) * math.ceil(need / max(1, len(ends)))
-        slot_wait = steps * model.step_ms(state.running, 0)
+        waves, index = divmod(need - 1, len(ends))
+        wait_steps = ends[index][0] + waves * ends[-1][0]
+    if state.kv_budget:
+        # Cells: those reserved now and by the ones ahead, less what ends free, in order of ending.
+        ahead_cells = sum((state.waiting_cells or {}).get(l, 0) for l in ahead)
+        short = sum(r for _, r in ends) + ahead_cells + cells - state.kv_budget
+        for remaining, reserved in ends:
+            if short <= 0:
+                break
+            short -= reserved
+            wait_steps = max(wait_steps, remaining)
     decodes = min(state.running, state.max_running)
     per_step = max(1, state.max_tokens_per_step - decodes)
     steps = math.ceil(work / per_step)
-    return slot_wait + steps * model.step_ms(decodes, min(work, per_step))
+    return wait_steps * decode_step + steps * model.step_ms(decodes, min(work, per_step))
 
 
 # What a generate request costs before the generator has seen it (the router prices it for
@@ -103,6 +118,16 @@ def price_generate_ms(prompt_tokens: int, max_tokens: int, cost: tuple[float, fl
     share of the step's fixed cost plus its own decode."""
     fixed, per_decode, per_prompt = cost
     return prompt_tokens * per_prompt + max_tokens * (per_decode + fixed / max(1, batch))
+
+
+MAX_RETRY_AFTER_MS = 30_000
+
+
+def retry_after_ms(predicted_ms: float, bound_ms: float) -> int:
+    """When a refused request may come back: when the work ahead of it should have drained
+    to its bound, at least 100 ms and at most ``MAX_RETRY_AFTER_MS`` (the prediction counts
+    every running sequence to its ``max_tokens``, so it is an upper bound)."""
+    return int(min(MAX_RETRY_AFTER_MS, max(100.0, predicted_ms - bound_ms)))
 
 
 def ttft_bound_ms(bound_ms: float, lane: str) -> float:

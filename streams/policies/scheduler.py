@@ -10,8 +10,10 @@ Per step, in this order, until ``max_tokens_per_step`` tokens are spent:
 
 1. sequences past their deadline (waiting or running) are dropped: ``deadline_exceeded``;
 2. rt lane: every decoding sequence gets 1 token, then prefilling sequences get their next
-   chunk, then waiting sequences are admitted (while fewer than ``max_running`` run);
-3. bulk lane: the same.
+   chunk, then waiting sequences are admitted (while fewer than ``max_running`` run and
+   their KV reservation, prompt + ``max_tokens``, fits ``max_kv_tokens``);
+3. bulk lane: the same, except that no bulk sequence is admitted while an rt one waits for
+   a slot or cells (a smaller bulk one would take what the rt one waits for).
 
 rt goes before bulk at every decision, so bulk work only gets what rt left of the budget
 (a running sequence is never preempted, so a running bulk sequence keeps its slot). A
@@ -219,6 +221,14 @@ class ContinuousBatchScheduler:
         """Tokens each running sequence may still generate (its max_tokens less its output)."""
         return tuple(s.request.max_tokens - len(s.output) for s in self._running.values())
 
+    def reservations(self) -> tuple[int, ...]:
+        """KV cells each running sequence reserves, in ``remaining_tokens``' order."""
+        return tuple(_reservation(s) for s in self._running.values())
+
+    def waiting_cells(self) -> dict[str, int]:
+        """lane -> KV cells the waiting sequences will reserve when admitted."""
+        return {lane: sum(_reservation(s) for s in q) for lane, q in self._waiting.items()}
+
     def status(self, seq_id: str) -> SequenceStatus | None:
         """Status of a live sequence; None once it has ended (``Finished`` said how)."""
         if seq_id in self._running:
@@ -244,6 +254,7 @@ class ContinuousBatchScheduler:
         budget = self.limits.max_tokens_per_step
         decode: list[str] = []
         prefill: list[PrefillChunk] = []
+        blocked = False
         for lane in LANES:
             lane_running = [s for s in self._running.values() if s.request.lane == lane]
             for seq in lane_running:
@@ -256,6 +267,8 @@ class ContinuousBatchScheduler:
                     prefill.append(chunk)
                     budget -= chunk.num_tokens
             queue = self._waiting[lane]
+            if blocked:  # a higher lane's head waits for a slot or KV cells: nothing jumps it
+                continue
             while queue and budget > 0 and self._may_admit(queue[0]):
                 seq = queue.popleft()
                 if on_admit is not None:
@@ -269,6 +282,7 @@ class ContinuousBatchScheduler:
                 chunk = self._chunk(seq, budget)
                 prefill.append(chunk)
                 budget -= chunk.num_tokens
+            blocked = bool(queue) and budget > 0
         out = SchedulerOutput(
             plan=StepPlan(decode=tuple(decode), prefill=tuple(prefill)),
             dropped=tuple((f.seq_id, f.reason) for f in dropped),
@@ -357,9 +371,9 @@ class StaticBatchScheduler(ContinuousBatchScheduler):
     """Static batching: admit up to ``max_running`` only when nothing runs, then run that
     batch to completion (its prompts still chunked under the token budget)."""
 
-    def schedule(self, now: float) -> SchedulerOutput:
+    def schedule(self, now: float, on_admit: Callable[[str], int | None] | None = None) -> SchedulerOutput:
         self._admitting = not self._running
-        return super().schedule(now)
+        return super().schedule(now, on_admit)
 
     def _may_admit(self, seq: _Sequence) -> bool:
         return self._admitting and super()._may_admit(seq)

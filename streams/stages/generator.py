@@ -35,7 +35,7 @@ from schemas.trace import now_ms
 from streams.app import topic_names
 from streams.cores.generation import GenerationCore, GenerationRequest, GenerationUpdate, calibrate
 from streams.metrics import Metrics
-from streams.policies.gen_admission import ttft_bound_ms
+from streams.policies.gen_admission import retry_after_ms, ttft_bound_ms
 from streams.policies.scheduler import ContinuousBatchScheduler, SchedulerLimits, StaticBatchScheduler
 from streams.produce import Out, out_map
 from streams.runtime.recovery import done_marker, recover
@@ -50,9 +50,6 @@ from workers.repository import ModelRepository
 
 log = logging.getLogger(__name__)
 STAGE = "generate"
-CHARS_PER_TOKEN_BOUND = 16
-"""A prompt of more characters than context x this is refused before it is tokenized: no
-token of the model's vocabulary is that long on average, so it could never fit."""
 
 
 def prompt_parts(parts: list[dict[str, Any]]) -> list[Any]:
@@ -112,7 +109,10 @@ class GeneratorStage(RecordStage):
         self.max_active = settings.generator.max_queued
         self.ttft_bound_ms = float(settings.generator.ttft_bound_ms)
         self.done_retention_ms = float(settings.generator.done_retention_ms)
-        self.max_prompt_chars = core.engine.max_context * CHARS_PER_TOKEN_BOUND
+        # A prompt longer than the context times the vocabulary's longest token (in bytes, which
+        # are at least its characters) cannot fit, so it is refused before it is tokenized.
+        longest = max((len(t) for t in tokenizer.get_vocab()), default=1)
+        self.max_prompt_chars = core.engine.max_context * longest
 
     # -- intake --------------------------------------------------------------------------
 
@@ -157,12 +157,12 @@ class GeneratorStage(RecordStage):
         # An idle core admits whatever its prediction says: refusing serves nobody, and a
         # cost model that overestimates (calibrated on a busy box) must see steps to learn.
         if bound and self.core.num_live:
-            predicted = self.core.predict_ttft_ms(len(ids), job.lane)
+            predicted = self.core.predict_ttft_ms(len(ids), job.lane, sampling.max_tokens)
             if predicted > bound:
-                self.metrics.admission(job.lane, "reject")
                 self._fail(job, r, WireError(
                     ErrorCode.OVERLOADED, f"the generator is busy: the first token would come in about "
-                    f"{predicted:.0f} ms, past the {bound:.0f} ms bound", retry_after_ms=int(max(100.0, predicted - bound))))
+                    f"{predicted:.0f} ms, past the {bound:.0f} ms bound",
+                    retry_after_ms=retry_after_ms(predicted, bound)))
                 return
         deadline = time.monotonic() + (job.deadline_at_ms - now) / 1000.0
         self.core.submit(GenerationRequest(key, tuple(ids), sampling, job.lane, arrived_at=time.monotonic(),
@@ -235,7 +235,7 @@ class GeneratorStage(RecordStage):
         if u.finish_reason == "deadline_exceeded":
             self._fail(job, a.record, WireError(ErrorCode.DEADLINE_EXCEEDED, "generation ended: deadline_exceeded"), a)
             return
-        if u.finish_reason == "error":
+        if u.finish_reason in ("error", "aborted"):
             code = ErrorCode.INVALID_REQUEST if u.code == "invalid_request" else ErrorCode.INTERNAL
             self._fail(job, a.record, WireError(code, u.error or "generation failed"), a)
             return

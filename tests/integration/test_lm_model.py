@@ -15,14 +15,9 @@ import time
 import pytest
 
 from schemas.settings import Settings
-from streams.policies.scheduler import (
-    ContinuousBatchScheduler,
-    Finished,
-    SchedulerLimits,
-    SequenceRequest,
-    StaticBatchScheduler,
-)
-from workers.engines.lm import LMEngine, SamplingParams, StopChecker, execute_step
+from streams.cores.generation import GenerationCore, GenerationRequest, GenerationUpdate
+from streams.policies.scheduler import ContinuousBatchScheduler, SchedulerLimits, StaticBatchScheduler
+from workers.engines.lm import LMEngine, SamplingParams, StopChecker
 from workers.models.build import ensure_built
 from workers.models.smollm import NAME
 from workers.prefix_cache import PrefixCache
@@ -63,20 +58,19 @@ def encode(tokenizer, question: str, settings: PromptSettings = SYSTEM) -> list[
 
 
 def serve(engine: LMEngine, scheduler, prompts: dict[str, list[int]], params: SamplingParams,
-          stops: StopChecker | None = None, arrivals: dict[str, int] | None = None) -> dict[str, Finished]:
-    """The generator stage's loop without Kafka: arrive, schedule, execute, update."""
+          stops: StopChecker | None = None, arrivals: dict[str, int] | None = None) -> dict[str, GenerationUpdate]:
+    """The generator stage's core without Kafka: requests arrive at their steps; each one's
+    ending update (``token_ids``, ``finish_reason``)."""
     arrivals = arrivals or {}
-    sequences, done, step = {}, {}, 0
+    core = GenerationCore(engine, scheduler, stops, clock=lambda: 0.0)
+    done, step = {}, 0
     while len(done) < len(prompts):
         for seq_id, ids in prompts.items():
             if arrivals.get(seq_id, 0) == step:
-                seq = sequences[seq_id] = engine.new_sequence(seq_id, ids, params)
-                scheduler.add(SequenceRequest(seq_id, len(ids), params.max_tokens, "rt", float(step),
-                                              num_cached_tokens=seq.num_cached))
-        out = scheduler.schedule(float(step))
-        for fin in scheduler.update(execute_step(engine, out, sequences, stops)):
-            done[fin.seq_id] = fin
-            engine.release(sequences.pop(fin.seq_id))
+                core.submit(GenerationRequest(seq_id, tuple(ids), params, "rt", float(step)))
+        for u in core.step():
+            if u.finish_reason is not None:
+                done[u.key] = u
         step += 1
     return done
 
@@ -114,7 +108,7 @@ def test_batched_equals_alone(engines: dict[str, LMEngine], tokenizer) -> None:
     )
     batched = serve(engine, scheduler, prompts, SamplingParams(max_tokens=20),
                     arrivals={"q0": 0, "q1": 0, "q2": 1, "q3": 3})
-    assert {k: list(f.tokens) for k, f in batched.items()} == alone
+    assert {k: list(f.token_ids) for k, f in batched.items()} == alone
 
 
 def test_int8_batch_drift_is_measured(config: ModelConfig, engines: dict[str, LMEngine], tokenizer) -> None:
@@ -127,11 +121,11 @@ def test_int8_batch_drift_is_measured(config: ModelConfig, engines: dict[str, LM
     one_at_a_time = ContinuousBatchScheduler(SchedulerLimits(max_tokens_per_step=512, max_running=1),
                                              eos_token_ids=engine.eos_token_ids)
     serial = serve(engine, one_at_a_time, prompts, SamplingParams(max_tokens=16))
-    assert {k: list(f.tokens) for k, f in serial.items()} == alone
+    assert {k: list(f.token_ids) for k, f in serial.items()} == alone
     static = StaticBatchScheduler(SchedulerLimits(max_tokens_per_step=512, max_running=4),
                                   eos_token_ids=engine.eos_token_ids)
     batched = serve(engine, static, prompts, SamplingParams(max_tokens=16))
-    agree = sum(_prefix(list(batched[k].tokens), alone[k]) for k in alone)
+    agree = sum(_prefix(list(batched[k].token_ids), alone[k]) for k in alone)
     print(f"\nint8 batch of 4 vs alone: {agree}/{sum(map(len, alone.values()))} greedy tokens agree; "
           f"build fidelity {dict(config.variant('int8').fidelity)}")
     assert "batch_vs_alone_agreement" in config.variant("int8").fidelity
@@ -157,14 +151,10 @@ def test_stop_strings_and_seeded_sampling(engines: dict[str, LMEngine], tokenize
     full = tokenizer.decode(engine.generate_greedy(ids, 30), skip_special_tokens=True)
     stop = full.split()[2]  # a word the greedy answer is known to contain
     params = SamplingParams(max_tokens=30, stop=(stop,))
-    seq = engine.new_sequence("s", ids, params)
-    scheduler = ContinuousBatchScheduler(limits, engine.eos_token_ids)
-    scheduler.add(SequenceRequest("s", len(ids), params.max_tokens, "rt", 0.0))
-    while scheduler.has_work:
-        finished = scheduler.update(execute_step(engine, scheduler.schedule(0.0), {"s": seq}, stops))
-    assert finished[0].reason == "stop" and seq.text == full[:full.index(stop)], (full, seq.text)
+    ended = serve(engine, ContinuousBatchScheduler(limits, engine.eos_token_ids), {"s": ids}, params, stops)["s"]
+    assert ended.finish_reason == "stop" and ended.text == full[:full.index(stop)], (full, ended.text)
     params = SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, seed=7)
-    runs = [serve(engine, ContinuousBatchScheduler(limits, engine.eos_token_ids), {"r": ids}, params)["r"].tokens
+    runs = [serve(engine, ContinuousBatchScheduler(limits, engine.eos_token_ids), {"r": ids}, params)["r"].token_ids
             for _ in range(2)]
     assert runs[0] == runs[1]
 
@@ -190,5 +180,5 @@ def test_continuous_vs_static_batching(engines: dict[str, LMEngine], tokenizer) 
         scheduler = cls(limits, eos_token_ids=())  # no eos: every request runs max_tokens
         start = time.perf_counter()
         done = serve(engine, scheduler, prompts, SamplingParams(max_tokens=12), arrivals=arrivals)
-        assert all(f.reason == "max_tokens" for f in done.values()) and len(done) == 8
+        assert all(f.finish_reason == "max_tokens" for f in done.values()) and len(done) == 8
         print(f"\n{cls.__name__}: 8 requests x 12 tokens in {time.perf_counter() - start:.2f} s")

@@ -11,7 +11,8 @@ Live sequences use seq ids ``0 .. max_sequences-1`` (one slot each, freed as the
 the prefix cache uses the ids above them. A prompt whose leading tokens match a cached
 prompt (same tenant scope) gets those cells by ``llama_memory_seq_cp``: shared, not copied,
 not decoded again, to the token (positions need not be block-aligned here, as the ONNX
-engine's hashed blocks must be); at least its last token is computed, for its logits. When
+engine's hashed blocks must be); its last token is computed for its logits, unless the
+whole prompt was cached with them (below). When
 a prompt is complete it becomes a cached prompt the same way, with the logits after it
 (replacing one it extends; the least recently used one evicted past ``prefix_slots`` or
 ``prefix_tokens``). So a system prompt that many requests share is decoded once, and a
@@ -90,7 +91,7 @@ class _Batch:
         self.struct = b
 
 
-@dataclass
+@dataclass(eq=False)
 class _Prefix:
     """A cached prompt head held by its own seq id."""
 
@@ -236,8 +237,8 @@ class LlamaEngine:
 
     def new_sequence(self, seq_id: str, prompt: Sequence[int], params: SamplingParams,
                      cache_scope: str = "") -> LMSequence:
-        """A sequence in a free slot, its longest cached prompt head (same scope, never the
-        last prompt token) already linked in. Raises ``LMError`` when the
+        """A sequence in a free slot, its longest cached prompt head (same scope; the last
+        prompt token too, with its logits, when the whole prompt is cached) linked in. Raises ``LMError`` when the
         prompt is empty or prompt + ``max_tokens`` exceed the context, ``EngineError`` when
         no slot is free (the scheduler's ``max_running`` must not exceed ``max_sequences``)."""
         if not prompt:
@@ -259,7 +260,8 @@ class LlamaEngine:
             prefix.used_at = time.monotonic()
             seq.num_cached = n
             self.prefix_hits += n
-            if n == len(prompt) - 1 and len(prefix.tokens) == len(prompt) and prefix.logits is not None:
+            if (n == len(prompt) - 1 and len(prefix.tokens) == len(prompt) and prefix.logits is not None
+                    and prefix.tokens[-1] == prompt[-1]):
                 seq.reuse = prefix  # the same prompt: its last cell and logits are held too
         return seq
 
@@ -296,8 +298,6 @@ class LlamaEngine:
             common = _common_prefix(prefix.tokens, head, n)
             if common == n:  # already held
                 prefix.used_at = time.monotonic()
-                if len(prefix.tokens) == n and prefix.logits is None:
-                    prefix.logits = logits.copy()
                 return
             if common == len(prefix.tokens):  # the new prompt extends it: keep the longer one
                 self._drop_prefix(prefix)
@@ -325,6 +325,8 @@ class LlamaEngine:
         ``EngineError`` when llama.cpp fails (no KV room)."""
         if not chunks:
             return np.zeros((0, self._n_vocab), np.float32)
+        if len({id(seq) for seq, _ in chunks}) != len(chunks):  # one (seq, pos) cell each, or KV breaks
+            raise LMError("a sequence appears twice in one step")
         out = np.empty((len(chunks), self._n_vocab), np.float32)
         pending: list[tuple[int, LMSequence, int, int]] = []  # (row, seq, start, n) of this batch
         used = 0

@@ -10,20 +10,10 @@ with its batch-mates (the build records ``batch_vs_alone_agreement``). Each ``LM
 state between calls; a ``PrefixCache`` lets a new sequence start from the KV of a prompt
 prefix seen before.
 
-One generation step, as a stage loop drives it (the scheduler is
-``streams.policies.scheduler``, which knows nothing of this module)::
-
-    # on arrival: tokenize build_prompt(...), look up the prefix cache, queue
-    seq = sequences[seq_id] = engine.new_sequence(seq_id, prompt_ids, params)
-    scheduler.add(SequenceRequest(seq_id, len(prompt_ids), params.max_tokens, lane,
-                                  arrived_at=now, deadline=deadline,
-                                  num_cached_tokens=seq.num_cached))
-    # each step, while scheduler.has_work:
-    out = scheduler.schedule(now)                     # what runs (drops expired sequences)
-    step = execute_step(engine, out, sequences, stops) # one prefill call + one decode call
-    for fin in scheduler.update(step):                # finished and dropped, with reasons
-        engine.release(sequences.pop(fin.seq_id))
-    # stream seq.generated / seq.text of the sequences in step.tokens to their clients
+The generation core (``streams.cores.generation``) drives it: ``new_sequence`` when the
+scheduler admits a request, ``forward`` once per step with every running sequence's chunk
+(prompt chunks and decodes go in two calls), ``sample`` and ``append`` for each new token,
+``release`` when a sequence ends.
 
 Not thread-safe: one engine, one caller.
 """
@@ -47,7 +37,7 @@ from workers.repository import ModelConfig, VariantSpec
 
 GENERATION_FILE = "generation.json"
 __all__ = ["GENERATION_FILE", "LMEngine", "LMError", "LMSequence", "PrefillChunk", "SamplingParams", "StepOutput",
-           "StepPlan", "StopChecker", "execute_step", "sample_token"]
+           "StepPlan", "StopChecker", "sample_token"]
 
 
 class LMEngine:
@@ -86,6 +76,7 @@ class LMEngine:
         self.head_dim = int(generation["head_dim"])
         self.eos_token_ids = frozenset(int(t) for t in generation["eos_token_ids"])
         self.max_context = int(generation["max_context"])
+        self.vocab_size = int(generation.get("vocab_size", 0))
         self.pad_token_id = min(self.eos_token_ids)  # any valid id: padded rows are masked
         self.prefix_cache = prefix_cache
         self.intra_op_threads = intra_op_threads
@@ -232,7 +223,7 @@ class LMEngine:
         chunks in one call and the decodes (one new token after a complete prompt) in
         another, since one padded call would pad every decode row to the longest chunk."""
         if not chunks:
-            return np.zeros((0, 0), np.float32)
+            return np.zeros((0, self.vocab_size), np.float32)
         decodes = [i for i, (s, n) in enumerate(chunks) if n == 1 and s.num_cached >= s.prompt_len]
         prompts = [i for i in range(len(chunks)) if i not in set(decodes)]
         rows: dict[int, np.ndarray] = {}
@@ -341,29 +332,3 @@ class StopChecker:
                 seq.text = seq.text[:at]
                 return True
         return False
-
-
-def execute_step(engine: LMEngine, out: StepPlan, sequences: Mapping[str, LMSequence],
-                 stops: StopChecker | None = None) -> StepOutput:
-    """Carry out one ``StepPlan``: one prefill call for its chunks, one decode call
-    for its decodes, then sample. Returns the ``StepOutput`` for ``scheduler.update``:
-    a token for every decoded sequence and every prefill chunk that ends its prompt."""
-
-    tokens: dict[str, int] = {}
-    if out.prefill:
-        chunk_seqs = [(sequences[c.seq_id], c.num_tokens) for c in out.prefill]
-        logits = engine.prefill(chunk_seqs)
-        for chunk, (seq, _), row in zip(out.prefill, chunk_seqs, logits):
-            if chunk.is_last:
-                tokens[chunk.seq_id] = engine.sample(seq, row)
-    if out.decode:
-        seqs = [sequences[s] for s in out.decode]
-        for seq, row in zip(seqs, engine.decode(seqs)):
-            tokens[seq.seq_id] = engine.sample(seq, row)
-    stopped = set()
-    for seq_id, token in tokens.items():
-        seq = sequences[seq_id]
-        engine.append(seq, token)
-        if stops is not None and stops.check(seq):
-            stopped.add(seq_id)
-    return StepOutput(tokens=tokens, stopped=frozenset(stopped))

@@ -23,7 +23,7 @@ class PrefillChunk:
 
 @dataclass(frozen=True, slots=True)
 class StepPlan:
-    """One model step as this engine executes it (``execute_step``); a scheduler fills it in."""
+    """One model step: a scheduler fills it in, the generation core has the engine run it."""
 
     decode: tuple[str, ...]  # sequences that generate one token each
     prefill: tuple[PrefillChunk, ...]  # prompt chunks to compute

@@ -60,3 +60,18 @@ def test_a_generate_request_is_priced_by_its_prompt_and_max_tokens() -> None:
     assert price_generate_ms(short, 256) > 10 * price_generate_ms(short, 16) / 2
     assert price_generate_ms(long_prompt, 16) > price_generate_ms(short, 16)
     assert price_generate_ms(short, 16, batch=1) > price_generate_ms(short, 16, batch=8)
+
+
+def test_a_request_waits_for_kv_cells_as_well_as_for_slots() -> None:
+    model = StepCostModel(fixed_ms=10, per_decode_ms=1, per_prefill_token_ms=0.5)
+    roomy = QueueState(2, 8, 64, (5, 50), {}, {}, (1000, 1000), 0)
+    tight = QueueState(2, 8, 64, (5, 50), {}, {}, (1000, 1000), 2500)
+    assert predict_ttft_ms(model, roomy, 32, "rt", cells=600) == predict_ttft_ms(model, roomy, 32, "rt") < 5 * model.step_ms(2, 0)
+    assert predict_ttft_ms(model, tight, 32, "rt", cells=600) >= 5 * model.step_ms(2, 0)  # one must end first
+    assert predict_ttft_ms(model, tight, 32, "rt", cells=1600) >= 50 * model.step_ms(2, 0)  # both must
+
+
+def test_retry_after_is_bounded() -> None:
+    from streams.policies.gen_admission import MAX_RETRY_AFTER_MS, retry_after_ms
+
+    assert retry_after_ms(1100, 1000) == 100 and retry_after_ms(10**9, 1000) == MAX_RETRY_AFTER_MS

@@ -198,3 +198,41 @@ def test_a_request_dropped_beside_running_ones_ends_once() -> None:
     clock.now = 102.0
     ends = [(u.key, u.finish_reason) for u in run(c) if u.finish_reason]
     assert ends == [("late", "deadline_exceeded"), ("on", "max_tokens")] and engine.free == 4
+
+
+def test_a_cancel_then_a_new_submit_of_the_same_key_runs_the_new_one() -> None:
+    c, engine, _ = core()
+    c.submit(request("k", max_tokens=10))
+    c.step()
+    c.cancel("k")  # the partition was lost ...
+    c.submit(request("k", max_tokens=2))  # ... and taken back before the next step
+    ends = [(u.key, u.finish_reason, u.completion_tokens) for u in run(c) if u.finish_reason]
+    assert ends == [("k", "max_tokens", 2)] and engine.free == 4 and c.num_live == 0
+
+
+def test_a_duplicate_submit_ends_alone_and_the_rest_of_the_inbox_runs() -> None:
+    c, engine, _ = core()
+    c.submit(request("a", max_tokens=3))
+    c.submit(request("a", max_tokens=3))
+    c.submit(request("b", max_tokens=1))
+    ends = sorted((u.key, u.finish_reason) for u in run(c) if u.finish_reason)
+    assert ends == [("a", "error"), ("a", "max_tokens"), ("b", "max_tokens")] and c.num_live == 0
+
+
+def test_the_static_scheduler_runs_through_the_core() -> None:
+    from streams.policies.scheduler import StaticBatchScheduler
+
+    engine = FakeEngine(2)
+    c = GenerationCore(engine, StaticBatchScheduler(SchedulerLimits(max_running=2), engine.eos_token_ids))
+    for key in "abc":
+        c.submit(request(key, max_tokens=2))
+    assert sorted(u.key for u in run(c) if u.finish_reason) == ["a", "b", "c"] and engine.free == 2
+
+
+def test_calibration_measures_every_shape_even_with_one_slot() -> None:
+    from streams.cores.generation import calibrate
+
+    c, engine, _ = core(slots=1)
+    before = c.cost.observed
+    calibrate(c)
+    assert c.cost.observed > before and engine.free == 1

@@ -201,3 +201,25 @@ def test_limits_terminal_states_and_lane_order(requests, budget, max_running, ch
     # Every admitted sequence ends exactly once, with a reason.
     assert set(endings) == set(lane_of)
     assert all(len(reasons) == 1 for reasons in endings.values())
+
+
+def test_the_kv_budget_holds_admission_and_bulk_never_jumps_a_waiting_rt() -> None:
+    s = ContinuousBatchScheduler(SchedulerLimits(max_running=8, max_kv_tokens=20), [EOS])
+    s.add(req("bulk-big", prompt=4, max_tokens=10, lane="bulk"))
+    run_step(s, 0.0)
+    s.add(req("rt", prompt=4, max_tokens=10))  # 14 more cells: past the 20
+    s.add(req("bulk-small", prompt=1, max_tokens=1, lane="bulk"))  # 2 cells would fit
+    out, _ = run_step(s, 1.0)
+    assert [c.seq_id for c in out.prefill] == [] and s.num_running == 1  # both wait
+    for t in range(2, 20):
+        run_step(s, float(t))
+    assert s.status("rt") is None and s.status("bulk-small") is None  # both ran once cells freed
+
+
+def test_on_admit_sets_the_cached_prompt_or_ends_a_refused_sequence() -> None:
+    s = ContinuousBatchScheduler(SchedulerLimits(), [EOS])
+    s.add(req("hit", prompt=10))
+    s.add(req("refused", prompt=4))
+    out = s.schedule(0.0, on_admit=lambda sid: 6 if sid == "hit" else None)
+    assert [(c.seq_id, c.start, c.num_tokens) for c in out.prefill] == [("hit", 6, 4)]
+    assert out.dropped == (("refused", "aborted"),)
