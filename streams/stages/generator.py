@@ -35,7 +35,7 @@ from schemas.trace import now_ms
 from streams.app import topic_names
 from streams.cores.generation import GenerationCore, GenerationRequest, GenerationUpdate, calibrate
 from streams.metrics import Metrics
-from streams.policies.gen_admission import retry_after_ms, ttft_bound_ms
+from streams.policies.gen_admission import PredictionCalibration, retry_after_ms, ttft_bound_ms
 from streams.policies.scheduler import ContinuousBatchScheduler, SchedulerLimits, StaticBatchScheduler
 from streams.produce import Out, out_map
 from streams.runtime.recovery import done_marker, recover
@@ -73,6 +73,7 @@ class Active:
     next_seq: int = 1  # 0 was the router's `accepted`
     first_token_ms: float | None = None
     token_times: list[float] = field(default_factory=list)
+    predicted_ttft_ms: float = 0.0  # what admission predicted from intake (unscaled), 0 = not predicted
 
 
 class GeneratorStage(RecordStage):
@@ -108,6 +109,7 @@ class GeneratorStage(RecordStage):
         self.cross_tenant = settings.cache.cross_tenant
         self.max_active = settings.generator.max_queued
         self.ttft_bound_ms = float(settings.generator.ttft_bound_ms)
+        self.calibration = PredictionCalibration()
         self.done_retention_ms = float(settings.generator.done_retention_ms)
         # A prompt longer than the context times the vocabulary's longest token (in bytes, which
         # are at least its characters) cannot fit, so it is refused before it is tokenized.
@@ -156,8 +158,9 @@ class GeneratorStage(RecordStage):
         bound = ttft_bound_ms(self.ttft_bound_ms, job.lane)
         # An idle core admits whatever its prediction says: refusing serves nobody, and a
         # cost model that overestimates (calibrated on a busy box) must see steps to learn.
+        raw = self.core.predict_ttft_ms(len(ids), job.lane, sampling.max_tokens) if bound else 0.0
         if bound and self.core.num_live:
-            predicted = self.core.predict_ttft_ms(len(ids), job.lane, sampling.max_tokens)
+            predicted = self.calibration.scale(raw)
             if predicted > bound:
                 self._fail(job, r, WireError(
                     ErrorCode.OVERLOADED, f"the generator is busy: the first token would come in about "
@@ -167,7 +170,7 @@ class GeneratorStage(RecordStage):
         deadline = time.monotonic() + (job.deadline_at_ms - now) / 1000.0
         self.core.submit(GenerationRequest(key, tuple(ids), sampling, job.lane, arrived_at=time.monotonic(),
                                            deadline=deadline, cache_scope=self.cache_scope(job)))
-        self.active[key] = Active(job, r, now)
+        self.active[key] = Active(job, r, now, predicted_ttft_ms=raw)
         self.io.hold([r])  # finished with its terminal event: never handled twice
 
     def cache_scope(self, job: GenerateJob) -> str:
@@ -224,6 +227,7 @@ class GeneratorStage(RecordStage):
                 a.sent_text = u.text
                 if a.first_token_ms is None:
                     a.first_token_ms = now
+                    self.calibration.observe(a.predicted_ttft_ms, now - a.started_ms)
         if outs:
             self.io.deliver(outs)
 
