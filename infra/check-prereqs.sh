@@ -14,4 +14,7 @@ jv=$(java -XshowSettings:properties -version 2>&1 | awk -F'= ' '/java.specificat
 [ "${jv%%.*}" -ge 17 ] 2>/dev/null || fail "Java 17 or newer is needed to run the local Kafka broker; found Java $jv."
 command -v mvn >/dev/null \
   || fail "Maven is needed to fetch the Kafka broker jars from Maven Central: apt-get install maven."
+# llama-cpp-python has no wheel for this platform: setup builds it from source (infra/llama-cpp.sh).
+command -v cmake >/dev/null && { command -v c++ >/dev/null || command -v g++ >/dev/null; } \
+  || fail "cmake and a C++ compiler are needed to build llama.cpp (the generator's engine): apt-get install cmake g++."
 exit 0
