@@ -40,7 +40,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from workers.engines import EngineError, EngineInfo, EngineOptions
-from workers.engines.lm_types import LMError, LMSequence, SamplingParams, sample_token
+from workers.engines.lm_types import LMError, LMSequence, SamplingParams, TokenEngine
 from workers.repository import ModelConfig, VariantSpec
 
 GENERATION_FILE = "generation.json"
@@ -102,7 +102,7 @@ class _Prefix:
     logits: np.ndarray | None = None  # after the prompt's last token: a repeat of it needs no decode
 
 
-class LlamaEngine:
+class LlamaEngine(TokenEngine):
     """One GGUF in one llama.cpp context, decoding many sequences per step.
 
     ``max_sequences`` live sequences at once (the scheduler's ``max_running``), ``kv_tokens``
@@ -219,15 +219,6 @@ class LlamaEngine:
     @property
     def provider(self) -> str:
         return self.info.provider
-
-    def warmup(self, n: int = 1) -> list[float]:
-        """Generate two tokens after a four-token prompt, ``n`` times; each round's seconds."""
-        seconds = []
-        for _ in range(n):
-            start = time.perf_counter()
-            self.generate_greedy([self.pad_token_id] * 4, 2)
-            seconds.append(time.perf_counter() - start)
-        return seconds
 
     def run(self, chunks: Sequence[tuple[LMSequence, int]]) -> np.ndarray:
         """The engine contract's batch call: ``forward``."""
@@ -387,28 +378,6 @@ class LlamaEngine:
     def decode(self, seqs: Sequence[LMSequence]) -> np.ndarray:
         return self.forward([(s, 1) for s in seqs])
 
-    # -- sampling -------------------------------------------------------------------------
-
-    def sample(self, seq: LMSequence, logits: np.ndarray) -> int:
-        return sample_token(logits, seq.params, seq.rng)
-
-    def append(self, seq: LMSequence, token: int) -> None:
-        seq.tokens.append(int(token))
-
-    def generate_greedy(self, prompt: Sequence[int], max_tokens: int) -> list[int]:
-        """Greedy tokens of one prompt, alone, stopping at an end-of-turn id (included) or
-        ``max_tokens``. For builds and tests; serving goes through the scheduler."""
-        seq = self.new_sequence("greedy", prompt, SamplingParams(max_tokens=max_tokens))
-        try:
-            logits = self.forward([(seq, seq.prompt_len - seq.num_cached)])[0]
-            while True:
-                token = int(np.argmax(logits))
-                self.append(seq, token)
-                if token in self.eos_token_ids or len(seq.generated) >= max_tokens:
-                    return seq.generated
-                logits = self.forward([(seq, 1)])[0]
-        finally:
-            self.release(seq)
 
     def teacher_forced(self, prompt: Sequence[int], reference: Sequence[int]) -> list[int]:
         """The greedy token this engine predicts at each step of ``reference`` given the

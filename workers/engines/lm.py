@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
@@ -31,7 +30,8 @@ import numpy as np
 import onnxruntime as ort
 
 from workers.engines import EngineError, EngineInfo, EngineOptions, gpu
-from workers.engines.lm_types import LMError, LMSequence, PrefillChunk, SamplingParams, StepOutput, StepPlan, sample_token
+from workers.engines.lm_types import (LMError, LMSequence, PrefillChunk, SamplingParams, StepOutput, StepPlan, TokenEngine,
+                                      sample_token)
 from workers.prefix_cache import PrefixCache
 from workers.repository import ModelConfig, VariantSpec
 
@@ -40,7 +40,7 @@ __all__ = ["GENERATION_FILE", "LMEngine", "LMError", "LMSequence", "PrefillChunk
            "StepPlan", "StopChecker", "sample_token"]
 
 
-class LMEngine:
+class LMEngine(TokenEngine):
     """The decoder graph in one ONNX Runtime session, plus sampling and the prefix cache.
 
     The "lm-onnxruntime" backend of ``workers.engines``. ``config`` is the repository model
@@ -149,16 +149,6 @@ class LMEngine:
     def provider(self) -> str:
         """The execution provider that runs the graph, for metrics and the ready log."""
         return self.info.provider
-
-    def warmup(self, n: int = 1) -> list[float]:
-        """Generate two tokens greedily after a four-token prompt, ``n`` times (prefill and
-        decode both run); returns each round's seconds."""
-        seconds = []
-        for _ in range(n):
-            start = time.perf_counter()
-            self.generate_greedy([self.pad_token_id] * 4, 2)
-            seconds.append(time.perf_counter() - start)
-        return seconds
 
     def run(self, chunks: Sequence[tuple[LMSequence, int]]) -> np.ndarray:
         """The engine contract's batch call: ``prefill``."""
@@ -290,26 +280,6 @@ class LMEngine:
             if key not in self.prefix_cache:
                 self.prefix_cache.insert(key, seq.kv[:, :, :, i * size:(i + 1) * size].copy())
 
-    # -- sampling -------------------------------------------------------------------------
-
-    def sample(self, seq: LMSequence, logits: np.ndarray) -> int:
-        """The next token of ``seq`` from its logits row, per its ``SamplingParams``."""
-        return sample_token(logits, seq.params, seq.rng)
-
-    def append(self, seq: LMSequence, token: int) -> None:
-        seq.tokens.append(int(token))
-
-    def generate_greedy(self, prompt: Sequence[int], max_tokens: int) -> list[int]:
-        """Greedy tokens of one prompt, alone, stopping at an end-of-turn id (included) or
-        ``max_tokens``. For builds and tests; serving goes through the scheduler."""
-        seq = self.new_sequence("greedy", prompt, SamplingParams(max_tokens=max_tokens))
-        logits = self.prefill([(seq, seq.prompt_len - seq.num_cached)])[0]
-        while True:
-            token = int(np.argmax(logits))
-            self.append(seq, token)
-            if token in self.eos_token_ids or len(seq.generated) >= max_tokens:
-                return seq.generated
-            logits = self.decode([seq])[0]
 
 
 class StopChecker:

@@ -6,8 +6,9 @@ Re-exported by ``workers.engines.lm``, where the engine that uses them is descri
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -102,3 +103,45 @@ def sample_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Gene
         trimmed[order[keep]] = probs[order[keep]]
         probs = trimmed / trimmed.sum()
     return int(rng.choice(len(probs), p=probs))
+
+
+class TokenEngine:
+    """What every LM engine does the same way over its own ``new_sequence`` / ``forward`` /
+    ``release``: sampling, appending a token, greedy generation of one prompt alone (builds
+    and tests; serving goes through the generation core) and the warm-up. A subclass sets
+    ``eos_token_ids`` and ``pad_token_id``."""
+
+    eos_token_ids: frozenset[int]
+    pad_token_id: int
+
+    def sample(self, seq: LMSequence, logits: np.ndarray) -> int:
+        """The next token of ``seq`` from its logits row, per its ``SamplingParams``."""
+        return sample_token(logits, seq.params, seq.rng)
+
+    def append(self, seq: LMSequence, token: int) -> None:
+        seq.tokens.append(int(token))
+
+    def generate_greedy(self, prompt: Sequence[int], max_tokens: int) -> list[int]:
+        """Greedy tokens of one prompt, alone, stopping at an end-of-turn id (included) or
+        ``max_tokens``; the sequence is released after."""
+        seq = self.new_sequence("greedy", prompt, SamplingParams(max_tokens=max_tokens))  # type: ignore[attr-defined]
+        try:
+            logits = self.forward([(seq, seq.prompt_len - seq.num_cached)])[0]  # type: ignore[attr-defined]
+            while True:
+                token = int(np.argmax(logits))
+                self.append(seq, token)
+                if token in self.eos_token_ids or len(seq.generated) >= max_tokens:
+                    return seq.generated
+                logits = self.forward([(seq, 1)])[0]  # type: ignore[attr-defined]
+        finally:
+            self.release(seq)  # type: ignore[attr-defined]
+
+    def warmup(self, n: int = 1) -> list[float]:
+        """Generate two tokens greedily after a four-token prompt, ``n`` times (prefill and
+        decode both run); returns each round's seconds."""
+        seconds = []
+        for _ in range(n):
+            start = time.perf_counter()
+            self.generate_greedy([self.pad_token_id] * 4, 2)
+            seconds.append(time.perf_counter() - start)
+        return seconds
