@@ -42,11 +42,11 @@ TIMEOUT_S = {"up": 600, "down": 180}
 
 
 def quick_start(readme: Path = README) -> list[str]:
-    """The command lines (without ``$``) of the README's console block that starts with
+    """The command lines (without ``$``) of the README's console block that runs
     ``mmstream up --secure``."""
     blocks = re.findall(r"^```console\n(.*?)^```$", readme.read_text(encoding="utf-8"), re.S | re.M)
-    found = [b for b in blocks if b.startswith("$ mmstream up --secure")]
-    assert len(found) == 1, f"{readme} has {len(found)} console blocks starting with `mmstream up --secure`"
+    found = [b for b in blocks if re.search(r"^\$ mmstream up --secure", b, re.M)]
+    assert len(found) == 1, f"{readme} has {len(found)} console blocks running `mmstream up --secure`"
     return [line[2:] for line in found[0].splitlines() if line.startswith("$ ")]
 
 
@@ -70,7 +70,8 @@ def _mmstream() -> list[str]:
 def test_the_readme_secure_quick_start_as_written(infra: Settings, tmp_path: Path) -> None:
     lines = quick_start()
     assert [shlex.split(line, comments=True)[:2] for line in lines] == [
-        ["mmstream", "up"], ["mmstream", "tenant"], ["mmstream", "send"], ["mmstream", "down"]], lines
+        ["mmstream", "down"], ["mmstream", "up"], ["mmstream", "tenant"], ["mmstream", "send"],
+        ["mmstream", "down"]], lines
     assert sum(DEFAULT_TENANTS in line for line in lines) == 1, lines
 
     state, prefix = tmp_path / "state", f"q{uuid.uuid4().hex[:10]}"
@@ -99,7 +100,7 @@ def test_the_readme_secure_quick_start_as_written(infra: Settings, tmp_path: Pat
             if argv[1] == "send":
                 terminal = json.loads(done.stdout.strip().splitlines()[-1])
                 assert terminal["kind"] == "result", "\n".join(outputs)
-        # `down` stopped the broker and the workers `up` started.
+        # The last `down` stopped the broker and the workers `up` started.
         assert not broker.running() and not [w for w in Supervisor(settings).workers() if w.alive]
     finally:  # whatever failed, leave nothing of this test running
         subprocess.run(_mmstream() + ["down"], env=env, cwd=tmp_path, capture_output=True, timeout=180)
