@@ -379,23 +379,6 @@ class LlamaEngine(TokenEngine):
         return self.forward([(s, 1) for s in seqs])
 
 
-    def teacher_forced(self, prompt: Sequence[int], reference: Sequence[int]) -> list[int]:
-        """The greedy token this engine predicts at each step of ``reference`` given the
-        reference before it (one pass; for the build's fidelity gate)."""
-        tokens = list(prompt) + list(reference)
-        seq = self.new_sequence("teacher", tokens[:-1] or tokens, SamplingParams(max_tokens=1))
-        try:
-            predicted = []
-            # Logits after prompt_len-1+j tokens predict reference[j]: one row per position.
-            for j in range(len(reference)):
-                end = len(prompt) + j
-                logits = self.forward([(seq, end - seq.num_cached)])[0]
-                predicted.append(int(np.argmax(logits)))
-            return predicted
-        finally:
-            self.release(seq)
-
-
 def _common_prefix(a: np.ndarray, b: np.ndarray, limit: int) -> int:
     """How many leading tokens ``a`` and ``b`` share, at most ``limit``."""
     m = min(limit, len(a), len(b))

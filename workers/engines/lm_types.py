@@ -136,6 +136,24 @@ class TokenEngine:
         finally:
             self.release(seq)  # type: ignore[attr-defined]
 
+    def teacher_forced(self, prompt: Sequence[int], reference: Sequence[int]) -> list[int]:
+        """The greedy token this engine predicts at each step of ``reference`` given the
+        reference before it (for the build's fidelity gate)."""
+        tokens = list(prompt) + list(reference)
+        seq = self.new_sequence(  # type: ignore[attr-defined]
+            "teacher", tokens[:-1] or tokens, SamplingParams(max_tokens=1))
+        try:
+            predicted = []
+            # Logits after prompt_len-1+j tokens predict reference[j]: one row per position.
+            for j in range(len(reference)):
+                end = len(prompt) + j
+                logits = self.forward(  # type: ignore[attr-defined]
+                    [(seq, end - seq.num_cached)])[0]
+                predicted.append(int(np.argmax(logits)))
+            return predicted
+        finally:
+            self.release(seq)  # type: ignore[attr-defined]
+
     def warmup(self, n: int = 1) -> list[float]:
         """Generate two tokens greedily after a four-token prompt, ``n`` times (prefill and
         decode both run); returns each round's seconds."""
