@@ -74,6 +74,7 @@ class GenerationCore:
         self.engine, self.scheduler, self.stops, self.clock = engine, scheduler, stops, clock
         self.cost = cost or StepCostModel()
         self.last_step: tuple[float, int, int] = (0.0, 0, 0)  # (ms, decodes, prefill tokens) of the last step
+        self.steps = 0  # engine steps run (calibration not counted)
         self._state = self._queue_state()
         self._lock = threading.Lock()
         # Submits and cancels in the order they came: a cancel then a new submit of the same
@@ -249,6 +250,7 @@ class GenerationCore:
         prefill = sum(n for _, n, _ in chunks) - decodes
         self.cost.observe(ms, decodes, prefill)
         self.last_step = (ms, decodes, prefill)
+        self.steps += 1
         tokens: dict[str, int] = {}
         stopped = set()
         for seq, (key, _, emits), row in zip(seqs, chunks, logits):

@@ -52,6 +52,9 @@ class Recovered:
     sent: dict[str, set[tuple[str, int]]] = field(default_factory=dict)
     """Request key -> (kind, seq) of its events already on its reply topic ("terminal" for
     a result or error)."""
+    replayed: set[str] = field(default_factory=set)
+    """Request keys of the records the replay brings back that were never answered: work a
+    previous owner took on (a stage does not turn it away again)."""
 
 
 async def recover(consumer: AIOKafkaConsumer, bootstrap: str, client_kwargs: dict[str, Any], max_bytes: int,
@@ -81,6 +84,7 @@ async def recover(consumer: AIOKafkaConsumer, bootstrap: str, client_kwargs: dic
                 opened = _safe(opens, rec)
                 if opened is not None and opened[0] not in out.done[tp]:
                     key, reply_to, reply_key = opened
+                    out.replayed.add(key)
                     wanted.append((reply_to, reply_key.encode(), float(rec.timestamp)))
                     owners.setdefault((reply_to, reply_key.encode()), set()).add(key)
         for (topic, reply_key), marks in (await reader.events_on_replies(wanted)).items():

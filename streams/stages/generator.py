@@ -50,6 +50,7 @@ from workers.repository import ModelRepository
 
 log = logging.getLogger(__name__)
 STAGE = "generate"
+WARM_STEPS = 20  # engine steps a generator runs before its TTFT predictions may refuse work
 
 
 def prompt_parts(parts: list[dict[str, Any]]) -> list[Any]:
@@ -110,6 +111,8 @@ class GeneratorStage(RecordStage):
         self.max_active = settings.generator.max_queued
         self.ttft_bound_ms = float(settings.generator.ttft_bound_ms)
         self.calibration = PredictionCalibration()
+        self.replayed: set[str] = set()
+        """Jobs a previous owner of their partition took on: admitted once, never refused again."""
         self.done_retention_ms = float(settings.generator.done_retention_ms)
         # A prompt longer than the context times the vocabulary's longest token (in bytes, which
         # are at least its characters) cannot fit, so it is refused before it is tokenized.
@@ -159,7 +162,12 @@ class GeneratorStage(RecordStage):
         # An idle core admits whatever its prediction says: refusing serves nobody, and a
         # cost model that overestimates (calibrated on a busy box) must see steps to learn.
         raw = self.core.predict_ttft_ms(len(ids), job.lane, sampling.max_tokens) if bound else 0.0
-        if bound and self.core.num_live:
+        replayed = key in self.replayed
+        self.replayed.discard(key)
+        # Refused only on a measured prediction: by a core that has run steps of its own (its
+        # start-up calibration ran beside every other worker starting), with work ahead (an
+        # idle one must see steps to learn), and not a job a previous owner took on.
+        if bound and self.core.num_live and self.core.steps >= WARM_STEPS and not replayed:
             predicted = self.calibration.scale(raw)
             if predicted > bound:
                 self._fail(job, r, WireError(
@@ -321,6 +329,9 @@ class GeneratorStage(RecordStage):
         for done in found.done.values():
             self.done.update(done)
         self.sent.update(found.sent)
+        if len(self.replayed) > 100_000:  # keys of jobs that never came back (answered elsewhere)
+            self.replayed.clear()
+        self.replayed.update(found.replayed)
 
     async def on_revoked(self, tps: set[TopicPartition]) -> None:
         """Generations of revoked partitions stop here, unanswered; the next owner runs them
