@@ -311,7 +311,7 @@ def calibrate(core: GenerationCore, prompt_tokens: int = 96, steps: int = 6) -> 
         for seq in seqs:
             started = time.perf_counter()
             engine.forward([(seq, seq.prompt_len - seq.num_cached)])
-            prefills.append(((time.perf_counter() - started) * 1000.0, seq.prompt_len - 0))
+            prefills.append(((time.perf_counter() - started) * 1000.0, seq.prompt_len))
             engine.append(seq, base)
         # The fastest prompt: a worker calibrates while its neighbours start on the same cores.
         ms, n = min(prefills)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,3 +84,15 @@ def pipeline(infra: Settings) -> Pipeline:
                           MMSTREAM_ROUTER_SERVED_MODALITIES="text,image,video")
     yield pipe
     pipe.supervisor.stop()
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` loopback ports free now (a secured broker of a test's own listens on them)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()

@@ -19,7 +19,6 @@ import json
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import uuid
@@ -30,6 +29,7 @@ import pytest
 from mmstream.localstack.secure import SecureKafka
 from mmstream.supervisor import Supervisor
 from schemas.settings import Settings
+from tests.integration.conftest import free_ports
 
 pytestmark = pytest.mark.integration
 
@@ -50,17 +50,6 @@ def quick_start(readme: Path = README) -> list[str]:
     return [line[2:] for line in found[0].splitlines() if line.startswith("$ ")]
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _mmstream() -> list[str]:
     """The installed ``mmstream`` command of this interpreter's environment."""
     script = Path(sys.executable).with_name("mmstream")
@@ -75,7 +64,7 @@ def test_the_readme_secure_quick_start_as_written(infra: Settings, tmp_path: Pat
     assert sum(DEFAULT_TENANTS in line for line in lines) == 1, lines
 
     state, prefix = tmp_path / "state", f"q{uuid.uuid4().hex[:10]}"
-    port, internal, controller = _free_ports(3)
+    port, internal, controller = free_ports(3)
     env = {**os.environ,
            "MMSTREAM_LOCAL_STATE_DIR": str(state), "MMSTREAM_KAFKA_TOPIC_PREFIX": prefix,
            "MMSTREAM_LOCAL_KAFKA_SECURE_PORT": str(port), "MMSTREAM_LOCAL_KAFKA_SECURE_INTERNAL_PORT": str(internal),

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import time
 import uuid
 from dataclasses import dataclass
@@ -41,21 +40,11 @@ from schemas.settings import LocalSettings, Settings
 from streams.client import Client, new_id
 from streams.security import KafkaSecurity, client_kwargs, parse_properties, read_properties
 from streams.topics import TopicNames, ensure_topics, topic_specs
+from tests.integration.conftest import free_ports
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @dataclass
@@ -81,7 +70,7 @@ class SecureStack:
 @pytest.fixture(scope="module")
 def secure(infra: Settings, tmp_path_factory: pytest.TempPathFactory) -> SecureStack:
     state = tmp_path_factory.mktemp("secure-state")
-    port, internal, controller = _free_ports(3)
+    port, internal, controller = free_ports(3)
     local = LocalSettings(state_dir=state, kafka_secure_port=port, kafka_secure_internal_port=internal,
                           kafka_secure_controller_port=controller, kafka_heap_mb=256)
     broker = SecureKafka(local, REPO)

@@ -156,19 +156,6 @@ class LlamaEngine(TokenEngine):
         engine.load()
         return engine
 
-    @classmethod
-    def from_file(cls, path: Path, generation: Mapping[str, Any], **kwargs: Any) -> "LlamaEngine":
-        """An engine over a bare GGUF and generation.json's content, loaded: for the model
-        build, which measures the file before any config exists."""
-        path = Path(path)
-        config = ModelConfig(
-            name=path.parent.name, version="0", task="text-generation", inputs=(), outputs=(),
-            preprocessing_version="", embedding_dim=0, max_length=int(generation["max_context"]),
-            tokenizer="", variants=MappingProxyType({"gguf": VariantSpec("gguf", path.name, 0, backend=cls.backend)}),
-            build_key="", built_at="", directory=path.parent, backend=cls.backend,
-        )
-        return cls.from_config(config, "gguf", generation=generation, **kwargs)
-
     # -- life -----------------------------------------------------------------------------
 
     def load(self) -> EngineInfo:
@@ -372,11 +359,6 @@ class LlamaEngine(TokenEngine):
             out[row] = np.ctypeslib.as_array(ptr, shape=(self._n_vocab,))
             seq.num_cached = end
 
-    def prefill(self, chunks: Sequence[tuple[LMSequence, int]]) -> np.ndarray:
-        return self.forward(chunks)
-
-    def decode(self, seqs: Sequence[LMSequence]) -> np.ndarray:
-        return self.forward([(s, 1) for s in seqs])
 
 
 def _common_prefix(a: np.ndarray, b: np.ndarray, limit: int) -> int:

@@ -100,19 +100,6 @@ class LMEngine(TokenEngine):
         engine.load()
         return engine
 
-    @classmethod
-    def from_graph(cls, model_path: Path, generation: Mapping[str, Any], **kwargs: Any) -> "LMEngine":
-        """An engine over a bare graph file and generation.json's content, loaded: for the
-        model build, which measures its graphs before any config exists."""
-        directory = Path(model_path).parent
-        config = ModelConfig(
-            name=directory.name, version="0", task="text-generation", inputs=(), outputs=(),
-            preprocessing_version="", embedding_dim=0, max_length=int(generation["max_context"]),
-            tokenizer="", variants=MappingProxyType({"graph": VariantSpec("graph", Path(model_path).name, 0)}),
-            build_key="", built_at="", directory=directory, backend=cls.backend,
-        )
-        return cls.from_config(config, "graph", generation=generation, **kwargs)
-
     def load(self) -> EngineInfo:
         """Create the session; returns what runs. Raises ``EngineError`` when the graph is
         missing or no provider asked for is in this onnxruntime build."""

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+
+from workers.repository import ModelConfig, VariantSpec
 
 @dataclass(frozen=True, slots=True)
 class PrefillChunk:
@@ -111,8 +115,36 @@ class TokenEngine:
     and tests; serving goes through the generation core) and the warm-up. A subclass sets
     ``eos_token_ids`` and ``pad_token_id``."""
 
+    backend: str
     eos_token_ids: frozenset[int]
     pad_token_id: int
+
+    @classmethod
+    def from_config(cls, config: ModelConfig, precision: str, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    def new_sequence(self, seq_id: str, prompt: Sequence[int], params: SamplingParams,
+                     cache_scope: str = "") -> LMSequence:
+        raise NotImplementedError
+
+    def forward(self, chunks: Sequence[tuple[LMSequence, int]]) -> np.ndarray:
+        raise NotImplementedError
+
+    def release(self, seq: LMSequence) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def from_file(cls, path: Path, generation: Mapping[str, Any], **kwargs: Any) -> Any:
+        """An engine over a bare model file (an ONNX graph, a GGUF) and generation.json's
+        content, loaded: for the model build, which measures a file before its config exists."""
+        path = Path(path)
+        config = ModelConfig(
+            name=path.parent.name, version="0", task="text-generation", inputs=(), outputs=(),
+            preprocessing_version="", embedding_dim=0, max_length=int(generation["max_context"]),
+            tokenizer="", variants=MappingProxyType({"file": VariantSpec("file", path.name, 0, backend=cls.backend)}),
+            build_key="", built_at="", directory=path.parent, backend=cls.backend,
+        )
+        return cls.from_config(config, "file", generation=generation, **kwargs)
 
     def sample(self, seq: LMSequence, logits: np.ndarray) -> int:
         """The next token of ``seq`` from its logits row, per its ``SamplingParams``."""
@@ -124,35 +156,35 @@ class TokenEngine:
     def generate_greedy(self, prompt: Sequence[int], max_tokens: int) -> list[int]:
         """Greedy tokens of one prompt, alone, stopping at an end-of-turn id (included) or
         ``max_tokens``; the sequence is released after."""
-        seq = self.new_sequence("greedy", prompt, SamplingParams(max_tokens=max_tokens))  # type: ignore[attr-defined]
+        seq = self.new_sequence("greedy", prompt, SamplingParams(max_tokens=max_tokens))
         try:
-            logits = self.forward([(seq, seq.prompt_len - seq.num_cached)])[0]  # type: ignore[attr-defined]
+            logits = self.forward([(seq, seq.prompt_len - seq.num_cached)])[0]
             while True:
                 token = int(np.argmax(logits))
                 self.append(seq, token)
                 if token in self.eos_token_ids or len(seq.generated) >= max_tokens:
                     return seq.generated
-                logits = self.forward([(seq, 1)])[0]  # type: ignore[attr-defined]
+                logits = self.forward([(seq, 1)])[0]
         finally:
-            self.release(seq)  # type: ignore[attr-defined]
+            self.release(seq)
 
     def teacher_forced(self, prompt: Sequence[int], reference: Sequence[int]) -> list[int]:
         """The greedy token this engine predicts at each step of ``reference`` given the
         reference before it (for the build's fidelity gate)."""
         tokens = list(prompt) + list(reference)
-        seq = self.new_sequence(  # type: ignore[attr-defined]
+        seq = self.new_sequence(
             "teacher", tokens[:-1] or tokens, SamplingParams(max_tokens=1))
         try:
             predicted = []
             # Logits after prompt_len-1+j tokens predict reference[j]: one row per position.
             for j in range(len(reference)):
                 end = len(prompt) + j
-                logits = self.forward(  # type: ignore[attr-defined]
+                logits = self.forward(
                     [(seq, end - seq.num_cached)])[0]
                 predicted.append(int(np.argmax(logits)))
             return predicted
         finally:
-            self.release(seq)  # type: ignore[attr-defined]
+            self.release(seq)
 
     def warmup(self, n: int = 1) -> list[float]:
         """Generate two tokens greedily after a four-token prompt, ``n`` times (prefill and

@@ -134,8 +134,8 @@ def _lm(config: ModelConfig, fp32: Path, fp16: Path) -> dict[str, Any]:
                                                {"role": "user", "content": p}]), add_special_tokens=False).ids
                for p in FIDELITY_PROMPTS]
     providers = ("CUDAExecutionProvider", "CPUExecutionProvider")
-    ref = LMEngine.from_graph(fp32, generation, providers=providers)
-    test = LMEngine.from_graph(fp16, generation, providers=providers)
+    ref = LMEngine.from_file(fp32, generation, providers=providers)
+    test = LMEngine.from_file(fp16, generation, providers=providers)
     reference = [ref.generate_greedy(p, NEW_TOKENS) for p in prompts]
     greedy = [test.generate_greedy(p, NEW_TOKENS) for p in prompts]
     agreed = total = 0

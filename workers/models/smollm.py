@@ -314,7 +314,7 @@ def _quantize_int8(src: Path, dst: Path, down_shape: tuple[int, int]) -> None:
 def _greedy_all(path: Path, generation: dict[str, Any], prompts: list[list[int]]) -> list[list[int]]:
     """Greedy continuations of ``prompts`` (each alone) by the graph at ``path``."""
 
-    engine = LMEngine.from_graph(path, generation, intra_op_threads=0)
+    engine = LMEngine.from_file(path, generation, intra_op_threads=0)
     return [engine.generate_greedy(p, FIDELITY_NEW_TOKENS) for p in prompts]
 
 
@@ -323,7 +323,7 @@ def _teacher_forced(path: Path, generation: dict[str, Any], prompts: list[list[i
     """Share of positions where the graph's argmax equals the reference token when fed the
     reference's own context (no compounding after a first divergence)."""
 
-    engine = LMEngine.from_graph(path, generation, intra_op_threads=0)
+    engine = LMEngine.from_file(path, generation, intra_op_threads=0)
     agreed = total = 0
     for prompt, tokens in zip(prompts, ref):
         seq = engine.new_sequence("tf", prompt, SamplingParams(max_tokens=len(tokens)))
@@ -342,7 +342,7 @@ def _batch_vs_alone(path: Path, generation: dict[str, Any], prompts: list[list[i
     """Greedy-token agreement (to the first divergence) of all prompts run as ONE batch
     with each prompt run alone."""
 
-    engine = LMEngine.from_graph(path, generation, intra_op_threads=0)
+    engine = LMEngine.from_file(path, generation, intra_op_threads=0)
     seqs = [engine.new_sequence(str(i), p, SamplingParams(max_tokens=FIDELITY_NEW_TOKENS))
             for i, p in enumerate(prompts)]
     logits = engine.prefill([(s, s.prompt_len) for s in seqs])
