@@ -158,28 +158,36 @@ class GeneratorStage(RecordStage):
         except (LMError, ValueError, TypeError) as exc:
             self._fail(job, r, WireError(ErrorCode.INVALID_REQUEST, str(exc)))
             return
-        bound = ttft_bound_ms(self.ttft_bound_ms, job.lane)
-        # An idle core admits whatever its prediction says: refusing serves nobody, and a
-        # cost model that overestimates (calibrated on a busy box) must see steps to learn.
-        raw = self.core.predict_ttft_ms(len(ids), job.lane, sampling.max_tokens) if bound else 0.0
-        replayed = key in self.replayed
-        self.replayed.discard(key)
-        # Refused only on a measured prediction: by a core that has run steps of its own (its
-        # start-up calibration ran beside every other worker starting), with work ahead (an
-        # idle one must see steps to learn), and not a job a previous owner took on.
-        if bound and self.core.num_live and self.core.steps >= WARM_STEPS and not replayed:
-            predicted = self.calibration.scale(raw)
-            if predicted > bound:
-                self._fail(job, r, WireError(
-                    ErrorCode.OVERLOADED, f"the generator is busy: the first token would come in about "
-                    f"{predicted:.0f} ms, past the {bound:.0f} ms bound",
-                    retry_after_ms=retry_after_ms(predicted, bound)))
-                return
+        refusal, predicted = self._admission(key, job.lane, len(ids), sampling.max_tokens)
+        if refusal is not None:
+            self._fail(job, r, refusal)
+            return
         deadline = time.monotonic() + (job.deadline_at_ms - now) / 1000.0
         self.core.submit(GenerationRequest(key, tuple(ids), sampling, job.lane, arrived_at=time.monotonic(),
                                            deadline=deadline, cache_scope=self.cache_scope(job)))
-        self.active[key] = Active(job, r, now, predicted_ttft_ms=raw)
+        self.active[key] = Active(job, r, now, predicted_ttft_ms=predicted)
         self.io.hold([r])  # finished with its terminal event: never handled twice
+
+    def _admission(self, key: str, lane: str, prompt_tokens: int, max_tokens: int) -> tuple[WireError | None, float]:
+        """(``overloaded`` when the job's predicted TTFT is past its lane's bound, else None;
+        the unscaled prediction, which calibrates later ones). Refused only on a measured
+        prediction: by a core that has run steps of its own (its start-up calibration ran
+        beside every other worker starting), with work ahead (an idle one must see steps to
+        learn), and never a job a previous owner of its partition took on."""
+        bound = ttft_bound_ms(self.ttft_bound_ms, lane)
+        if not bound:
+            return None, 0.0
+        raw = self.core.predict_ttft_ms(prompt_tokens, lane, max_tokens)
+        replayed = key in self.replayed
+        self.replayed.discard(key)
+        if not self.core.num_live or self.core.steps < WARM_STEPS or replayed:
+            return None, raw
+        predicted = self.calibration.scale(raw)
+        if predicted <= bound:
+            return None, raw
+        return WireError(ErrorCode.OVERLOADED, f"the generator is busy: the first token would come in about "
+                         f"{predicted:.0f} ms, past the {bound:.0f} ms bound",
+                         retry_after_ms=retry_after_ms(predicted, bound)), raw
 
     def cache_scope(self, job: GenerateJob) -> str:
         """Whose prompt prefixes ``job`` may reuse: its tenant's only (a hit shows in the
