@@ -97,7 +97,9 @@ def cmd_up(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int
     for w in workers:
         print(f"worker {w.stage}[{w.replica}]  pid={w.pid}  log={w.log_file}")
     print("waiting for the pipeline to answer a probe request ...", flush=True)
-    elapsed = asyncio.run(_probe(settings, args.timeout))
+    # With a generator, ready means it answers too (it loads and calibrates after the rest).
+    task = Task.GENERATE if replicas.get("generate", 0) > 0 else Task.EMBED
+    elapsed = asyncio.run(_probe(settings, args.timeout, task))
     print(f"ready: a probe request was answered end to end ({elapsed:.1f} s after start)")
     print("stop everything with: mmstream down")
     return 0
@@ -128,10 +130,10 @@ def _ensure_models(settings: Settings) -> None:
         raise UserError(f"{exc} (run: mmstream models build)") from None
 
 
-async def _probe(settings: Settings, timeout_s: float) -> float:
+async def _probe(settings: Settings, timeout_s: float, task: Task = Task.EMBED) -> float:
     try:
         return await wait_until_serving(settings.kafka.bootstrap, settings.kafka.topic_prefix, timeout_s,
-                                        KafkaSecurity.from_settings(settings.kafka))
+                                        KafkaSecurity.from_settings(settings.kafka), task=task)
     except TimeoutError:
         raise UserError(f"the pipeline did not answer within {timeout_s:.0f} s; see the worker logs "
                         f"({settings.local.state_dir / 'workers'})") from None
