@@ -2,7 +2,8 @@
 
 stdout carries the JSON only (progress and "wrote ..." lines go to stderr), so the output
 can be piped into a file or ``jq``. Exit codes: 0 done, 1 a request was lost, 2 a bad flag
-or an input that is not a valid bench JSON.
+or an input that is not a valid bench JSON. The fairness workload adds a short table of
+its phases on stderr.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Any
 
 from mmstream import report
 from mmstream.bench.config import BenchConfig, parse_lanes, parse_rates
+from mmstream.bench.fairness import text_table
+from mmstream.bench.fairness_run import run_fairness
 from mmstream.bench.run import run_bench
 from mmstream.lever_names import LEVERS
 from schemas.settings import Settings
@@ -34,7 +37,9 @@ def config_from_args(args: Any) -> BenchConfig:
                        own_pipeline=getattr(args, "own_pipeline", False),
                        scheduler=getattr(args, "scheduler", None),
                        lm_precision=getattr(args, "lm_precision", None),
-                       chat_max_tokens=getattr(args, "chat_max_tokens", None) or 32)
+                       chat_max_tokens=getattr(args, "chat_max_tokens", None) or 32,
+                       abuse_rate=getattr(args, "abuse_rate", None),
+                       abuse_deadline_ms=getattr(args, "abuse_deadline_ms", None))
 
 
 def cli_main(args: Any, settings: Settings) -> int:
@@ -52,18 +57,41 @@ def cli_main(args: Any, settings: Settings) -> int:
     except ValueError as exc:
         print(f"mmstream: {exc}", file=sys.stderr)
         return 2
+    if cfg.workload == "fairness":
+        return _fairness(args, settings, cfg)
     doc = asyncio.run(run_bench(settings, cfg))
     report.validate(doc)
+    _emit(args, doc)
+    if args.report:
+        print(f"wrote {report.write_report([doc], Path(args.report))}", file=sys.stderr)
+    runs = doc.get("runs", [doc])
+    return 0 if all(r["requests"]["lost"] == 0 for r in runs) else 1
+
+
+def _fairness(args: Any, settings: Settings, cfg: BenchConfig) -> int:
+    """The fairness run: its JSON on stdout, its short table on stderr, B's two phases as the
+    report (``--report``); exits 1 when B or A lost a request."""
+    doc = asyncio.run(run_fairness(settings, cfg))
+    phases = [doc["phases"]["alone"], doc["phases"]["flood"]]
+    for run in phases:
+        report.validate(run)
+    _emit(args, doc)
+    print(text_table(doc), file=sys.stderr)
+    if args.report:
+        path = report.write_report(phases, Path(args.report), labels=["B alone", "B beside A's flood"])
+        print(f"wrote {path}", file=sys.stderr)
+    lost = doc["victim"]["lost"]["alone"] + doc["victim"]["lost"]["flood"] + doc["abuser"]["lost"]
+    return 0 if lost == 0 else 1
+
+
+def _emit(args: Any, doc: dict[str, Any]) -> None:
+    """``doc`` as JSON on stdout (and into ``--out``)."""
     text = json.dumps(doc, indent=2)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n")
         print(f"wrote {args.out}", file=sys.stderr)
     print(text)  # stdout carries the JSON only
-    if args.report:
-        print(f"wrote {report.write_report([doc], Path(args.report))}", file=sys.stderr)
-    runs = doc.get("runs", [doc])
-    return 0 if all(r["requests"]["lost"] == 0 for r in runs) else 1
 
 
 def compare(args: Any) -> int:

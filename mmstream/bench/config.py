@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 MODES = ("pipeline", "monolithic", "server")
-WORKLOADS = ("text", "mixed", "chat", "chat-mm", "capacity")
+WORKLOADS = ("text", "mixed", "chat", "chat-mm", "capacity", "fairness")
 SCHEDULERS = ("continuous", "static")
 LM_PRECISIONS = ("q4_1", "fp32", "int8")
 
@@ -21,8 +21,9 @@ class BenchConfig:
     """One benchmark invocation: a workload at one or several offered rates, in one mode."""
 
     workload: str = "text"
-    """``text`` (one text part), ``mixed`` (``workloads.MIXED_KINDS``) or ``chat`` (generate
-    requests, ``workloads.CHAT_PROMPTS``)."""
+    """``text`` (one text part), ``mixed`` (``workloads.MIXED_KINDS``), ``chat`` (generate
+    requests, ``workloads.CHAT_PROMPTS``), ``capacity`` or ``fairness`` (``bench.fairness``:
+    tenant B's rt text alone, then beside tenant A's flood of the worst requests allowed)."""
     rate: float = 20.0
     """Offered requests per second (used when ``rates`` is empty)."""
     duration_s: float = 20.0
@@ -57,6 +58,12 @@ class BenchConfig:
     """Chat workload: the generator's LM variant (q4_1 on llama.cpp, fp32 or int8 on ONNX
     Runtime); the run then gets a pipeline of its own. None: what the running pipeline uses."""
     chat_max_tokens: int = 32
+    abuse_rate: float | None = None
+    """Fairness workload: tenant A's offered requests per second. None: five times ``rate``."""
+    abuse_deadline_ms: int | None = None
+    """Fairness workload: the deadline of tenant A's requests. None: the longest allowed
+    (``limits.max_deadline_ms``), which outlasts a run's drain: A's unanswered requests are
+    then reported ``pending``, not lost."""
     own_pipeline: bool = False
     """Run against a fresh pipeline started for this run, even with every lever on."""
     tenant: str | None = None
@@ -77,6 +84,13 @@ class BenchConfig:
             raise ValueError(f"unknown scheduler {self.scheduler!r}; schedulers: {', '.join(SCHEDULERS)}")
         if self.lm_precision is not None and self.lm_precision not in LM_PRECISIONS:
             raise ValueError(f"unknown LM precision {self.lm_precision!r}; precisions: {', '.join(LM_PRECISIONS)}")
+        if self.workload == "fairness" and (self.mode != "pipeline" or self.rates or self.levers_off
+                                            or self.own_pipeline or self.scheduler or self.lm_precision):
+            raise ValueError("the fairness workload runs at one rate against the running pipeline (no --rates, "
+                             "--mode, levers or pipeline of its own)")
+        if (self.abuse_rate is not None and self.abuse_rate <= 0) or (self.abuse_deadline_ms is not None
+                                                                     and self.abuse_deadline_ms <= 0):
+            raise ValueError("abuse rate and deadline must be positive")
         if self.chat_max_tokens < 1:
             raise ValueError("chat max tokens must be at least 1")
         if not 0.0 <= self.repeat < 1.0:
