@@ -61,3 +61,24 @@ async def test_the_monolith_serves_every_modality_and_generation(infra, monkeypa
     [gen] = validate(await run_bench(infra, chat, progress=False))
     assert gen["requests"]["ok"] == gen["requests"]["sent"] > 0
     assert gen["generation"]["ttft_ms"]["count"] == gen["requests"]["ok"] and gen["generation"]["ttft_ms"]["p50"] > 0
+
+
+async def test_the_fairness_run_loses_nothing_of_either_tenant(pipeline) -> None:
+    """A short fairness run on the shared pipeline: invariants only (this pipeline's rt limit
+    is raised for the other tests, and latency on a shared box says nothing). A's deadline is
+    short, so every one of its requests is answered, shed or expired within the drain."""
+    from mmstream.bench import run_fairness
+
+    cfg = BenchConfig(workload="fairness", rate=4.0, duration_s=3.0, drain_s=25.0, seed=11, abuse_rate=6.0,
+                      abuse_deadline_ms=8_000, floor_repeats=3)
+    doc = await run_fairness(pipeline.settings, cfg, progress=False)
+    for phase in ("alone", "flood"):
+        validate(doc["phases"][phase])
+    v, a = doc["victim"], doc["abuser"]
+    assert v["sent"]["alone"] == v["sent"]["flood"] > 5
+    assert v["lost"] == {"alone": 0, "flood": 0}
+    assert a["sent"] == a["planned"] > 5 and a["lost"] == a["pending"] == a["unsent"] == 0
+    assert sum(a["by_outcome"].values()) == a["sent"]  # one terminal event each
+    assert "max_generate" not in doc["abuse_shapes"]  # no generator in this pipeline
+    assert {"router[0]", "encode.text[0]"} <= set(doc["memory"])
+    assert all(m["series"] for m in doc["memory"].values())
