@@ -1,0 +1,215 @@
+"""Near-duplicate result reuse for retrieval (the Proximity-style cache, DESIGN.md Retrieval).
+
+``NearDuplicateCache`` remembers (query vector, k, filter, hits) of one index — one cache
+per (tenant, collection, index epoch): the stage drops a cache when its index is rebuilt or
+its embedding model changes, and keeps it across ordinary upserts and deletes, which
+invalidate exactly the entries they could change. A query whose cosine with a remembered
+one (same k, same filter) is at least ``threshold`` gets that entry's hits without a search.
+
+What an upsert can change: an entry whose hits hold the document (its score or meta
+moved), or one whose filter admits the document and whose k-th score the document's cosine
+with the cached query reaches (it would enter the top k; with fewer than k hits, any
+admitted document would). Everything else keeps its answer. A delete changes exactly the
+entries listing the document. Scores compared here are the same float32 dot products the
+index computes, with a margin of ``SCORE_MARGIN`` toward dropping.
+
+Pure: numpy and the standard library, no clock; not thread-safe (one stage thread).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Mapping, Protocol, Sequence
+
+import numpy as np
+
+SCORE_MARGIN = 1e-5
+"""An upsert whose cosine is within this of an entry's k-th score invalidates it: float32
+dot products in another order differ in the last bits."""
+
+
+class ScoredHit(Protocol):
+    """What the cache needs of a hit (``workers.retrieval.index.Hit`` is one)."""
+
+    @property
+    def doc_id(self) -> str: ...
+
+    @property
+    def score(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class _Entry:
+    k: int
+    where_key: str
+    where: Mapping[str, Any] | None
+    hits: tuple[Any, ...]
+    doc_ids: frozenset[str]
+    kth_score: float
+    """The score a document must reach to enter this answer (-inf with fewer than k hits)."""
+
+
+def where_key(where: Mapping[str, Any] | None) -> str:
+    """One string per filter meaning: keys sorted, any-of lists as sorted sets; {} is None."""
+    if not where:
+        return ""
+    canon = {}
+    for key, wanted in where.items():
+        if isinstance(wanted, (list, tuple, set, frozenset)):
+            canon[key] = sorted({json.dumps(_tagged(v), sort_keys=True, default=repr) for v in wanted})
+        else:
+            canon[key] = json.dumps(_tagged(wanted), sort_keys=True, default=repr)
+    return json.dumps(canon, sort_keys=True)
+
+
+def _tagged(value: Any) -> list[Any]:
+    return [type(value).__name__ if isinstance(value, bool) else "", value]  # True and 1 are two filters
+
+
+def _scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (str, int, float, bool))
+
+
+def admits(where: Mapping[str, Any] | None, meta: Mapping[str, Any]) -> bool:
+    """Whether ``where`` admits a document with ``meta``, as ``CollectionIndex`` filters:
+    every key present with a scalar value equal to the wanted one (or to one of a list's),
+    a bool never equal to an int."""
+    for key, wanted in (where or {}).items():
+        if key not in meta or not _scalar(meta[key]):
+            return False
+        value = meta[key]
+        values = wanted if isinstance(wanted, (list, tuple, set, frozenset)) else (wanted,)
+        if not any(_scalar(w) and isinstance(w, bool) == isinstance(value, bool) and w == value for w in values):
+            return False
+    return True
+
+
+class NearDuplicateCache:
+    """Hits of recent searches of one index, answered again for near-duplicate queries.
+
+    ``threshold``: the cosine (0, 1] a query needs with a cached one. ``max_entries``: the
+    most entries held; the least recently used goes first. Counters: ``hits``, ``misses``,
+    ``invalidations`` (entries an upsert or delete dropped), ``evictions``.
+    """
+
+    def __init__(self, threshold: float, max_entries: int) -> None:
+        if not 0.0 < threshold <= 1.0:
+            raise ValueError(f"threshold must be in (0, 1], got {threshold}")
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be positive, got {max_entries}")
+        self.threshold = threshold
+        self.max_entries = max_entries
+        self.hits = self.misses = self.invalidations = self.evictions = 0
+        self._queries: np.ndarray | None = None        # (max_entries, dim) unit vectors, by slot
+        self._kth = np.full(max_entries, np.inf, dtype=np.float32)
+        self._live = np.zeros(max_entries, dtype=bool)
+        self._group = np.full(max_entries, -1, dtype=np.int64)  # (k, where) group of each slot
+        self._groups: dict[tuple[int, str], int] = {}
+        self._entries: list[_Entry | None] = [None] * max_entries
+        self._lru: OrderedDict[int, None] = OrderedDict()      # slots, least recently used first
+        self._by_doc: dict[str, set[int]] = {}
+        self._free = list(range(max_entries - 1, -1, -1))
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def lookup(self, query: np.ndarray, k: int, where: Mapping[str, Any] | None = None) -> tuple[Any, ...] | None:
+        """The hits cached for the closest query with the same ``k`` and filter, when its
+        cosine with ``query`` reaches ``threshold``; else None (a miss)."""
+        group = self._groups.get((k, where_key(where)))
+        if group is not None and self._queries is not None:
+            q = self._unit(query)
+            sims = self._queries @ q
+            sims[(self._group != group) | ~self._live] = -np.inf
+            best = int(np.argmax(sims))
+            if sims[best] >= self.threshold:
+                self.hits += 1
+                self._lru.move_to_end(best)
+                return self._entries[best].hits  # type: ignore[union-attr]
+        self.misses += 1
+        return None
+
+    def store(self, query: np.ndarray, k: int, where: Mapping[str, Any] | None, hits: Sequence[ScoredHit]) -> None:
+        """Remembers ``hits`` (best first, as the index returned them) as the answer to
+        ``query`` with ``k`` and ``where``, evicting the least recently used entry when full."""
+        q = self._unit(query)
+        if self._queries is None:
+            self._queries = np.zeros((self.max_entries, len(q)), dtype=np.float32)
+        elif self._queries.shape[1] != len(q):
+            raise ValueError(f"query has {len(q)} values, cached ones {self._queries.shape[1]}")
+        if not self._free:
+            self.evictions += 1
+            self._drop(next(iter(self._lru)))
+        slot = self._free.pop()
+        wkey = where_key(where)
+        group = self._groups.setdefault((k, wkey), len(self._groups))
+        hits = tuple(hits)
+        kth = float(hits[k - 1].score) if len(hits) >= k else -math.inf
+        entry = _Entry(k, wkey, dict(where) if where else None, hits, frozenset(h.doc_id for h in hits), kth)
+        self._entries[slot] = entry
+        self._queries[slot] = q
+        self._kth[slot] = kth
+        self._group[slot] = group
+        self._live[slot] = True
+        self._lru[slot] = None
+        for doc_id in entry.doc_ids:
+            self._by_doc.setdefault(doc_id, set()).add(slot)
+
+    def invalidate_upsert(self, doc_id: str, vector: np.ndarray, meta: Mapping[str, Any] | None = None) -> int:
+        """Drops the entries the upsert of ``doc_id`` (its new ``vector``; its new ``meta``
+        when known, else any filter is taken to admit it) could change; returns how many."""
+        doomed = set(self._by_doc.get(doc_id, ()))
+        if self._queries is not None and self._lru:
+            reach = self._queries @ self._unit(vector) >= self._kth - SCORE_MARGIN
+            reach &= self._live
+            if meta is not None:
+                for (_, wkey), group in self._groups.items():
+                    if wkey and not self._admits_group(group, meta):
+                        reach &= self._group != group
+            doomed.update(np.flatnonzero(reach).tolist())
+        return self._invalidate(doomed)
+
+    def invalidate_delete(self, doc_id: str) -> int:
+        """Drops the entries listing ``doc_id``; returns how many."""
+        return self._invalidate(set(self._by_doc.get(doc_id, ())))
+
+    def clear(self) -> None:
+        for slot in list(self._lru):
+            self._drop(slot)
+
+    def _admits_group(self, group: int, meta: Mapping[str, Any]) -> bool:
+        slots = np.flatnonzero(self._live & (self._group == group))
+        entry = self._entries[int(slots[0])] if len(slots) else None
+        return entry is None or admits(entry.where, meta)
+
+    def _invalidate(self, slots: set[int]) -> int:
+        for slot in slots:
+            self._drop(slot)
+        self.invalidations += len(slots)
+        return len(slots)
+
+    def _drop(self, slot: int) -> None:
+        entry = self._entries[slot]
+        assert entry is not None
+        for doc_id in entry.doc_ids:
+            held = self._by_doc[doc_id]
+            held.discard(slot)
+            if not held:
+                del self._by_doc[doc_id]
+        self._entries[slot] = None
+        self._live[slot] = False
+        self._kth[slot] = np.inf
+        self._group[slot] = -1
+        del self._lru[slot]
+        self._free.append(slot)
+
+    @staticmethod
+    def _unit(vector: np.ndarray) -> np.ndarray:
+        v = np.asarray(vector, dtype=np.float32).reshape(-1)
+        norm = float(np.linalg.norm(v))
+        if not math.isfinite(norm) or norm == 0.0:
+            raise ValueError("vector must be finite and non-zero")
+        return v / norm
