@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import sys
 from pathlib import Path
 from typing import Any
@@ -60,8 +61,7 @@ def cmd_up(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int
     env = None
     secure = getattr(args, "secure", False)
     if secure:
-        broker = localstack.secure_kafka(settings, repo_root)
-        env = {**os.environ, **broker.env()}
+        env = {**os.environ, **localstack.secure_env(settings, repo_root)}
         settings = Settings.from_env(env)  # every client below, and every worker, as the service principal
     supervisor = Supervisor(settings, env)
     if not args.infra_only:  # refuse before starting anything, not after a probe that cannot be answered
@@ -74,7 +74,7 @@ def cmd_up(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int
           f"{'  SASL_SSL' if secure else ''}")
     print(f"redis  {redact(settings.redis.url)}  pid={redis.pid}")
     if secure:
-        env_file = broker.write_env_file()
+        env_file = localstack.write_secure_env(settings, repo_root)
         print(f"secure settings (service principal) in {env_file}; `mmstream tenant add` finds them while this "
               f"broker runs, other shells and clients: set -a; . {env_file}; set +a")
     created = asyncio.run(ensure_topics(settings.kafka.bootstrap, topic_specs(settings.kafka, settings.dlq),
@@ -299,12 +299,32 @@ def cmd_tenant(args: argparse.Namespace, settings: Settings, repo_root: Path) ->
         raise UserError(str(exc)) from None
     except KafkaAdminError as exc:
         raise UserError(f"the broker refused: {exc} (the service principal needs ALTER on the cluster)") from None
+    redis_url = _tenant_redis_user(settings, repo_root, tenant.name)
     out = args.out or settings.local.state_dir / "tenants" / settings.kafka.topic_prefix / f"{tenant.name}.properties"
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_properties(out, properties_text(tenant, settings.kafka.topic_prefix))
-    print(f"tenant {tenant.name}: lanes {', '.join(tenant.lanes)}; client properties in {out}")
+    write_properties(out, properties_text(tenant, settings.kafka.topic_prefix, redis_url))
+    print(f"tenant {tenant.name}: lanes {', '.join(tenant.lanes)}; client properties in {out}"
+          + ("; its own Redis user for claim checks" if redis_url else ""))
     print(f"send as it with: mmstream send --properties {out} --text hello")
     return 0
+
+
+def _tenant_redis_user(settings: Settings, repo_root: Path, tenant: str) -> str:
+    """The URL of the tenant's own Redis user (SET and GET of its claim checks only), made on
+    the local secured Redis when that is the one the settings name; '' (and a note saying
+    what to do) for a Redis this command does not manage."""
+    local = localstack.redis_for(settings, repo_root)
+    if not (local.secured and local.status().pid is not None):
+        print("mmstream: Redis is not a secured one of `mmstream up --secure`: give the tenant a Redis user of its "
+              f"own for claim checks yourself (keys mm:claim:{tenant}:*, GET and SET only; see README, Security)",
+              file=sys.stderr)
+        return ""
+    password = secrets.token_urlsafe(24)
+    try:
+        local.add_client_user(tenant, password, tenant)
+    except LocalStackError as exc:
+        raise UserError(f"the tenant's Redis user: {exc}") from None
+    return local.user_url(tenant, password)
 
 
 def _service_settings(settings: Settings, repo_root: Path) -> Settings:
@@ -318,7 +338,7 @@ def _service_settings(settings: Settings, repo_root: Path) -> Settings:
         return settings
     print(f"mmstream: the environment names no SASL broker; using the local secure broker {broker.bootstrap} "
           "(`mmstream up --secure`) as its service principal", file=sys.stderr)
-    return Settings.from_env({**os.environ, **broker.env()})
+    return Settings.from_env({**os.environ, **localstack.secure_env(settings, repo_root)})
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:

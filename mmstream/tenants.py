@@ -34,7 +34,7 @@ from aiokafka.errors import KafkaError
 from mmstream.kafka_admin import AclBinding, create_acls, set_scram_password
 from mmstream.localstack.secure import BROKER_USER
 from schemas.settings import Settings
-from streams.security import KafkaSecurity, client_kwargs, format_properties
+from streams.security import REDIS_URL_KEY, KafkaSecurity, client_kwargs, format_properties
 from streams.tenancy import valid_tenant
 from streams.topics import LANES, TopicNames, ensure_topics, tenant_topic_specs
 
@@ -144,13 +144,17 @@ async def wait_until_login(bootstrap: str, security: KafkaSecurity, timeout_s: f
         await asyncio.sleep(0.25)
 
 
-def properties_text(tenant: Tenant, prefix: str) -> str:
-    """The tenant's client properties file (standard librdkafka keys; topics as comments)."""
+def properties_text(tenant: Tenant, prefix: str, redis_url: str = "") -> str:
+    """The tenant's client properties file (standard librdkafka keys; topics as comments;
+    the tenant's own Redis user for claim checks, when it has one, as the comment line
+    ``mmstream.redis.url=...`` that ``Client.from_properties`` reads and librdkafka skips)."""
     names = TopicNames(prefix)
     header = "\n".join([
         f"mmstream tenant {tenant.name}: any Kafka client reads the keys below.",
         *[f"send {lane} requests to: {names.tenant_ingress(lane, tenant.name)}" for lane in tenant.lanes],
         f"read answers from:     {names.tenant_results(tenant.name)}",
+        *([f"claim checks (parts over the inline limit) go to Redis as the tenant's own user:",
+           f"{REDIS_URL_KEY}={redis_url}"] if redis_url else []),
         "Keep this file private: it holds the tenant's password.",
     ])
     return format_properties(tenant.security.properties(tenant.bootstrap), header)

@@ -183,6 +183,10 @@ class LocalSettings(Section):
     kafka_secure_controller_port: int = setting(
         9096, "Secured local broker's KRaft controller port (mutual TLS, loopback only).", ge=1, le=65535
     )
+    redis_secure_port: int = setting(
+        6380, "Port of the secured local Redis of `mmstream up --secure` (ACL users, the default user off; it runs "
+        "beside the plain one).", ge=1, le=65535
+    )
     redis_maxmemory_mb: int = setting(256, "Redis memory cap; keys are evicted LRU past it.", ge=1)
     metrics_base_port: int = setting(
         9400, "First Prometheus port handed to local workers; 0 lets each worker pick a free one.", ge=0, le=65535

@@ -40,7 +40,7 @@ from schemas.events import Event, EventKind
 from schemas.request import Modality, Params, Part, Request, Task, claim_key
 from schemas.trace import now_ms
 from streams.retry import NO_RETRY, RetryConfig, retry_delay_ms
-from streams.security import KafkaSecurity, read_properties
+from streams.security import KafkaSecurity, read_properties, read_redis_url
 from streams.tenancy import tenant_ingress, tenant_results, valid_tenant
 from streams.transport import KafkaTransport, Transport, TransportError
 from workers.redisconn import connect_async
@@ -146,9 +146,12 @@ class Client:
     def from_properties(cls, path: str | Path, topic_prefix: str = "mm", **kwargs: Any) -> "Client":
         """A client for the tenant a properties file describes (`mmstream tenant add` writes
         one): bootstrap servers and credentials from the file, the tenant is its
-        ``sasl.username``. Other keyword arguments as for ``Client``."""
+        ``sasl.username``; claim checks go to the tenant's own Redis user when the file names
+        one (``mmstream.redis.url``, which then wins over ``redis_url``). Other keyword
+        arguments as for ``Client``."""
         bootstrap, security = read_properties(Path(path))
         kwargs.setdefault("tenant", security.username or None)
+        kwargs["redis_url"] = read_redis_url(Path(path)) or kwargs.get("redis_url")
         return cls(bootstrap, topic_prefix, security=security, **kwargs)
 
     def ingress(self, lane: str) -> str:

@@ -177,6 +177,21 @@ def parse_properties(text: str) -> dict[str, str]:
     return out
 
 
+REDIS_URL_KEY = "mmstream.redis.url"
+"""The one key of a client properties file that is mmstream's own: the tenant's Redis user
+for claim checks. It is written as a comment (``# mmstream.redis.url=...``), so librdkafka
+clients, which refuse unknown keys, take the file as it is."""
+
+
+def read_redis_url(path: Path) -> str | None:
+    """The ``mmstream.redis.url`` comment line's URL of a client properties file, if any."""
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        body = line.strip().lstrip("#!").strip()
+        if line.strip()[:1] in ("#", "!") and body.startswith(REDIS_URL_KEY + "="):
+            return body[len(REDIS_URL_KEY) + 1:].strip() or None
+    return None
+
+
 def read_properties(path: Path) -> tuple[str, KafkaSecurity]:
     """(bootstrap servers, identity) from a client properties file.
 

@@ -224,11 +224,16 @@ class LocalKafka:
         props.write_text(template.substitute(self._template_values(run_dir)))
         log4j = f"-Dlog4j2.configurationFile={self.infra / 'log4j2.xml'}"
         classpath = f"{libs}/*"  # java expands the wildcard itself; no shell involved
-        procs.run_tool(
-            [java, log4j, "-cp", classpath, "kafka.tools.StorageTool", "format",
-             "-t", _cluster_id(), "-c", str(props), *self._format_args()],
-            "Formatting the Kafka data directory", timeout_s=60,
-        )
+        # Through a Java argument file (mode 0600, removed after): the format arguments may
+        # hold a password, which a command line would show in /proc and in a timeout's message.
+        argfile = run_dir / "format.args"
+        procs.write_private(argfile, "".join(
+            _java_arg(a) + "\n" for a in [log4j, "-cp", classpath, "kafka.tools.StorageTool", "format",
+                                           "-t", _cluster_id(), "-c", str(props), *self._format_args()]))
+        try:
+            procs.run_tool([java, f"@{argfile}"], "Formatting the Kafka data directory", timeout_s=60)
+        finally:
+            argfile.unlink(missing_ok=True)
         heap = self.local.kafka_heap_mb
         pid = procs.start_detached(
             [java, f"-Xmx{heap}m", f"-Xms{heap // 2}m",
@@ -314,3 +319,9 @@ def _first_server(bootstrap: str) -> tuple[str, int]:
     if not sep or not port.isdigit():
         raise LocalStackError(f"Kafka bootstrap {bootstrap!r} is not host:port.")
     return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _java_arg(arg: str) -> str:
+    """One argument as a line of a Java launcher argument file (``java @file``): quoted, with
+    backslashes and quotes escaped."""
+    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -12,6 +12,7 @@ import fcntl
 import ipaddress
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -263,3 +264,11 @@ def write_private(path: Path, text: str) -> None:
     with os.fdopen(fd, "w") as f:
         f.write(text)
     os.chmod(path, 0o600)
+
+
+def kept_secret(path: Path) -> str:
+    """The secret kept in ``path`` (mode 0600), made on first use (URL-safe, 32 characters)."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_private(path, secrets.token_urlsafe(24) + "\n")
+    return path.read_text().strip()

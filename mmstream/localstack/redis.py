@@ -2,7 +2,8 @@
 
 Configured from infra/redis/redis.conf (loopback only, a memory cap with LRU eviction, no
 persistence). Its state lives under ``<state_dir>/redis``: ``redis.json`` (pid file),
-``redis.conf`` (the filled template) and ``redis.log``.
+``redis.conf`` (the filled template) and ``redis.log`` (``state_name``: ``redis-secure`` for the
+secured one of `mmstream up --secure`, which runs beside the plain one on its own port).
 
 Secured when the URLs say so: a password in the workers' or the clients' URL turns on ACL
 users (``users.acl``, from ``mmstream.localstack.redis_acl``; the default user off), plus
@@ -16,13 +17,12 @@ logged; a status never shows the URL's password.
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import redis
 
@@ -58,7 +58,8 @@ class LocalRedis:
     """
 
     def __init__(self, local: LocalSettings, url: str, template: Path = _TEMPLATE,
-                 probe_timeout_s: float = 2.0, client_url: str = "", tls_ca: str = "") -> None:
+                 probe_timeout_s: float = 2.0, client_url: str = "", tls_ca: str = "",
+                 state_name: str = "redis") -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("redis", "rediss") or not parts.hostname:
             raise LocalStackError(f"Redis URL {redact(url)!r} is not redis://host:port/db.")
@@ -69,7 +70,7 @@ class LocalRedis:
         self.host = parts.hostname
         self.port = parts.port or 6379
         self.template = template
-        self.root = local.state_dir / "redis"
+        self.root = local.state_dir / state_name
         self.pid_file = self.root / "redis.json"
         self.conf = self.root / "redis.conf"
         self.log_file = self.root / "redis.log"
@@ -228,14 +229,14 @@ class LocalRedis:
         return [ln for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
 
     def _admin_password(self) -> str:
-        if not self.admin_secret.exists():
-            self.root.mkdir(parents=True, exist_ok=True)
-            procs.write_private(self.admin_secret, secrets.token_urlsafe(24))
-        return self.admin_secret.read_text().strip()
+        return procs.kept_secret(self.admin_secret)
+
+    def user_url(self, name: str, password: str) -> str:
+        """The URL that connects to this server as user ``name``."""
+        return f"{'rediss' if self.tls else 'redis'}://{name}:{quote(password, safe='')}@{self.host}:{self.port}/0"
 
     def _admin_url(self) -> str:
-        scheme = "rediss" if self.tls else "redis"
-        return f"{scheme}://mmadmin:{self._admin_password()}@{self.host}:{self.port}/0"
+        return self.user_url("mmadmin", self._admin_password())
 
     def _ensure_certificate(self) -> None:
         """A CA and a server certificate for ``host`` under ``tls/`` (made once, with openssl)."""

@@ -18,13 +18,13 @@ It runs beside the plaintext broker, never instead of it: its own ports
 
 The service password is made once and kept in ``service.password`` (mode 0600); ``env()``
 gives the ``MMSTREAM_KAFKA_*`` settings that connect to this broker as the service principal
-(written to ``mmstream.env`` by `mmstream up --secure`, for a shell to source).
+(with the secured Redis's, ``mmstream.localstack.secure_env``, written to ``mmstream.env`` by
+`mmstream up --secure` for a shell to source).
 """
 
 from __future__ import annotations
 
 import os
-import secrets
 from pathlib import Path
 from typing import Any
 
@@ -61,11 +61,7 @@ class SecureKafka(LocalKafka):
 
     def service_password(self) -> str:
         """The service principal's password, made on first use and kept (mode 0600)."""
-        path = self.root / "service.password"
-        if not path.exists():
-            self.root.mkdir(parents=True, exist_ok=True)
-            procs.write_private(path, secrets.token_urlsafe(24) + "\n")
-        return path.read_text().strip()
+        return procs.kept_secret(self.root / "service.password")
 
     def security(self) -> KafkaSecurity:
         """How the service principal connects."""
@@ -78,12 +74,6 @@ class SecureKafka(LocalKafka):
                 "MMSTREAM_KAFKA_SASL_MECHANISM": MECHANISM, "MMSTREAM_KAFKA_USERNAME": SERVICE_USER,
                 "MMSTREAM_KAFKA_PASSWORD": self.service_password(),
                 "MMSTREAM_KAFKA_SSL_CA_FILE": str(self.ca_file)}
-
-    def write_env_file(self) -> Path:
-        """``mmstream.env`` (mode 0600): ``env()`` as lines a shell can source."""
-        path = self.root / "mmstream.env"
-        procs.write_private(path, "".join(f"{k}={v}\n" for k, v in self.env().items()))
-        return path
 
     def client_kwargs(self) -> dict[str, Any]:
         if not self.ca_file.exists():

@@ -6,11 +6,12 @@ that broker by itself, the tenant's request is answered, and ``down`` stops what
 started.
 
 The commands run with a state dir, a topic prefix and secure-broker ports of this test's own
-(``MMSTREAM_LOCAL_STATE_DIR``, ``MMSTREAM_KAFKA_TOPIC_PREFIX``, ``MMSTREAM_LOCAL_KAFKA_SECURE_*``),
-so they never touch the suite's stack or a developer's ``mmstream up`` on the default ports and
-state dir; the one path the README spells out for those defaults
-(``~/.local/state/mmstream/tenants/mm/``) is rewritten to the same place under them. Redis is
-the suite's (``infra``): ``up`` reuses a Redis it did not start and ``down`` leaves it alone.
+(``MMSTREAM_LOCAL_STATE_DIR``, ``MMSTREAM_KAFKA_TOPIC_PREFIX``, ``MMSTREAM_LOCAL_KAFKA_SECURE_*``,
+``MMSTREAM_LOCAL_REDIS_SECURE_PORT``), so they never touch the suite's stack or a developer's
+``mmstream up`` on the default ports and state dir; the one path the README spells out for those
+defaults (``~/.local/state/mmstream/tenants/mm/``) is rewritten to the same place under them.
+``up --secure`` starts its secured Redis (ACL users) there too, ``tenant add`` gives the tenant a
+Redis user of its own and writes its URL into the properties file, and ``down`` stops both.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import pytest
 
 from mmstream.localstack.secure import SecureKafka
 from mmstream.supervisor import Supervisor
+from streams.security import read_redis_url
 from schemas.settings import Settings
 from tests.integration.conftest import free_ports
 
@@ -64,11 +66,12 @@ def test_the_readme_secure_quick_start_as_written(infra: Settings, tmp_path: Pat
     assert sum(DEFAULT_TENANTS in line for line in lines) == 1, lines
 
     state, prefix = tmp_path / "state", f"q{uuid.uuid4().hex[:10]}"
-    port, internal, controller = free_ports(3)
+    port, internal, controller, redis_port = free_ports(4)
     env = {**os.environ,
            "MMSTREAM_LOCAL_STATE_DIR": str(state), "MMSTREAM_KAFKA_TOPIC_PREFIX": prefix,
            "MMSTREAM_LOCAL_KAFKA_SECURE_PORT": str(port), "MMSTREAM_LOCAL_KAFKA_SECURE_INTERNAL_PORT": str(internal),
            "MMSTREAM_LOCAL_KAFKA_SECURE_CONTROLLER_PORT": str(controller),
+           "MMSTREAM_LOCAL_REDIS_SECURE_PORT": str(redis_port),
            "MMSTREAM_LOCAL_KAFKA_HEAP_MB": "256", "MMSTREAM_LOCAL_METRICS_BASE_PORT": "0"}
     # A fresh shell: nothing of a secure broker sourced (tenant add must find it by itself).
     for var in ("BOOTSTRAP", "SECURITY_PROTOCOL", "SASL_MECHANISM", "USERNAME", "PASSWORD", "SSL_CA_FILE"):
@@ -86,6 +89,10 @@ def test_the_readme_secure_quick_start_as_written(infra: Settings, tmp_path: Pat
             assert done.returncode == 0, "\n".join(outputs) + _worker_logs(settings)
             if argv[1] == "up":
                 assert broker.running(), "\n".join(outputs)
+            if argv[1] == "tenant":
+                props = Path(state / "tenants" / prefix / f"{argv[3]}.properties")
+                redis_url = read_redis_url(props)
+                assert redis_url and f"//{argv[3]}:" in redis_url and f":{redis_port}/" in redis_url, props.read_text()
             if argv[1] == "send":
                 terminal = json.loads(done.stdout.strip().splitlines()[-1])
                 assert terminal["kind"] == "result", "\n".join(outputs)

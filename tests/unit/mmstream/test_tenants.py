@@ -83,3 +83,21 @@ def test_a_properties_file_is_private_even_where_one_existed_open(tmp_path):
     os.chmod(out, 0o644)
     write_properties(out, "sasl.password=secret\n")
     assert out.stat().st_mode & 0o777 == 0o600 and out.read_text() == "sasl.password=secret\n"
+
+
+def test_the_tenants_redis_user_rides_in_a_comment_librdkafka_skips_and_the_sdk_reads(tmp_path):
+    from mmstream.tenants import Tenant, properties_text
+    from streams.client import Client
+    from streams.security import KafkaSecurity, parse_properties, read_redis_url
+
+    sec = KafkaSecurity(protocol="SASL_SSL", mechanism="SCRAM-SHA-512", username="acme", password="pw")
+    tenant = Tenant("acme", ("rt",), "127.0.0.1:9094", sec)
+    url = "redis://acme:s3cr%2Ft@127.0.0.1:6380/0"
+    path = tmp_path / "acme.properties"
+    path.write_text(properties_text(tenant, "mm", url))
+    assert not any(k.startswith("mmstream") for k in parse_properties(path.read_text()))  # no unknown key
+    assert read_redis_url(path) == url
+    assert Client.from_properties(path, redis_url="redis://elsewhere:1/0").redis_url == url  # the file's wins
+    path.write_text(properties_text(tenant, "mm"))
+    assert read_redis_url(path) is None
+    assert Client.from_properties(path, redis_url="redis://elsewhere:1/0").redis_url == "redis://elsewhere:1/0"

@@ -84,3 +84,29 @@ def test_tenant_commands_find_the_local_secure_broker_while_it_runs(tmp_path, mo
     assert found.password.get_secret_value() == broker.service_password()
     named = Settings.from_env({**os.environ, **broker.env(), "MMSTREAM_KAFKA_USERNAME": "ops"})
     assert commands._service_settings(named, ROOT) is named  # the environment names a SASL broker: it wins
+
+
+def test_the_secure_brokers_format_step_gets_its_password_from_a_private_file_not_its_command_line(tmp_path,
+                                                                                                 monkeypatch):
+    from mmstream.localstack import kafka
+
+    broker = secure_kafka(_settings(tmp_path), ROOT)
+    monkeypatch.setattr(broker, "ensure_certificates", lambda: None)
+    seen = {}
+
+    class Formatted(Exception):
+        pass
+
+    def run_tool(argv, what, timeout_s, **kw):
+        argfile = Path(argv[-1][1:])
+        seen.update(argv=list(argv), text=argfile.read_text(), mode=argfile.stat().st_mode & 0o777, path=argfile)
+        raise Formatted
+
+    monkeypatch.setattr(kafka.procs, "run_tool", run_tool)
+    with pytest.raises(Formatted):
+        broker._launch("java", tmp_path / "libs")
+    password = broker.service_password()
+    assert password not in " ".join(seen["argv"]) and len(seen["argv"]) == 2 and seen["argv"][1].startswith("@")
+    assert f'"SCRAM-SHA-512=[name=mmstream,password={password}]"' in seen["text"].splitlines()
+    assert '"kafka.tools.StorageTool"' in seen["text"] and seen["mode"] == 0o600
+    assert not seen["path"].exists()  # removed once the step is over, even when it failed
