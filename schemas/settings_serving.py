@@ -92,6 +92,11 @@ class RouterSettings(Section):
         "embed,generate", "Comma-separated tasks this deployment answers."
     )
     topic_cache_s: float = setting(10.0, "How long the router trusts its list of existing reply topics.", ge=0)
+    max_record_age_ms: float = setting(
+        60_000.0, "How far back an ingress record's timestamp (the client's) is believed when timing the request: an "
+        "older one counts as this old and one from the future as now, so a client cannot skew the queue and e2e "
+        "metrics alerts read. Lag past it shows in consumer lag (lagmon).", ge=0,
+    )
     modality_topics: bool = setting(
         True, "One encode topic and pool per modality; off, every part goes to one shared topic and generic pool "
         "(the no-routing baseline: light text waits behind video)."
@@ -262,6 +267,12 @@ class DlqSettings(Section):
     retention_ms: int = setting(
         3 * 24 * 3_600_000, "How long DLQ records are kept (the topic's retention.ms, set when it is created).", ge=60_000
     )
+    tenant_rate_per_s: float = setting(
+        20.0, "Records per second one tenant's ingress may park in the DLQ (per router replica; in plaintext mode "
+        "every client counts as one); past it, and its burst, a bad record is counted (mmstream_dlq_dropped_total) and "
+        "dropped unlogged. 0: no limit.", ge=0
+    )
+    tenant_burst: float = setting(200.0, "DLQ records a tenant may park at once above that rate.", ge=1)
     retention_bytes: int = setting(
         1024 ** 3, "Most bytes the DLQ keeps per partition (retention.bytes, set when it is created); the oldest go first.",
         ge=1024 * 1024,
@@ -301,6 +312,13 @@ class QuotaSettings(Section):
     ref_bytes_burst: float = setting(
         0.0, "Bytes a tenant's refs may name at once above that rate; 0: the larger of one second's worth and "
         "limits.max_request_ref_bytes (so one request at the cap always gets in eventually).", ge=0
+    )
+    claim_bytes: int = setting(
+        256 * 1024 * 1024, "Bytes of claim checks one tenant may keep in Redis; past it, the router's sweep deletes its "
+        "newest ones (streams/policies/claim_quota.py). 0: no byte quota (the TTL cap still holds).", ge=0
+    )
+    claim_sweep_s: float = setting(
+        2.0, "How often each router sweeps the stored claim checks (TTL cap, per-tenant byte quota); 0: never.", ge=0
     )
     max_tenants: int = setting(10_000, "Most tenants whose counts the router keeps (memory bound; idle ones go).", ge=1)
     metric_tenants: int = setting(

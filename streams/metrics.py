@@ -158,6 +158,9 @@ class Metrics:
             ("lane", "decision"))
         self.dlq_total = self._make(
             Counter, "mmstream_dlq", "Records a stage sent to the dead-letter topic.", ("stage",))
+        self.dlq_dropped_total = self._make(
+            Counter, "mmstream_dlq_dropped", "Bad records not parked in the DLQ: their tenant's DLQ budget "
+            "(dlq.tenant_rate_per_s) was spent.", ("stage",))
         self.tenant_shed_total = self._make(
             Counter, "mmstream_tenant_shed",
             "Requests the router shed for their tenant's quota, by reason (rate, queued); the tenant label names a "
@@ -239,6 +242,10 @@ class Metrics:
         self.requests_total.labels(stage, outcome).inc()
         if code is not None:
             self.errors_total.labels(stage, str(code)).inc()
+
+    def dlq_dropped(self, stage: str) -> None:
+        """Count a bad record ``stage`` did not park because its tenant's DLQ budget was spent."""
+        self.dlq_dropped_total.labels(stage).inc()
 
     def to_dlq(self, stage: str) -> None:
         """Count a record ``stage`` sent to the DLQ, and the item as finished with outcome ``dlq``."""

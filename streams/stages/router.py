@@ -55,9 +55,10 @@ from schemas.jobs import Verdict, request_key
 from schemas.request import TENANT_RE, Limits, peek_reply, validate_request
 from schemas.settings import Settings, parse_overrides
 from schemas.trace import now_ms
-from streams import costs
+from streams import claim_sweep, costs
 from streams.load import LoadView
 from streams.metrics import Metrics
+from streams.policies.budget import KeyedBudget
 from streams.policies.admission import AdmissionLimits, Admit, Backpressure, Reject, admit
 from streams.policies.gen_admission import estimate_prompt_tokens, price_generate_ms
 from streams.policies.partitioning import Partitioner
@@ -151,6 +152,7 @@ class Router:
             max_queued_ms=q.max_queued_ms, window_ms=float(q.window_ms), max_tenants=q.max_tenants,
             ref_bytes_per_s=q.ref_bytes_per_s,
             ref_bytes_burst=q.ref_bytes_burst or max(q.ref_bytes_per_s, float(settings.limits.max_request_ref_bytes))))
+        self.dlq_budget = KeyedBudget(settings.dlq.tenant_rate_per_s, settings.dlq.tenant_burst, q.max_tenants)
         self.nonce = nonce
         self.ref_sizes = ref_sizes
 
@@ -161,11 +163,11 @@ class Router:
         started = now_ms()
         content_type = header(headers, CONTENT_TYPE_HEADER)
         if raw is not None and len(raw) > self.settings.limits.max_request_bytes:
-            return Routed([self._dlq(raw, headers, source, f"{ErrorCode.PAYLOAD_TOO_LARGE}: request is {len(raw)} bytes")], "dlq")
+            return self._dlq(raw, headers, source, f"{ErrorCode.PAYLOAD_TOO_LARGE}: request is {len(raw)} bytes", tenant)
         try:
             obj = unpack(raw, content_type)
         except DecodeError as exc:
-            return Routed([self._dlq(raw, headers, source, f"undecodable: {exc}")], "dlq")
+            return self._dlq(raw, headers, source, f"undecodable: {exc}", tenant)
         from_json = (content_type or "").startswith(JSON) or (content_type is None and bytes(raw).lstrip()[:1] == b"{")
         digest = record_digest(raw, record_ts_ms)
         try:
@@ -186,7 +188,7 @@ class Router:
         except WireError as err:
             who = peek_reply(obj)
             if who is None:
-                return Routed([self._dlq(raw, headers, source, f"{err.code}: {err.message} (no readable id to answer)")], "dlq")
+                return self._dlq(raw, headers, source, f"{err.code}: {err.message} (no readable id to answer)", tenant)
             rid, reply_to = who
             try:
                 reply_to = await self.replies.check(reply_to, tenant)
@@ -195,7 +197,9 @@ class Router:
             event = Event(rid, EventKind.ERROR, 0, now_ms(), error=err.to_wire())
             who_tenant = tenant if tenant is not None else obj.get("tenant")
             return Routed([self._verdict(rid, who_tenant, "rt", reply_to, [event], digest)], "error", str(err.code))
-        client_sent = record_ts_ms if record_ts_ms else started
+        # The client's timestamp, believed only within [started - max age, started].
+        client_sent = min(started, max(record_ts_ms, started - self.settings.router.max_record_age_ms)) \
+            if record_ts_ms else started
         shed = self._quota(req, started, sum(ref_bytes.values()))
         if shed is not None:
             err = WireError(ErrorCode.OVERLOADED, shed.message, None, shed.retry_after_ms)
@@ -364,10 +368,16 @@ class Router:
         return out_map(self.topics.encoded(lane if lane in ("rt", "bulk") else "rt"), request_key(tenant, rid),
                        v.to_wire())
 
-    def _dlq(self, raw: bytes, headers: Any, source: str, reason: str) -> Out:
+    def _dlq(self, raw: bytes, headers: Any, source: str, reason: str, tenant: str | None) -> Routed:
+        """Park a record no one can be answered for, within its tenant's DLQ budget (every
+        plaintext client is one tenant here: its tenant field is unreadable); past it the
+        record is only counted, so a flood of garbage costs neither the DLQ nor the log."""
+        if not self.dlq_budget.take(tenant or "", now_ms()):
+            return Routed([], "dlq_dropped")
         log.warning("router: to DLQ from %s: %s", bounded(source), bounded(reason))
-        return dead_letter(self.topics.dlq, None, raw, reason, headers=headers, source=source,
-                           max_bytes=self.settings.kafka.max_message_bytes, keep_payload=self.settings.dlq.keep_payload)
+        return Routed([dead_letter(self.topics.dlq, None, raw, reason, headers=headers, source=source,
+                                   max_bytes=self.settings.kafka.max_message_bytes,
+                                   keep_payload=self.settings.dlq.keep_payload)], "dlq")
 
 
 def record_digest(raw: bytes, record_ts_ms: float | None) -> str:
@@ -471,6 +481,10 @@ class RouterStage(RecordStage):
 
     def _observe(self, routed: Routed) -> None:
         m = self.metrics
+        if routed.outcome == "dlq_dropped":
+            m.dlq_dropped("route")
+            m.request_done("route", "dlq")
+            return
         if routed.outcome == "dlq":
             m.to_dlq("route")
             m.request_done("route", "dlq")
@@ -499,6 +513,8 @@ class RouterStage(RecordStage):
     async def on_started(self) -> None:
         await super().on_started()
         self.supervise("load", self._refresh_forever)
+        if self.settings.quota.claim_sweep_s > 0:
+            self.supervise("claims", self._sweep_claims_forever)
 
     async def _refresh_forever(self) -> None:
         interval = self.settings.admission.refresh_ms / 1000.0
@@ -511,6 +527,16 @@ class RouterStage(RecordStage):
             except Exception as exc:  # keep the last estimate; admission must not stop routing
                 log.warning("router: could not read the encoders' load: %r", exc)
             await asyncio.sleep(interval)
+
+
+    async def _sweep_claims_forever(self) -> None:
+        q = self.settings.quota
+        while not self.should_stop:
+            try:
+                await claim_sweep.sweep(self.redis, q.claim_bytes, self.settings.limits.claim_ttl_s)
+            except Exception as exc:  # Redis down: the next sweep catches up
+                log.warning("router: claim sweep skipped: %r", exc)
+            await asyncio.sleep(q.claim_sweep_s)
 
 
 def install_router(app: faust.App, settings: Settings, metrics: Metrics,

@@ -40,7 +40,8 @@ def abuse(infra):
                           MMSTREAM_LIMITS_CLAIM_TTL_S=str(CLAIM_TTL_S),
                           MMSTREAM_QUOTA_REF_BYTES_PER_S="1", MMSTREAM_QUOTA_REF_BYTES_BURST=str(4 * S),
                           MMSTREAM_VIDEO_MAX_DECODED_PIXELS=str(13 * 320 * 240),
-                          MMSTREAM_ADMISSION_MAX_QUEUED_MS_RT="60000")
+                          MMSTREAM_ADMISSION_MAX_QUEUED_MS_RT="60000",
+                          MMSTREAM_QUOTA_CLAIM_SWEEP_S="0")  # claims stored without expiry stay so (test_redis_isolation sweeps)
     yield pipe
     pipe.supervisor.stop()
 

@@ -44,7 +44,15 @@ def test_broker_settings_match_server_properties():
 def test_redis_policy_matches_native_config():
     cmd = " ".join(SERVICES["redis"]["command"])
     native = (ROOT / "infra" / "redis" / "redis.conf").read_text()
-    assert "maxmemory-policy allkeys-lru" in native and "--maxmemory-policy allkeys-lru" in cmd
+    for key in ("maxmemory-policy allkeys-lru", "proto-max-bulk-len 64mb", "client-query-buffer-limit 128mb"):
+        assert key in native and f"--{key}" in cmd, key
+
+
+def test_published_ports_bind_to_loopback_unless_told_otherwise():
+    published = [(name, p) for name, svc in SERVICES.items() for p in svc.get("ports", [])]
+    assert {name for name, _ in published} >= {"kafka", "redis"}
+    for name, port in published:
+        assert str(port).startswith("${MMSTREAM_PUBLISH_ADDRESS:-127.0.0.1}:"), (name, port)
 
 
 def test_every_stage_has_a_service_running_it():

@@ -150,6 +150,7 @@ def test_suffix_rules_match_what_prometheus_client_exposes() -> None:
     m.observe_tpot("rt", 1.0)
     m.request_done("route", "error", "internal")
     m.to_dlq("route")
+    m.dlq_dropped("route")
     m.engine_fallback("encode.text", "fp16", "fp32", "fidelity")
     m.cache_lookup("text", "hit")
     m.admission("rt", "admit")

@@ -269,3 +269,31 @@ def test_internal_media_types_are_refused_from_clients():
         assert [o.topic for o in outs] == ["mm.encoded.rt"]  # no job reaches the image pool
         _, ev = verdict(outs[0])
         assert ev.error["code"] in ("unsupported_media", "invalid_request") and ev.error["field"] == "parts.0.mime"
+
+
+def test_a_records_timestamp_is_believed_only_between_the_max_age_and_now():
+    from streams.stages.router import now_ms
+
+    r = make_router(router__max_record_age_ms="5000")
+    raw = pack({"v": 1, "id": "ts1", "parts": [{"modality": "text", "text": "x"}]})
+
+    def sent_at(ts):
+        routed = asyncio.run(r.handle(raw, [], ts, "test"))
+        return fan_in_from_wire(unpack(routed.outs[0].value)).client_sent_at_ms, routed.queued_ms
+
+    t = now_ms()
+    back, queued = sent_at(t - 86_400_000)  # a day back-dated
+    assert t - 5000 - 1 <= back <= t and 4000 <= queued <= 5100
+    future, queued = sent_at(t + 86_400_000)  # a day ahead
+    assert future <= now_ms() and queued == 0.0
+    honest, _ = sent_at(t - 100)
+    assert honest == t - 100
+
+
+def test_one_tenants_garbage_parks_in_the_dlq_only_within_its_budget():
+    r = make_router(dlq__tenant_rate_per_s="0.001", dlq__tenant_burst="3")
+    routed = [asyncio.run(r.handle(b"\xc1\xc1", [], 1000.0, "test", tenant="flood")) for _ in range(5)]
+    assert [x.outcome for x in routed] == ["dlq"] * 3 + ["dlq_dropped"] * 2
+    assert routed[-1].outs == []
+    other = asyncio.run(r.handle(b"\xc1\xc1", [], 1000.0, "test", tenant="calm"))
+    assert other.outcome == "dlq" and len(other.outs) == 1  # another tenant's budget is its own
