@@ -80,3 +80,28 @@ def test_empty_batch_and_bad_max_length(minilm_tokenizer_json: Path, pre: TextPr
         pre.tokenize_batch([])
     with pytest.raises(ValueError):
         TextPreprocessor(minilm_tokenizer_json, max_length=1)
+
+
+WORDS = st.sampled_from(["the", "cat", "sat", "on", "unbelievable", "mat", ",", "!", "x" * 120, "naïve", "日本語",
+                         "tokenization", "a", "hyper-parameter"])
+
+
+@given(st.lists(WORDS, min_size=0, max_size=400))
+def test_a_long_text_tokenized_from_its_prefix_gives_the_ids_of_the_whole(minilm_tokenizer_json: Path,
+                                                                          words: list[str]) -> None:
+    from tokenizers import Tokenizer
+
+    pre = TextPreprocessor(minilm_tokenizer_json, max_length=32)
+    text = normalize(" ".join(words))
+    whole = Tokenizer.from_file(str(minilm_tokenizer_json))
+    whole.no_padding()
+    whole.enable_truncation(max_length=32)
+    assert pre.ids(text) == whole.encode(text, add_special_tokens=True).ids
+
+
+def test_a_64_kib_text_is_not_tokenized_whole(minilm_tokenizer_json: Path, monkeypatch) -> None:
+    pre = TextPreprocessor(minilm_tokenizer_json, max_length=256)
+    seen: list[int] = []
+    real = pre._tokenizer.encode
+    monkeypatch.setattr(pre, "_tokenizer", type("T", (), {"encode": lambda self, t, **kw: seen.append(len(t)) or real(t, **kw)})())
+    assert len(pre.ids("word " * 13_000)) == 256 and max(seen) <= 256 * 8
