@@ -45,19 +45,26 @@ def admit(*, lane: str, stages: Mapping[str, float], queued_ms: Mapping[str, flo
     """Decide on one request.
 
     ``stages``: the request's own cost (ms) at each stage it needs; ``queued_ms``: the work
-    already queued at each stage. Never admits a request into a stage over its lane's limit.
+    already queued at each stage. A request is admitted into a stage only while the queued
+    work plus its own stays within its lane's limit, so one costly request cannot push the
+    stage past the bound that every request behind it was promised; one costlier than the
+    whole limit gets in only while the stage is nearly idle (under ``IDLE_SHARE`` of the
+    limit queued), so it is served, never starved for good.
     """
     limit = limits.max_queued_ms_rt if lane == "rt" else limits.max_queued_ms_bulk
     worst_stage, worst_over = None, 0.0
-    for stage in stages:
-        over = queued_ms.get(stage, 0.0) - limit
-        if over > worst_over or (over >= 0 and worst_stage is None):
+    for stage, own in stages.items():
+        queued = queued_ms.get(stage, 0.0)
+        over = queued + own - limit
+        if (queued >= limit or (over > 0 and queued >= IDLE_SHARE * limit)) and \
+                (worst_stage is None or over > worst_over):
             worst_stage, worst_over = stage, max(over, 0.0)
-    if worst_stage is not None and queued_ms.get(worst_stage, 0.0) >= limit:
+    if worst_stage is not None:
         retry = max(limits.min_retry_after_ms, int(worst_over) + limits.min_retry_after_ms)
         return Reject(ErrorCode.OVERLOADED,
-                      f"stage {worst_stage} has {queued_ms[worst_stage]:.0f} ms of work queued (limit for {lane}: "
-                      f"{limit:.0f} ms); retry later", retry)
+                      f"stage {worst_stage} has {queued_ms.get(worst_stage, 0.0):.0f} ms of work queued and this "
+                      f"request needs {stages[worst_stage]:.0f} ms more (limit for {lane}: {limit:.0f} ms); retry later",
+                      retry)
     wait = max((queued_ms.get(s, 0.0) for s in stages), default=0.0)
     own = max(stages.values(), default=0.0)
     if wait + own > deadline_ms:
@@ -65,6 +72,11 @@ def admit(*, lane: str, stages: Mapping[str, float], queued_ms: Mapping[str, flo
                       f"predicted {wait + own:.0f} ms (queued {wait:.0f} + own {own:.0f}) exceeds the deadline of "
                       f"{deadline_ms:.0f} ms", None)
     return Admit(wait)
+
+
+IDLE_SHARE = 0.05
+"""A stage with less than this share of its lane's limit queued counts as idle for a request
+that alone costs more than the limit."""
 
 
 @dataclass
