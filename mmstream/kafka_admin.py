@@ -2,7 +2,8 @@
 
 Both go through an open ``AIOKafkaAdminClient`` (whose principal needs ALTER on the
 cluster: the pipeline's service principal is a super user), as the wire requests of the
-Kafka protocol: CreateAcls v1 (API 30) and AlterUserScramCredentials v0 (API 51, KIP-554).
+Kafka protocol: CreateAcls v1 (API 30), AlterUserScramCredentials v0 (API 51, KIP-554), and
+AlterClientQuotas v0 / DescribeClientQuotas v0 (APIs 49 and 48, KIP-546).
 The SCRAM credential is salted and hashed here (RFC 5802's ``Hi``: PBKDF2-HMAC), so the
 password itself never travels.
 
@@ -19,8 +20,8 @@ from typing import Any, Iterable, TypeAlias
 
 from aiokafka.errors import for_code
 from aiokafka.protocol.api import Request, RequestStruct, Response
-from aiokafka.protocol.types import (Array, CompactArray, CompactBytes, CompactString, Int8, Int16, Int32, Schema,
-                                     String, TaggedFields)
+from aiokafka.protocol.types import (Array, Boolean, CompactArray, CompactBytes, CompactString, Float64, Int8, Int16,
+                                     Int32, Schema, String, TaggedFields)
 
 RESOURCE = {"topic": 2, "group": 3, "cluster": 4, "transactional_id": 5}
 PATTERN = {"literal": 3, "prefixed": 4}
@@ -128,6 +129,64 @@ def scram_upsertion(user: str, password: str, mechanism: str = "SCRAM-SHA-512",
     return (user, code, iterations, salt, salted, {})
 
 
+# -- AlterClientQuotas v0 and DescribeClientQuotas v0 -------------------------------------
+
+_ENTITY = Array(("entity_type", String("utf-8")), ("entity_name", String("utf-8")))
+
+
+class _AlterQuotasResponse_v0(Response):
+    API_KEY = 49
+    API_VERSION = 0
+    SCHEMA = Schema(("throttle_time_ms", Int32),
+                    ("entries", Array(("error_code", Int16), ("error_message", String("utf-8")), ("entity", _ENTITY))))
+
+
+class _AlterQuotasRequest_v0(RequestStruct):
+    API_KEY = 49
+    API_VERSION = 0
+    RESPONSE_TYPE = _AlterQuotasResponse_v0
+    SCHEMA = Schema(("entries", Array(("entity", _ENTITY), ("ops", Array(("key", String("utf-8")), ("value", Float64),
+                                                                          ("remove", Boolean))))),
+                    ("validate_only", Boolean))
+
+
+class AlterQuotas(Request[_AlterQuotasRequest_v0]):
+    API_KEY = 49
+
+    def __init__(self, user: str, values: dict[str, float]) -> None:
+        self.entries = [([("user", user)], [(k, float(v), False) for k, v in sorted(values.items())])]
+
+    def build(self, request_struct_class: type[_AlterQuotasRequest_v0]) -> _AlterQuotasRequest_v0:
+        return request_struct_class(self.entries, False)
+
+
+class _DescribeQuotasResponse_v0(Response):
+    API_KEY = 48
+    API_VERSION = 0
+    SCHEMA = Schema(("throttle_time_ms", Int32), ("error_code", Int16), ("error_message", String("utf-8")),
+                    ("entries", Array(("entity", _ENTITY), ("values", Array(("key", String("utf-8")),
+                                                                             ("value", Float64))))))
+
+
+class _DescribeQuotasRequest_v0(RequestStruct):
+    API_KEY = 48
+    API_VERSION = 0
+    RESPONSE_TYPE = _DescribeQuotasResponse_v0
+    SCHEMA = Schema(("components", Array(("entity_type", String("utf-8")), ("match_type", Int8),
+                                         ("match", String("utf-8")))),
+                    ("strict", Boolean))
+
+
+class DescribeQuotas(Request[_DescribeQuotasRequest_v0]):
+    API_KEY = 48
+
+    def __init__(self, user: str) -> None:
+        self.user = user
+
+    def build(self, request_struct_class: type[_DescribeQuotasRequest_v0]) -> _DescribeQuotasRequest_v0:
+        return request_struct_class([("user", 0, self.user)], True)  # match type 0: exactly this name
+
+
 # -- the calls -----------------------------------------------------------------------------
 
 async def create_acls(admin: Any, bindings: list[AclBinding]) -> None:
@@ -148,3 +207,23 @@ async def set_scram_password(admin: Any, user: str, password: str, mechanism: st
     for name, code, message, _ in response.results:
         if code:
             raise KafkaAdminError(f"SCRAM credential of {name!r}: {for_code(code).__name__} {message or ''}".rstrip())
+
+
+async def set_user_quotas(admin: Any, user: str, values: dict[str, float]) -> None:
+    """Set client quotas of principal ``User:<user>`` (``producer_byte_rate``,
+    ``consumer_byte_rate``, ``request_percentage``: the broker throttles the user's clients
+    past them). Raises ``KafkaAdminError`` if refused."""
+    if not values:
+        return
+    response = await admin._send_request(AlterQuotas(user, values))  # noqa: SLF001
+    for code, message, _ in response.entries:
+        if code:
+            raise KafkaAdminError(f"client quotas of {user!r}: {for_code(code).__name__} {message or ''}".rstrip())
+
+
+async def user_quotas(admin: Any, user: str) -> dict[str, float]:
+    """The client quotas set for exactly ``User:<user>`` ({} when none)."""
+    response = await admin._send_request(DescribeQuotas(user))  # noqa: SLF001
+    if response.error_code:
+        raise KafkaAdminError(f"client quotas of {user!r}: {for_code(response.error_code).__name__}")
+    return {k: v for _, values in (response.entries or []) for k, v in values}

@@ -13,8 +13,9 @@ A tenant is a SASL (SCRAM) user of an authenticating broker. What it may do is e
 No internal topic (encode, encoded, generate, done markers, DLQ, the shared ingress and
 results) and no cluster operation: those are the service principal's alone.
 
-``add_tenant`` sets the credential (Admin API, salted here), creates the tenant's topics
-and its ACLs; ``properties_text`` is the client properties file with the standard
+``add_tenant`` sets the credential (Admin API, salted here), creates the tenant's topics,
+its ACLs and its client quotas on the broker (``broker_quotas``: the bytes per second its
+clients may produce, so a flooding tenant is throttled by the broker before the router reads it); ``properties_text`` is the client properties file with the standard
 librdkafka keys (``bootstrap.servers``, ``security.protocol``, ``sasl.mechanism``,
 ``sasl.username``, ``sasl.password``, ``ssl.ca.location``) and, as comments, the topics to use.
 """
@@ -31,7 +32,7 @@ from typing import Sequence
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from mmstream.kafka_admin import AclBinding, create_acls, set_scram_password
+from mmstream.kafka_admin import AclBinding, create_acls, set_scram_password, set_user_quotas
 from mmstream.localstack.secure import BROKER_USER
 from schemas.settings import Settings
 from streams.security import REDIS_URL_KEY, KafkaSecurity, client_kwargs, format_properties
@@ -94,6 +95,13 @@ def tenant_acls(prefix: str, tenant: str, lanes: Sequence[str]) -> list[AclBindi
     return acls
 
 
+def broker_quotas(settings: Settings) -> dict[str, float]:
+    """The client quotas a tenant's principal gets on the broker (those set to 0 are left out)."""
+    q = settings.quota
+    wanted = {"producer_byte_rate": q.produce_bytes_per_s, "consumer_byte_rate": q.fetch_bytes_per_s}
+    return {k: v for k, v in wanted.items() if v > 0}
+
+
 async def add_tenant(settings: Settings, name: str, lanes: Sequence[str] | None = None,
                      password: str | None = None) -> Tenant:
     """Create (or update: the password is replaced, ACLs and topics kept) tenant ``name`` on
@@ -115,6 +123,7 @@ async def add_tenant(settings: Settings, name: str, lanes: Sequence[str] | None 
     try:
         await set_scram_password(admin, name, password, mechanism)
         await create_acls(admin, tenant_acls(k.topic_prefix, name, chosen))
+        await set_user_quotas(admin, name, broker_quotas(settings))
     finally:
         await admin.close()
     await ensure_topics(k.bootstrap, specs, k.replication_factor, client_kwargs(settings))

@@ -25,11 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAuthorizationFailedError
 
-from mmstream import cli
+from mmstream import cli, localstack
 from mmstream.localstack.secure import SecureKafka
 from mmstream.supervisor import Supervisor
 from mmstream.tenants import add_tenant, properties_text
@@ -346,6 +347,15 @@ async def test_a_reply_to_outside_the_tenants_namespace_is_refused(secure):
 
 def test_up_secure_reuses_the_secure_broker_and_status_sees_it(secure, monkeypatch, capsys):
     local = secure.broker.local
+    (redis_port,) = free_ports(1)
+    monkeypatch.setenv("MMSTREAM_LOCAL_REDIS_SECURE_PORT", str(redis_port))
+    try:
+        _up_secure_infra(secure, monkeypatch, capsys, local)
+    finally:  # the secured Redis `up --secure` started (the broker is the fixture's)
+        localstack.secure_redis(Settings.from_env(), REPO).stop()
+
+
+def _up_secure_infra(secure, monkeypatch, capsys, local) -> None:
     for var, value in {"MMSTREAM_LOCAL_STATE_DIR": str(local.state_dir),
                        "MMSTREAM_LOCAL_KAFKA_SECURE_PORT": str(local.kafka_secure_port),
                        "MMSTREAM_LOCAL_KAFKA_SECURE_INTERNAL_PORT": str(local.kafka_secure_internal_port),
@@ -366,3 +376,22 @@ def test_up_secure_reuses_the_secure_broker_and_status_sees_it(secure, monkeypat
     assert f"kafka   {secure.bootstrap}" in out and "healthy" in out.splitlines()[0]
     assert cli.main(["config"]) == 0
     assert shell["MMSTREAM_KAFKA_PASSWORD"] not in capsys.readouterr().out
+    assert "mmworker:" in shell["MMSTREAM_REDIS_URL"]  # the workers' user of the secured Redis it started
+
+
+def test_tenant_add_sets_the_tenants_produce_quota_on_the_broker(secure):
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    from mmstream.kafka_admin import user_quotas
+
+    async def quotas(user: str) -> dict[str, float]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=secure.bootstrap, **client_kwargs(secure.settings))
+        await admin.start()
+        try:
+            return await user_quotas(admin, user)
+        finally:
+            await admin.close()
+
+    expected = secure.settings.quota.produce_bytes_per_s
+    assert asyncio.run(quotas("acme")) == {"producer_byte_rate": expected}  # by `tenant add` on the CLI
+    assert asyncio.run(quotas("globex")) == {"producer_byte_rate": expected}  # by add_tenant
