@@ -44,9 +44,9 @@ SNAPSHOT_FORMAT = 1
 DEFAULT_MAX_DOCS = 1_000_000
 LIBRARY_VERSION = importlib.metadata.version("hnswlib")
 DEFAULT_LIBRARY_PARAMS: dict[str, Any] = {
-    "M": 16,                 # graph degree
+    "M": 32,                 # graph degree (16 measured recall@10 0.944 on real passages)
     "ef_construction": 128,  # candidates kept while linking a new node
-    "ef": 64,                # candidates kept while searching; at least the fetch
+    "ef": 128,               # candidates kept while searching; at least the fetch
     "threads": 1,            # graph threads for a batch upsert (0: all cores); searches use one
     "random_seed": 100,      # node levels
 }
