@@ -17,7 +17,7 @@ from mmstream.kafka_admin import KafkaAdminError
 from mmstream.localstack import LocalStackError
 from mmstream.quiet import quiet_into
 from mmstream.supervisor import Supervisor, WorkersElsewhereError, default_replicas, parse_replicas
-from mmstream.tenants import TenantError, add_tenant, properties_text
+from mmstream.tenants import TenantError, add_tenant, check_name, properties_text
 from schemas.codec import JSON
 from schemas.request import Lane, Modality, Part, Request, Task
 from schemas.settings import Settings, describe, redact
@@ -294,12 +294,14 @@ def cmd_tenant(args: argparse.Namespace, settings: Settings, repo_root: Path) ->
     """`tenant add NAME`: credentials, topics and ACLs, and the tenant's properties file."""
     settings = _service_settings(settings, repo_root)
     try:
+        check_name(args.name, settings)
+        # The Redis user first: if that fails, the tenant's Kafka password is not yet replaced.
+        redis_url = _tenant_redis_user(settings, repo_root, args.name)
         tenant = asyncio.run(add_tenant(settings, args.name, args.lanes))
     except TenantError as exc:
         raise UserError(str(exc)) from None
     except KafkaAdminError as exc:
         raise UserError(f"the broker refused: {exc} (the service principal needs ALTER on the cluster)") from None
-    redis_url = _tenant_redis_user(settings, repo_root, tenant.name)
     out = args.out or settings.local.state_dir / "tenants" / settings.kafka.topic_prefix / f"{tenant.name}.properties"
     out.parent.mkdir(parents=True, exist_ok=True)
     write_properties(out, properties_text(tenant, settings.kafka.topic_prefix, redis_url))

@@ -154,7 +154,8 @@ class AlterQuotas(Request[_AlterQuotasRequest_v0]):
     API_KEY = 49
 
     def __init__(self, user: str, values: dict[str, float]) -> None:
-        self.entries = [([("user", user)], [(k, float(v), False) for k, v in sorted(values.items())])]
+        # A value of 0 removes the quota (Kafka refuses a rate of 0).
+        self.entries = [([("user", user)], [(k, float(v), v <= 0) for k, v in sorted(values.items())])]
 
     def build(self, request_struct_class: type[_AlterQuotasRequest_v0]) -> _AlterQuotasRequest_v0:
         return request_struct_class(self.entries, False)
@@ -212,7 +213,7 @@ async def set_scram_password(admin: Any, user: str, password: str, mechanism: st
 async def set_user_quotas(admin: Any, user: str, values: dict[str, float]) -> None:
     """Set client quotas of principal ``User:<user>`` (``producer_byte_rate``,
     ``consumer_byte_rate``, ``request_percentage``: the broker throttles the user's clients
-    past them). Raises ``KafkaAdminError`` if refused."""
+    past them; 0 removes one). Raises ``KafkaAdminError`` if refused."""
     if not values:
         return
     response = await admin._send_request(AlterQuotas(user, values))  # noqa: SLF001

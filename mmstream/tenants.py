@@ -96,10 +96,10 @@ def tenant_acls(prefix: str, tenant: str, lanes: Sequence[str]) -> list[AclBindi
 
 
 def broker_quotas(settings: Settings) -> dict[str, float]:
-    """The client quotas a tenant's principal gets on the broker (those set to 0 are left out)."""
+    """The client quotas a tenant's principal gets on the broker (0: none, and one set by an
+    earlier `tenant add` is removed)."""
     q = settings.quota
-    wanted = {"producer_byte_rate": q.produce_bytes_per_s, "consumer_byte_rate": q.fetch_bytes_per_s}
-    return {k: v for k, v in wanted.items() if v > 0}
+    return {"producer_byte_rate": float(q.produce_bytes_per_s), "consumer_byte_rate": float(q.fetch_bytes_per_s)}
 
 
 async def add_tenant(settings: Settings, name: str, lanes: Sequence[str] | None = None,

@@ -313,18 +313,20 @@ class QuotaSettings(Section):
         0.0, "Bytes a tenant's refs may name at once above that rate; 0: the larger of one second's worth and "
         "limits.max_request_ref_bytes (so one request at the cap always gets in eventually).", ge=0
     )
-    produce_bytes_per_s: float = setting(
-        8.0 * 1024 * 1024, "Bytes per second one tenant's clients may produce on a secured broker: `mmstream tenant add` "
+    produce_bytes_per_s: int = setting(
+        8 * 1024 * 1024, "Bytes per second one tenant's clients may produce on a secured broker: `mmstream tenant add` "
         "sets it as the tenant principal's producer_byte_rate client quota, so the broker throttles a flooding tenant "
-        "before its records reach the router. 0: none set.", ge=0
+        "before its records reach the router. 0: none (one set before is removed).", ge=0
     )
-    fetch_bytes_per_s: float = setting(
-        0.0, "Bytes per second one tenant's clients may fetch (its answers) on a secured broker (consumer_byte_rate, set "
-        "by `mmstream tenant add`); 0: none set.", ge=0
+    fetch_bytes_per_s: int = setting(
+        0, "Bytes per second one tenant's clients may fetch (its answers) on a secured broker (consumer_byte_rate, set "
+        "by `mmstream tenant add`); 0: none (one set before is removed).", ge=0
     )
     claim_bytes: int = setting(
-        256 * 1024 * 1024, "Bytes of claim checks one tenant may keep in Redis; past it, the router's sweep deletes its "
-        "newest ones (streams/policies/claim_quota.py). 0: no byte quota (the TTL cap still holds).", ge=0
+        32 * 1024 * 1024, "Bytes of claim checks one tenant may keep in Redis; past it, the router's sweep deletes its "
+        "newest ones (streams/policies/claim_quota.py). Keep it well under Redis's maxmemory (256 MiB locally): a "
+        "tenant within it still evicts others' entries when all tenants together fill the server. 0: no byte quota "
+        "(the TTL cap still holds).", ge=0
     )
     claim_sweep_s: float = setting(
         2.0, "How often each router sweeps the stored claim checks (TTL cap, per-tenant byte quota); 0: never.", ge=0

@@ -35,7 +35,7 @@ async def sweep(redis: Any, quota_bytes: int, max_ttl_s: int, max_keys: int = 20
     if plan.expire or plan.delete:
         pipe = redis.pipeline(transaction=False)
         for key, ttl in plan.expire:
-            pipe.expire(key, ttl)
+            pipe.expire(key, ttl, lt=True)  # never lengthens a life (one re-set meanwhile, one under 1 s)
         for i in range(0, len(plan.delete), BATCH):
             pipe.delete(*plan.delete[i:i + BATCH])
         await pipe.execute()
@@ -55,6 +55,8 @@ async def _measure(redis: Any, keys: list[str]) -> list[StoredClaim]:
     for i, key in enumerate(keys):
         nbytes, ttl = answers[2 * i], answers[2 * i + 1]
         tenant = key.split(":", 3)[2] if key.count(":") >= 3 else ""
-        if isinstance(nbytes, int) and isinstance(ttl, int) and ttl != -2 and TENANT_RE.fullmatch(tenant):
-            out.append(StoredClaim(key, tenant, nbytes, ttl))
+        if isinstance(nbytes, int) and isinstance(ttl, int) and ttl != -2:
+            # A key whose tenant segment is no tenant's (the shared clients' user could write
+            # one) is capped too, all such keys under one bucket.
+            out.append(StoredClaim(key, tenant if TENANT_RE.fullmatch(tenant) else "", nbytes, ttl))
     return out

@@ -47,6 +47,24 @@ PREFIX_CHARS_PER_TOKEN = 8
 """Characters of a long text tokenized first per token kept (English averages ~4 per token)."""
 
 
+def _boundary_before(text: str, limit: int, window: int = 256) -> int:
+    """A position at most ``limit`` where the pre-tokenizer splits whatever the text around
+    it (before a space, a punctuation mark or a CJK character), searched back ``window``
+    characters; 0 when the text is short or no such position is near."""
+    if len(text) <= limit:
+        return 0
+    for i in range(limit, max(0, limit - window), -1):
+        c = text[i]
+        if c.isspace() or unicodedata.category(c).startswith("P") or _cjk(c):
+            return i
+    return 0
+
+
+def _cjk(c: str) -> bool:
+    o = ord(c)
+    return 0x4E00 <= o <= 0x9FFF or 0x3400 <= o <= 0x4DBF or 0x20000 <= o <= 0x2FA1F or 0xF900 <= o <= 0xFAFF
+
+
 class TextPreprocessor:
     """Tokenizes with a Hugging Face ``tokenizer.json``, padding only to the longest text.
 
@@ -94,9 +112,11 @@ class TextPreprocessor:
         A long text is tokenized from a prefix cut at a space that already gives the
         ``max_length`` tokens kept: the same ids (the pre-tokenizer splits at whitespace, so no
         token of the words before the cut depends on what follows), without the cost of
-        tokenizing up to 64 KiB only to throw all but a few hundred tokens away."""
-        cut = text.rfind(" ", 0, self.max_length * PREFIX_CHARS_PER_TOKEN)
-        if len(text) > self.max_length * PREFIX_CHARS_PER_TOKEN and cut > 0:
+        tokenizing up to 64 KiB only to throw all but a few hundred tokens away. The cut is
+        at a space, or just before a punctuation mark or a CJK character (which the
+        pre-tokenizer splits off on their own), so a text without spaces is cut too."""
+        cut = _boundary_before(text, self.max_length * PREFIX_CHARS_PER_TOKEN)
+        if cut > 0:
             head = self._tokenizer.encode(text[:cut], add_special_tokens=True).ids
             if len(head) >= self.max_length:
                 return list(head)

@@ -48,7 +48,8 @@ def down(settings: Settings, repo_root: Path, grace_s: float = 60) -> tuple[Kafk
     Servers we did not start stay up and are reported ``external``.
     """
     cache = redis_for(settings, repo_root).stop()
-    _secure_redis_state(settings, repo_root).stop()
+    for state in ("redis", SECURE_REDIS_STATE):  # both of ours, whichever the shell's settings name
+        _redis_state(settings, repo_root, state).stop()
     secure_kafka(settings, repo_root).stop(grace_s=grace_s)
     kafka = _kafka(settings, repo_root).stop(grace_s=grace_s)
     return kafka, cache
@@ -105,10 +106,9 @@ def redis_for(settings: Settings, repo_root: Path) -> LocalRedis:
     return _local_redis(settings, repo_root, settings.redis.url, state_name=state)
 
 
-def _secure_redis_state(settings: Settings, repo_root: Path) -> LocalRedis:
-    """The secured Redis as far as stopping it goes (its pid file; no password needed)."""
-    return _local_redis(settings, repo_root, f"redis://127.0.0.1:{settings.local.redis_secure_port}/0",
-                        state_name=SECURE_REDIS_STATE)
+def _redis_state(settings: Settings, repo_root: Path, state: str) -> LocalRedis:
+    """One of our Redis servers as far as stopping it goes (its pid file; no password needed)."""
+    return _local_redis(settings, repo_root, "redis://127.0.0.1:6379/0", state_name=state)
 
 
 def _local_redis(settings: Settings, repo_root: Path, url: str, state_name: str) -> LocalRedis:

@@ -270,5 +270,16 @@ def kept_secret(path: Path) -> str:
     """The secret kept in ``path`` (mode 0600), made on first use (URL-safe, 32 characters)."""
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_private(path, secrets.token_urlsafe(24) + "\n")
-    return path.read_text().strip()
+        try:  # O_EXCL: of two processes making it at once, one writes and both read that one
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_urlsafe(24) + "\n")
+    for _ in range(100):  # the other writer may not have written yet
+        text = path.read_text().strip()
+        if text:
+            return text
+        time.sleep(0.01)
+    raise LocalStackError(f"{path} is empty")

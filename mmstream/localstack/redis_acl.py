@@ -24,8 +24,10 @@ from urllib.parse import unquote, urlsplit
 
 WORKER_RULE = "~mm:* resetchannels &mm:* +@all -@dangerous +info"
 """Every ``mm:`` key, no dangerous command but INFO."""
-CLIENT_COMMANDS = "-@all +get +set +ping +hello +auth +select"
-"""redis-py also sends CLIENT SETINFO on connect (Redis 7.2+); it ignores the refusal."""
+CLIENT_COMMANDS = "-@all +get +set +ping +hello +auth"
+"""redis-py also sends CLIENT SETINFO on connect (Redis 7.2+); it ignores the refusal. No
+SELECT: a client's claim checks are in database 0, where the router's sweep bounds them (key
+patterns hold in every database, so another one would be a place the sweep never sees)."""
 ADMIN_RULE = "~* &* +@all"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-]*")
 

@@ -49,7 +49,8 @@ def admit(*, lane: str, stages: Mapping[str, float], queued_ms: Mapping[str, flo
     work plus its own stays within its lane's limit, so one costly request cannot push the
     stage past the bound that every request behind it was promised; one costlier than the
     whole limit gets in only while the stage is nearly idle (under ``IDLE_SHARE`` of the
-    limit queued), so it is served, never starved for good.
+    limit queued): under traffic that keeps the stage busier than that it is refused each
+    time (``overloaded`` with a retry-after), and belongs on the bulk lane.
     """
     limit = limits.max_queued_ms_rt if lane == "rt" else limits.max_queued_ms_bulk
     worst_stage, worst_over = None, 0.0

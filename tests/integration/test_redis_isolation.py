@@ -53,7 +53,8 @@ def test_up_secure_redis_has_no_open_door_and_each_tenant_reaches_only_its_own_c
     worker.set(theirs, b"secret", ex=60)
     assert worker.get(mine) == b"bytes"
     for denied in (lambda: acme.get(theirs), lambda: acme.set("mm:cache:forged", b"x"),
-                   lambda: acme.delete(mine), lambda: acme.keys("*"), lambda: acme.config_get("*")):
+                   lambda: acme.delete(mine), lambda: acme.keys("*"), lambda: acme.config_get("*"),
+                   lambda: acme.execute_command("SELECT", 3)):  # no database the sweep does not see
         with pytest.raises(redis.exceptions.NoPermissionError):
             denied()
     # A tenant's users survive a restart of the server (kept in its ACL file).

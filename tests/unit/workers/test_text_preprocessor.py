@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workers.text import TextPreprocessor, normalize
@@ -83,19 +86,35 @@ def test_empty_batch_and_bad_max_length(minilm_tokenizer_json: Path, pre: TextPr
 
 
 WORDS = st.sampled_from(["the", "cat", "sat", "on", "unbelievable", "mat", ",", "!", "x" * 120, "naïve", "日本語",
-                         "tokenization", "a", "hyper-parameter"])
+                         "tokenization", "a", "hyper-parameter", "a-b-c", ",.", "語"])
 
 
+@functools.lru_cache(maxsize=None)
+def _prefix_and_whole(path: Path) -> tuple[TextPreprocessor, Any]:
+    """The preprocessor under test and the tokenizer tokenizing whole texts (loaded once)."""
+    from tokenizers import Tokenizer
+
+    whole = Tokenizer.from_file(str(path))
+    whole.no_padding()
+    whole.enable_truncation(max_length=32)
+    return TextPreprocessor(path, max_length=32), whole
+
+
+@settings(deadline=None)  # correctness, not speed: the box may be busy
+@given(st.lists(WORDS, min_size=0, max_size=400))
+def test_a_long_text_without_spaces_tokenized_from_its_prefix_gives_the_ids_of_the_whole(
+        minilm_tokenizer_json: Path, words: list[str]) -> None:
+    pre, whole = _prefix_and_whole(minilm_tokenizer_json)
+    text = "".join(words)
+    assert pre.ids(text) == whole.encode(text, add_special_tokens=True).ids
+
+
+@settings(deadline=None)
 @given(st.lists(WORDS, min_size=0, max_size=400))
 def test_a_long_text_tokenized_from_its_prefix_gives_the_ids_of_the_whole(minilm_tokenizer_json: Path,
                                                                           words: list[str]) -> None:
-    from tokenizers import Tokenizer
-
-    pre = TextPreprocessor(minilm_tokenizer_json, max_length=32)
+    pre, whole = _prefix_and_whole(minilm_tokenizer_json)
     text = normalize(" ".join(words))
-    whole = Tokenizer.from_file(str(minilm_tokenizer_json))
-    whole.no_padding()
-    whole.enable_truncation(max_length=32)
     assert pre.ids(text) == whole.encode(text, add_special_tokens=True).ids
 
 
@@ -104,4 +123,6 @@ def test_a_64_kib_text_is_not_tokenized_whole(minilm_tokenizer_json: Path, monke
     seen: list[int] = []
     real = pre._tokenizer.encode
     monkeypatch.setattr(pre, "_tokenizer", type("T", (), {"encode": lambda self, t, **kw: seen.append(len(t)) or real(t, **kw)})())
-    assert len(pre.ids("word " * 13_000)) == 256 and max(seen) <= 256 * 8
+    for text in ("word " * 13_000, ",." * 32_768, "日本語" * 7_000, "a-b" * 21_000):
+        seen.clear()
+        assert len(pre.ids(text)) == 256 and max(seen) <= 256 * 8, text[:10]
