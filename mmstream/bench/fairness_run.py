@@ -28,12 +28,12 @@ from mmstream.bench.fairness import (ABUSE_SHAPES, AbuseBounds, abuse_request, a
                                      victim_comparison, victim_schedule, verdict)
 from mmstream.bench.results import build_run, overhead
 from mmstream.bench.workloads import floor_text
-from mmstream.bench.run import _pipeline_record, _send_on_schedule, _wait, _workers, proc_cpu_s
+from mmstream.bench.run import _pipeline_record, _workers, proc_cpu_s, send_and_drain
 from mmstream.monolith import Engines
 from schemas.request import Request, claim_prefix
 from schemas.settings import Settings
 from streams import costs
-from streams.client import Client, Submission, new_id
+from streams.client import Client, new_id
 from streams.security import KafkaSecurity
 from workers.redisconn import connect_async
 
@@ -115,23 +115,10 @@ async def _victim_phase(settings: Settings, cfg: BenchConfig, tenant: str, phase
     each pipeline process spent over the phase."""
     offsets, requests = victim_schedule(cfg.seed, cfg.rate, cfg.duration_s, phase)
     requests = [dataclasses.replace(r, tenant=tenant) for r in requests]
-    pairs: list[tuple[Request, Submission]] = []
-    waits: list[asyncio.Task] = []
     cpu0 = {name: proc_cpu_s(pid) for name, pid in workers}
     async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix,
                       security=KafkaSecurity.from_settings(settings.kafka)) as client:
-
-        async def send(req: Request, due_ms: float) -> None:
-            sub = await client.submit(req)
-            sub.sent_at_ms = due_ms  # latency counts from the scheduled arrival
-            pairs.append((req, sub))
-            waits.append(asyncio.create_task(_wait(sub, cfg.duration_s + cfg.drain_s)))
-
-        sent_s = await _send_on_schedule(offsets, requests, send, progress)
-        if waits:
-            await asyncio.wait(waits, timeout=cfg.drain_s)
-        for t in waits:
-            t.cancel()
+        pairs, sent_s = await send_and_drain(client, offsets, requests, cfg, progress)
     cpu1 = {name: proc_cpu_s(pid) for name, pid in workers}
     per = {n: round(cpu1[n] - cpu0[n], 3) for n in cpu0 if cpu0[n] is not None and cpu1.get(n) is not None}
     cpu = {"scope": "each pipeline process over the phase, whoever's work it was", "total_s": round(sum(per.values()), 3),

@@ -152,25 +152,13 @@ async def _run_pipeline(settings: Settings, cfg: BenchConfig, rate: float, progr
     if not workers:
         log.warning("no local workers for topic prefix %r: CPU and RSS will be empty (pipeline elsewhere?)",
                     settings.kafka.topic_prefix)
-    pairs: list[tuple[Request, Submission]] = []
     async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix,
                       security=KafkaSecurity.from_settings(settings.kafka)) as client:
-        waits: list[asyncio.Task] = []
         cpu0 = {name: proc_cpu_s(pid) for name, pid in workers}
         own0 = time.process_time()
-
-        async def send(req: Request, due_ms: float) -> None:
-            sent = dataclasses.replace(req, lane=Lane.RT) if "lanes" in cfg.levers_off else req
-            sub = await client.submit(sent)
-            sub.sent_at_ms = due_ms  # latency counts from the scheduled arrival
-            pairs.append((req, sub))
-            waits.append(asyncio.create_task(_wait(sub, cfg.duration_s + cfg.drain_s)))
-
-        sent_s = await _send_on_schedule(offsets, requests, send, progress)
-        if waits:
-            await asyncio.wait(waits, timeout=cfg.drain_s)
-        for t in waits:
-            t.cancel()
+        one_lane = "lanes" in cfg.levers_off
+        pairs, sent_s = await send_and_drain(client, offsets, requests, cfg, progress,
+                                             lambda r: dataclasses.replace(r, lane=Lane.RT) if one_lane else r)
         cpu1 = {name: proc_cpu_s(pid) for name, pid in workers}
         own_cpu_s = time.process_time() - own0
     records = [_pipeline_record(req, sub) for req, sub in pairs]
@@ -191,6 +179,29 @@ async def _run_pipeline(settings: Settings, cfg: BenchConfig, rate: float, progr
     run["cache"] = {"tenant": tenant, "hits": hits, "misses": misses,
                     "hit_rate": round(hits / (hits + misses), 4) if hits + misses else None}
     return run
+
+
+async def send_and_drain(client: Client, offsets: Sequence[float], requests: Sequence[Request], cfg: BenchConfig,
+                         progress: bool, adjust: Callable[[Request], Request] = lambda r: r,
+                         ) -> tuple[list[tuple[Request, Submission]], float]:
+    """Send ``requests`` open loop at ``offsets`` (each as ``adjust`` makes it; latency counts
+    from its scheduled arrival), then wait up to ``cfg.drain_s`` for their answers. Returns
+    (request, submission) pairs in send order and the seconds the sending took."""
+    pairs: list[tuple[Request, Submission]] = []
+    waits: list[asyncio.Task] = []
+
+    async def send(req: Request, due_ms: float) -> None:
+        sub = await client.submit(adjust(req))
+        sub.sent_at_ms = due_ms
+        pairs.append((req, sub))
+        waits.append(asyncio.create_task(_wait(sub, cfg.duration_s + cfg.drain_s)))
+
+    sent_s = await _send_on_schedule(offsets, requests, send, progress)
+    if waits:
+        await asyncio.wait(waits, timeout=cfg.drain_s)
+    for t in waits:
+        t.cancel()
+    return pairs, sent_s
 
 
 async def _wait(sub: Submission, timeout_s: float) -> None:
