@@ -38,6 +38,7 @@ from schemas.settings_base import (ENGINE_PRECISIONS, ENV_PREFIX, Bootstrap, Eng
 from schemas.settings_serving import (AdmissionSettings, AssemblerSettings, CacheSettings, DlqSettings, EncoderSettings,
                                       GeneratorSettings, LimitsSettings, QuotaSettings, RouterSettings, VideoSettings,
                                       parse_overrides)
+from schemas.settings_retrieval import RetrievalSettings
 
 __all__ = ["ENGINE_PRECISIONS", "EnginePrecision", "Partitioner", "DlqSettings", "parse_overrides", "Settings",
            "SettingsError", "KafkaSettings", "LocalSettings", "ModelSettings", "describe", "env_name", "env_names",
@@ -261,6 +262,7 @@ class Settings(BaseSettings):
     local: LocalSettings = _section(LocalSettings)
     models: ModelSettings = _section(ModelSettings)
     modalities: ModalitiesSettings = _section(ModalitiesSettings)
+    retrieval: RetrievalSettings = _section(RetrievalSettings)
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
