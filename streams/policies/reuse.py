@@ -1,17 +1,25 @@
 """Near-duplicate result reuse for retrieval (the Proximity-style cache, DESIGN.md Retrieval).
 
-``NearDuplicateCache`` remembers (query vector, k, filter, hits) of one index — one cache
-per (tenant, collection, index epoch): the stage drops a cache when its index is rebuilt or
-its embedding model changes, and keeps it across ordinary upserts and deletes, which
-invalidate exactly the entries they could change. A query whose cosine with a remembered
-one (same k, same filter) is at least ``threshold`` gets that entry's hits without a search.
+``NearDuplicateCache`` remembers (query vector, k, filter, hits, candidate pool) of one index
+— one cache per (tenant, collection, index epoch): the stage drops a cache when its index is
+rebuilt or its embedding model changes, and keeps it across ordinary upserts and deletes,
+which invalidate exactly the entries they could change. A query whose cosine with a
+remembered one (same k, same filter) is at least ``threshold`` is answered without a graph
+walk: given a ``rescore`` function (``CollectionIndex.rescore``), by the best k of the
+remembered query's candidate pool scored exactly against the NEW query; without one, by the
+remembered hits as they are.
 
-What an upsert can change: an entry whose hits hold the document (its score or meta
-moved), or one whose filter admits the document and whose k-th score the document's cosine
-with the cached query reaches (it would enter the top k; with fewer than k hits, any
-admitted document would). Everything else keeps its answer. A delete changes exactly the
-entries listing the document. Scores compared here are the same float32 dot products the
-index computes, with a margin of ``SCORE_MARGIN`` toward dropping.
+An entry's pool is the best ``max(k, pool_size)`` candidates of its search
+(``CollectionIndex.search_with_pool``), or its hits when no pool was stored; its floor is the
+pool's worst score, or -inf when the pool is shorter than asked (the filter admitted fewer
+documents: then any admitted one would join it). The promise invalidation keeps: every live
+entry's pool is what a search of its query would pool now, up to the graph's own error. An
+upsert breaks it for an entry whose pool holds the document (its vector or meta moved), or
+whose filter admits the document and whose floor the document's cosine with the cached query
+reaches (it would join the pool). A delete breaks it for the entries whose pool holds the
+document. Those entries are dropped; every other keeps its answer. Scores compared here are
+the same float32 dot products the index computes, with a margin of ``SCORE_MARGIN`` toward
+dropping.
 
 Pure: numpy and the standard library, no clock; not thread-safe (one stage thread).
 """
@@ -22,7 +30,7 @@ import json
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -31,6 +39,8 @@ DEFAULT_THRESHOLD = 0.99
 of a half-near-duplicate stream from the cache at recall@10 0.2 points lower; 0.97 answered
 25% at 2.6 points lower. Only 0.99 kept the loss within a point."""
 DEFAULT_MAX_ENTRIES = 10_000
+DEFAULT_POOL_SIZE = 100
+"""Candidates kept per entry (measured, docs/retrieval.md)."""
 
 SCORE_MARGIN = 1e-5
 """An upsert whose cosine is within this of an entry's k-th score invalidates it: float32
@@ -47,15 +57,21 @@ class ScoredHit(Protocol):
     def score(self) -> float: ...
 
 
+Rescore = Callable[[Sequence[str], np.ndarray, int], Sequence[Any]]
+"""``rescore(doc_ids, query, k)``: the best ``k`` of ``doc_ids`` for ``query``, scored exactly
+(``CollectionIndex.rescore`` with the request's filter bound)."""
+
+
 @dataclass(frozen=True)
 class _Entry:
     k: int
     where_key: str
     where: Mapping[str, Any] | None
     hits: tuple[Any, ...]
-    doc_ids: frozenset[str]
-    kth_score: float
-    """The score a document must reach to enter this answer (-inf with fewer than k hits)."""
+    pool: tuple[str, ...]
+    """Doc ids of the candidate pool, best first (the hits' when no pool was stored)."""
+    floor: float
+    """The score a document must reach to join the pool (-inf when the pool is short)."""
 
 
 def where_key(where: Mapping[str, Any] | None) -> str:
@@ -97,89 +113,115 @@ class NearDuplicateCache:
     """Hits of recent searches of one index, answered again for near-duplicate queries.
 
     ``threshold``: the cosine (0, 1] a query needs with a cached one. ``max_entries``: the
-    most entries held; the least recently used goes first. Counters: ``hits``, ``misses``,
-    ``invalidations`` (entries an upsert or delete dropped), ``evictions``.
+    most entries held; the least recently used goes first. ``pool_size``: the candidates kept
+    per entry (at least its k; ask the index for this many, ``search_with_pool``).
+    Counters: ``hits``, ``misses``, ``invalidations`` (entries an upsert or delete dropped),
+    ``evictions``.
     """
 
-    def __init__(self, threshold: float = DEFAULT_THRESHOLD, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
+    def __init__(self, threshold: float = DEFAULT_THRESHOLD, max_entries: int = DEFAULT_MAX_ENTRIES,
+                 pool_size: int = DEFAULT_POOL_SIZE) -> None:
         if not 0.0 < threshold <= 1.0:
             raise ValueError(f"threshold must be in (0, 1], got {threshold}")
         if max_entries < 1:
             raise ValueError(f"max_entries must be positive, got {max_entries}")
+        if pool_size < 0:
+            raise ValueError(f"pool_size must not be negative, got {pool_size}")
         self.threshold = threshold
         self.max_entries = max_entries
+        self.pool_size = pool_size
         self.hits = self.misses = self.invalidations = self.evictions = 0
         self._queries: np.ndarray | None = None        # (max_entries, dim) unit vectors, by slot
-        self._kth = np.full(max_entries, np.inf, dtype=np.float32)
+        self._floor = np.full(max_entries, np.inf, dtype=np.float32)
         self._live = np.zeros(max_entries, dtype=bool)
         self._group = np.full(max_entries, -1, dtype=np.int64)  # (k, where) group of each slot
         self._groups: dict[tuple[int, str], int] = {}
         self._entries: list[_Entry | None] = [None] * max_entries
         self._lru: OrderedDict[int, None] = OrderedDict()      # slots, least recently used first
         self._by_doc: dict[str, set[int]] = {}
-        self._free = list(range(max_entries - 1, -1, -1))
+        self._free = list(range(max_entries - 1, -1, -1))  # lowest first: slots in use stay below _high
+        self._high = 0  # one past the highest slot ever taken: lookups scan only [0, _high)
 
     def __len__(self) -> int:
         return len(self._lru)
 
-    def lookup(self, query: np.ndarray, k: int, where: Mapping[str, Any] | None = None) -> tuple[Any, ...] | None:
-        """The hits cached for the closest query with the same ``k`` and filter, when its
-        cosine with ``query`` reaches ``threshold``; else None (a miss)."""
+    def lookup(self, query: np.ndarray, k: int, where: Mapping[str, Any] | None = None,
+               rescore: Rescore | None = None) -> tuple[Any, ...] | None:
+        """The answer for ``query`` from the closest cached query with the same ``k`` and
+        filter, when its cosine with ``query`` reaches ``threshold``; else None (a miss).
+        With ``rescore``, the answer is ``rescore(pool, query, k)`` (the entry's pool scored
+        against this query); without, the entry's hits as they were stored."""
         group = self._groups.get((k, where_key(where)))
         if group is not None and self._queries is not None:
             q = self._unit(query)
-            sims = self._queries @ q
-            sims[(self._group != group) | ~self._live] = -np.inf
+            high = self._high
+            sims = self._queries[:high] @ q
+            sims[(self._group[:high] != group) | ~self._live[:high]] = -np.inf
             best = int(np.argmax(sims))
             if sims[best] >= self.threshold:
                 self.hits += 1
                 self._lru.move_to_end(best)
-                return self._entries[best].hits  # type: ignore[union-attr]
+                entry = self._entries[best]
+                assert entry is not None
+                return entry.hits if rescore is None else tuple(rescore(entry.pool, query, k))
         self.misses += 1
         return None
 
-    def store(self, query: np.ndarray, k: int, where: Mapping[str, Any] | None, hits: Sequence[ScoredHit]) -> None:
+    def store(self, query: np.ndarray, k: int, where: Mapping[str, Any] | None, hits: Sequence[ScoredHit],
+              pool: Sequence[ScoredHit] | None = None) -> None:
         """Remembers ``hits`` (best first, as the index returned them) as the answer to
-        ``query`` with ``k`` and ``where``, evicting the least recently used entry when full."""
+        ``query`` with ``k`` and ``where``, and ``pool`` (the search's candidates, best first,
+        holding the hits: ``search_with_pool``'s second value; cut to ``max(k, pool_size)``)
+        as what a near-duplicate's answer is rescored from; without ``pool``, the hits are the
+        pool. Evicts the least recently used entry when full."""
         q = self._unit(query)
         if self._queries is None:
             self._queries = np.zeros((self.max_entries, len(q)), dtype=np.float32)
         elif self._queries.shape[1] != len(q):
             raise ValueError(f"query has {len(q)} values, cached ones {self._queries.shape[1]}")
+        hits = tuple(hits)
+        if pool is None:
+            size, candidates = k, hits
+        else:
+            size = max(k, self.pool_size)
+            candidates = tuple(pool[:size])
+        floor = float(candidates[size - 1].score) if len(candidates) >= size else -math.inf
+        ids = tuple(dict.fromkeys([h.doc_id for h in candidates] + [h.doc_id for h in hits]))
         if not self._free:
             self.evictions += 1
             self._drop(next(iter(self._lru)))
         slot = self._free.pop()
+        self._high = max(self._high, slot + 1)
         wkey = where_key(where)
         group = self._groups.setdefault((k, wkey), len(self._groups))
-        hits = tuple(hits)
-        kth = float(hits[k - 1].score) if len(hits) >= k else -math.inf
-        entry = _Entry(k, wkey, dict(where) if where else None, hits, frozenset(h.doc_id for h in hits), kth)
-        self._entries[slot] = entry
+        self._entries[slot] = _Entry(k, wkey, dict(where) if where else None, hits, ids, floor)
         self._queries[slot] = q
-        self._kth[slot] = kth
+        self._floor[slot] = floor
         self._group[slot] = group
         self._live[slot] = True
         self._lru[slot] = None
-        for doc_id in entry.doc_ids:
+        for doc_id in ids:
             self._by_doc.setdefault(doc_id, set()).add(slot)
 
     def invalidate_upsert(self, doc_id: str, vector: np.ndarray, meta: Mapping[str, Any] | None = None) -> int:
         """Drops the entries the upsert of ``doc_id`` (its new ``vector``; its new ``meta``
-        when known, else any filter is taken to admit it) could change; returns how many."""
+        when known, else any filter is taken to admit it) could change: those whose pool holds
+        it, and those whose filter admits it and whose pool's floor its cosine with the cached
+        query reaches. Returns how many."""
         doomed = set(self._by_doc.get(doc_id, ()))
         if self._queries is not None and self._lru:
-            reach = self._queries @ self._unit(vector) >= self._kth - SCORE_MARGIN
-            reach &= self._live
+            high = self._high
+            reach = self._queries[:high] @ self._unit(vector) >= self._floor[:high] - SCORE_MARGIN
+            reach &= self._live[:high]
             if meta is not None:
                 for (_, wkey), group in self._groups.items():
                     if wkey and not self._admits_group(group, meta):
-                        reach &= self._group != group
+                        reach &= self._group[:high] != group
             doomed.update(np.flatnonzero(reach).tolist())
         return self._invalidate(doomed)
 
     def invalidate_delete(self, doc_id: str) -> int:
-        """Drops the entries listing ``doc_id``; returns how many."""
+        """Drops the entries whose pool holds ``doc_id``; returns how many."""
         return self._invalidate(set(self._by_doc.get(doc_id, ())))
 
     def clear(self) -> None:
@@ -200,14 +242,14 @@ class NearDuplicateCache:
     def _drop(self, slot: int) -> None:
         entry = self._entries[slot]
         assert entry is not None
-        for doc_id in entry.doc_ids:
+        for doc_id in entry.pool:
             held = self._by_doc[doc_id]
             held.discard(slot)
             if not held:
                 del self._by_doc[doc_id]
         self._entries[slot] = None
         self._live[slot] = False
-        self._kth[slot] = np.inf
+        self._floor[slot] = np.inf
         self._group[slot] = -1
         del self._lru[slot]
         self._free.append(slot)

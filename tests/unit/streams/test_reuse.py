@@ -158,3 +158,114 @@ def test_bad_arguments_are_refused() -> None:
         cache.store(unit(1, 0), 3, None, HITS)
     with pytest.raises(ValueError):
         cache.lookup(np.zeros(4), 3)
+
+
+# -- candidate pools rescored against the new query ------------------------------------------
+
+POOL = HITS + (H("d", 0.6), H("e", 0.5))
+
+
+def pooled(pool_size: int = 5, threshold: float = 0.9) -> NearDuplicateCache:
+    cache = NearDuplicateCache(threshold, 8, pool_size=pool_size)
+    cache.store(Q, 3, None, HITS, POOL)
+    return cache
+
+
+def test_a_near_hit_with_rescore_is_answered_from_the_pool_for_the_new_query() -> None:
+    cache = pooled()
+    calls = []
+
+    def rescore(doc_ids, query, k):
+        calls.append((tuple(doc_ids), k))
+        return [H("e", 0.97), H("a", 0.9), H("d", 0.8)]
+
+    near = rotated(Q, 0.95)
+    assert cache.lookup(near, 3, None, rescore) == (H("e", 0.97), H("a", 0.9), H("d", 0.8))
+    assert calls == [(("a", "b", "c", "d", "e"), 3)]
+    assert cache.lookup(near, 3) == HITS  # no rescore: the stored hits as they are
+    assert cache.lookup(rotated(Q, 0.85), 3, None, rescore) is None
+    assert (cache.hits, cache.misses, len(calls)) == (2, 1, 1)
+
+
+def test_the_pool_is_cut_to_pool_size_but_never_below_k() -> None:
+    cache = pooled(pool_size=4)
+    seen = []
+    cache.lookup(Q, 3, None, lambda d, q, k: seen.append(tuple(d)) or [])
+    assert seen == [("a", "b", "c", "d")]
+    small = NearDuplicateCache(0.9, 8, pool_size=1)
+    small.store(Q, 3, None, HITS, POOL)
+    small.lookup(Q, 3, None, lambda d, q, k: seen.append(tuple(d)) or [])
+    assert seen[-1] == ("a", "b", "c")
+
+
+def test_upsert_of_a_pool_member_outside_the_hits_invalidates() -> None:
+    cache = pooled()
+    assert cache.invalidate_upsert("e", unit(0, 0, 0, 1)) == 1  # far now, but its rescored score moved
+    assert cache.lookup(Q, 3) is None
+
+
+def test_upsert_reaching_the_pools_floor_invalidates_and_below_it_keeps() -> None:
+    cache = pooled()
+    assert cache.invalidate_upsert("new", rotated(Q, 0.49)) == 0  # under the pool's worst, 0.5
+    assert cache.lookup(Q, 3) == HITS
+    assert cache.invalidate_upsert("new", rotated(Q, 0.55)) == 1  # under the 3rd hit, but joins the pool
+    assert cache.lookup(Q, 3) is None
+
+
+def test_a_pool_shorter_than_asked_is_changed_by_any_admitted_upsert() -> None:
+    cache = NearDuplicateCache(0.9, 8, pool_size=10)
+    cache.store(Q, 3, {"lang": "en"}, HITS, POOL)  # 5 of 10: the filter admitted only these
+    assert cache.invalidate_upsert("far", unit(-1, 0, 0, 0), {"lang": "de"}) == 0
+    assert cache.invalidate_upsert("far", unit(-1, 0, 0, 0), {"lang": "en"}) == 1
+
+
+def test_delete_of_a_pool_member_invalidates() -> None:
+    cache = pooled()
+    assert cache.invalidate_delete("zzz") == 0
+    assert cache.invalidate_delete("d") == 1
+    assert len(cache) == 0
+
+
+def test_bad_pool_size_is_refused() -> None:
+    with pytest.raises(ValueError):
+        NearDuplicateCache(0.9, 4, pool_size=-1)
+
+
+def test_invalidation_keeps_every_live_pool_equal_to_a_fresh_search() -> None:
+    """The promise, on an exact index: after any run of upserts and deletes, each entry the
+    cache kept still holds the pool a search of its query would give now."""
+    rng = np.random.default_rng(7)
+    dim, k, n = 8, 3, 6
+
+    def rand() -> np.ndarray:
+        v = rng.standard_normal(dim).astype(np.float32)
+        return v / np.linalg.norm(v)
+
+    docs = {f"d{i}": (rand(), {"lang": "en" if i % 2 else "de"}) for i in range(60)}
+
+    def pool_of(q: np.ndarray, where) -> list[H]:
+        scored = [H(d, float(np.float32(v @ q))) for d, (v, m) in docs.items() if admits(where, m)]
+        return sorted(scored, key=lambda h: (-h.score, h.doc_id))[:n]
+
+    cache = NearDuplicateCache(0.99, 64, pool_size=n)
+    queries = []
+    for step in range(400):
+        if step % 4 == 0:
+            q, where = rand(), [None, {"lang": "en"}][step % 8 == 0]
+            pool = pool_of(q, where)
+            cache.store(q, k, where, pool[:k], pool)
+            queries.append((q, where))
+        elif step % 4 == 1:
+            victim = f"d{rng.integers(80)}"
+            if victim in docs:
+                del docs[victim]
+                cache.invalidate_delete(victim)
+        else:
+            d = f"d{rng.integers(80)}"
+            docs[d] = (rand(), {"lang": ["en", "de"][int(rng.integers(2))]})
+            cache.invalidate_upsert(d, docs[d][0], docs[d][1] if step % 3 else None)
+        for q, where in queries:
+            got = cache.lookup(q, k, where, lambda ids, qq, kk: tuple(ids))
+            if got is not None:
+                assert set(got) == {h.doc_id for h in pool_of(q, where)}
+    assert cache.invalidations > 0

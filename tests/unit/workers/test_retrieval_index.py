@@ -234,3 +234,56 @@ def test_an_empty_index_snapshots_and_searches(tmp_path) -> None:
     index.snapshot(tmp_path, {"0": 0})
     copy, pos = CollectionIndex.restore(tmp_path)
     assert len(copy) == 0 and pos == {"0": 0} and copy.search(vectors(1)[0], 5) == []
+
+
+def test_search_with_pool_returns_the_hits_and_the_wider_rescored_pool(filled) -> None:
+    index, x, ids = filled
+    agree = 0
+    for q in vectors(20, seed=3):
+        hits, pool = index.search_with_pool(q, 5, pool_size=60)
+        assert len(pool) == 60 and [h.doc_id for h in hits] == [c.doc_id for c in pool[:5]]
+        assert [c.score for c in pool] == sorted((c.score for c in pool), reverse=True)
+        for c in pool:
+            assert c.score == pytest.approx(float(x[ids.index(c.doc_id)] @ q), abs=1e-5)
+        agree += len({c.doc_id for c in pool} & set(brute(x, ids, q, 60)))
+    assert agree >= 0.95 * 20 * 60  # the fetch (and ef) widen to the pool: nearly the exact top 60
+    assert len(index.search_with_pool(vectors(1)[0], 5)[1]) == 5  # no pool_size: the hits only
+
+
+def test_search_with_pool_under_a_selective_filter_is_exact(filled) -> None:
+    index, x, ids = filled
+    q = vectors(1, seed=4)[0]
+    hits, pool = index.search_with_pool(q, 3, where={"group": 2}, pool_size=20)
+    group = [i for i in range(len(ids)) if i % 5 == 2]
+    assert [c.doc_id for c in pool] == brute(x[group], [ids[i] for i in group], q, 20)
+    assert [h.doc_id for h in hits] == [c.doc_id for c in pool[:3]]
+
+
+def test_rescore_ranks_the_given_ids_exactly_for_the_new_query(filled) -> None:
+    index, x, ids = filled
+    q = vectors(1, seed=5)[0]
+    some = ids[:300]
+    hits = index.rescore(some + some[:10], q, 7)  # a repeated id counts once
+    assert [h.doc_id for h in hits] == brute(x[:300], some, q, 7)
+    assert hits[0].meta == index.meta(hits[0].doc_id)
+    assert index.rescore(some, q, 0) == [] and index.rescore([], q, 3) == []
+    assert index.rescore(["absent"], q, 3) == []
+
+
+def test_rescore_skips_deleted_ids_and_applies_the_filter(filled) -> None:
+    index, x, ids = filled
+    q = x[10]
+    index.delete(ids[10])
+    got = index.rescore(ids[:50], q, 50)
+    assert ids[10] not in {h.doc_id for h in got} and len(got) == 49
+    en = index.rescore(ids[:50], q, 50, where={"lang": "en"})
+    assert {h.doc_id for h in en} == {ids[i] for i in range(50) if i % 2 and i != 10}
+    assert index.rescore(ids[:50], q, 50, where={"lang": ["en", "de"], "group": 1}) == \
+        [h for h in got if h.meta["group"] == 1]
+
+
+def test_rescore_of_a_pool_for_its_own_query_gives_the_search_hits(filled) -> None:
+    index, _, _ = filled
+    for q in vectors(10, seed=6):
+        hits, pool = index.search_with_pool(q, 10, pool_size=50)
+        assert index.rescore([c.doc_id for c in pool], q, 10) == hits
