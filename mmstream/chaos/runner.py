@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mmstream.chaos import checks, faults, traffic
+from mmstream.chaos import checks, faults, timeline, traffic
 from mmstream.chaos.infra import OwnKafka, OwnRedis, Toxiproxy, free_port, toxiproxy_binary
 from mmstream.chaos.scenario import Scenario
 from mmstream.supervisor import Supervisor
@@ -56,6 +56,8 @@ class ChaosResult:
     rss_peak_mb: dict[str, float]
     violations: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+    """Per fault, where its seconds went (``timeline.breakdown``)."""
 
     @property
     def ok(self) -> bool:
@@ -102,7 +104,7 @@ async def run(settings: Settings, scenario: Scenario, repo_root: Path, workdir: 
                 url = f"redis://127.0.0.1:{port}/0"
             env["MMSTREAM_REDIS_URL"] = url
         run_settings = Settings.from_env(env)
-        return await _run_pipeline(run_settings, env, scenario, kafka, redis, proxy, started)
+        return await _run_pipeline(run_settings, env, scenario, kafka, redis, proxy, started, root)
     finally:
         for thing in (kafka, redis, proxy):
             if thing is not None:
@@ -110,7 +112,8 @@ async def run(settings: Settings, scenario: Scenario, repo_root: Path, workdir: 
 
 
 async def _run_pipeline(settings: Settings, env: dict[str, str], scenario: Scenario, kafka: OwnKafka | None,
-                        redis: OwnRedis | None, proxy: Toxiproxy | None, started: float) -> ChaosResult:
+                        redis: OwnRedis | None, proxy: Toxiproxy | None, started: float,
+                        root: Path) -> ChaosResult:
     k = settings.kafka
     names = TopicNames(k.topic_prefix)
     await ensure_topics(k.bootstrap, topic_specs(k), k.replication_factor)
@@ -129,6 +132,7 @@ async def _run_pipeline(settings: Settings, env: dict[str, str], scenario: Scena
                                      security=client_kwargs(settings))
             t0 = time.monotonic()
             windows: list[tuple[float, float]] = []
+            fired: list[tuple[str, float, float]] = []
             done_lines: list[str] = []
 
             async def fire(f: Any) -> None:
@@ -139,6 +143,7 @@ async def _run_pipeline(settings: Settings, env: dict[str, str], scenario: Scena
                 except Exception as exc:  # a fault that could not be fired is a failed run, said plainly
                     done_lines.append(f"FAILED {f.describe()}: {exc!r}")
                 windows.append((begin, time.monotonic()))
+                fired.append((f.describe(), begin, time.monotonic()))
 
             fault_tasks = [asyncio.create_task(fire(f)) for f in scenario.faults]
             sent = await traffic.send_all(client, scenario, media, t0)
@@ -162,17 +167,35 @@ async def _run_pipeline(settings: Settings, env: dict[str, str], scenario: Scena
         if over:
             violations.append(f"RSS over {scenario.rss_mb:.0f} MB: {over}")
         p99, recover = checks.summarize_latency(sent, windows)
+        where = _write_timeline(root, sent, fired)
         outcomes: dict[str, int] = {}
         for s in sent:
             key = "not sent" if s.sub is None else (s.outcome or "none")
             outcomes[key] = outcomes.get(key, 0) + 1
         return ChaosResult(scenario.name, len(ids), [f.describe() for f in scenario.faults], lost, duplicated, p99,
                            recover, outcomes, lag, state, dlq, {w: round(mb) for w, mb in peaks.items()},
-                           violations, round(time.monotonic() - started, 1))
+                           violations, round(time.monotonic() - started, 1), where)
     finally:
         stop_sampling.set()
         await sampler
         await asyncio.to_thread(supervisor.stop, 10.0)
+
+
+def _write_timeline(root: Path, sent: list[traffic.Sent], fired: list[tuple[str, float, float]]) -> list[dict[str, Any]]:
+    """Write the run's faults and requests on the wall clock (``faults.json``, ``requests.json``)
+    next to the workers' logs, and return ``timeline.breakdown`` of them ([] if it fails)."""
+    shift = time.time() - time.monotonic()
+    try:
+        (root / "faults.json").write_text(json.dumps(
+            [{"fault": d, "begin": b + shift, "end": e + shift} for d, b, e in sorted(fired, key=lambda x: x[1])]))
+        (root / "requests.json").write_text(json.dumps(
+            [{"id": s.id, "kind": s.kind, "lane": s.lane, "outcome": s.outcome,
+              "sent": s.sent_at + shift if s.sub is not None else None,
+              "answered": s.answered_at + shift if s.answered_at else None} for s in sent]))
+        return timeline.breakdown(root)
+    except Exception as exc:  # the breakdown is a report; it never fails a run
+        log.warning("chaos: no timeline for this run: %r", exc)
+        return []
 
 
 def to_json(result: ChaosResult) -> dict[str, Any]:

@@ -35,6 +35,7 @@ class Sent:
     """None: the client could not send it (the broker or Redis away at that moment); such a
     request is no one's to answer and is left out of the checks."""
     answered_at: float | None = None
+    """time.monotonic() when its terminal event reached the client."""
     outcome: str | None = None
 
 
@@ -116,7 +117,11 @@ async def follow(sent: list[Sent], timeout_s: float) -> None:
             ev = await s.sub.result(max(0.1, left))
         except (asyncio.TimeoutError, Exception):
             return
-        s.answered_at = time.monotonic()
+        # When the answer reached the client (the SDK stamps its arrival), not when this
+        # loop — which starts only once every request is sent — got to it.
+        arrived_ms = s.sub.terminal_at_ms
+        s.answered_at = (time.monotonic() if arrived_ms is None
+                         else arrived_ms / 1000.0 - (time.time() - time.monotonic()))
         s.outcome = "result" if ev.kind == "result" else f"error:{(ev.error or {}).get('code')}"
 
     await asyncio.gather(*(one(s) for s in sent))
