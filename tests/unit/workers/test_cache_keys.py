@@ -23,7 +23,7 @@ def test_cross_tenant_sharing_is_opt_in():
 
 
 def test_breaker_opens_after_failures_and_tries_again_after_cooldown():
-    b = CircuitBreaker(failures_to_open=2, cooldown_s=5)
+    b = CircuitBreaker(failures_to_open=2, cooldown_s=5, first_cooldown_s=5)
     assert b.allow(0)
     b.record(False, 0)
     assert b.allow(0)
