@@ -22,7 +22,7 @@ from pathlib import Path
 from aiokafka.errors import KafkaConnectionError, KafkaError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from mmstream import commands
+from mmstream import collections_cli, commands
 from mmstream.bench.config import WORKLOADS
 from mmstream.lever_names import LEVERS
 from mmstream.report import ReportError
@@ -116,6 +116,8 @@ def parser() -> argparse.ArgumentParser:
                     help="lanes it may send on: rt, bulk (repeatable; default: both)")
     ta.add_argument("--out", type=Path, metavar="FILE",
                     help="where to write its properties file (default: <state_dir>/tenants/<prefix>/NAME.properties)")
+
+    collections_cli.add_parser(cmd, common)
 
     cmd("demo", help="send a set of real requests and print answers and a latency table")
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mmstream import engineinfo, localstack
+from mmstream import collections_cli, engineinfo, localstack
 from mmstream.console import event_line
 from mmstream.kafka_admin import KafkaAdminError
 from mmstream.localstack import LocalStackError
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
         "up": cmd_up, "down": cmd_down, "status": cmd_status, "config": cmd_config, "worker": cmd_worker,
         "send": cmd_send, "demo": cmd_demo, "bench": cmd_bench, "top": cmd_top, "models": cmd_models,
         "chaos": cmd_chaos,
-        "tenant": cmd_tenant,
+        "tenant": cmd_tenant, "collection": cmd_collection,
     }[args.command]
     return handler(args, settings, repo_root)
 
@@ -341,6 +341,12 @@ def _service_settings(settings: Settings, repo_root: Path) -> Settings:
     print(f"mmstream: the environment names no SASL broker; using the local secure broker {broker.bootstrap} "
           "(`mmstream up --secure`) as its service principal", file=sys.stderr)
     return Settings.from_env({**os.environ, **localstack.secure_env(settings, repo_root)})
+
+
+def cmd_collection(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
+    """`collection add|put|delete|search` (mmstream/collections_cli.py)."""
+    return collections_cli.run(args, settings, _client, _follow, lambda: _service_settings(settings, repo_root),
+                               UserError)
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:

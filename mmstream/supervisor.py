@@ -37,7 +37,7 @@ def default_replicas() -> dict[str, int]:
     registered modality's own count (none of the baseline's shared pool)."""
     out = {"router": 1, "assembler": 1}
     out.update((s.stage, s.replicas) for s in modalities.specs())
-    out.update(generate=1, lagmon=1)
+    out.update(generate=1, index=1, retrieve=1, lagmon=1)
     return out
 
 

@@ -8,7 +8,9 @@ A tenant is a SASL (SCRAM) user of an authenticating broker. What it may do is e
 - READ its reply topic ``<p>.results.<tenant>`` and its reply namespace
   ``<p>.results.<tenant>.*`` (prefixed, ending in the dot);
 - READ consumer groups named ``<tenant>.*`` (for clients that consume in a group; the SDK
-  reads by assignment and needs none).
+  reads by assignment and needs none);
+- WRITE its collections ``<p>.docs.<tenant>.*`` (prefixed, ending in the dot; the operator
+  creates each one with `mmstream collection add --tenant`).
 
 No internal topic (encode, encoded, generate, done markers, DLQ, the shared ingress and
 results) and no cluster operation: those are the service principal's alone.
@@ -36,7 +38,7 @@ from mmstream.kafka_admin import AclBinding, create_acls, set_scram_password, se
 from mmstream.localstack.secure import BROKER_USER
 from schemas.settings import Settings
 from streams.security import REDIS_URL_KEY, KafkaSecurity, client_kwargs, format_properties
-from streams.tenancy import valid_tenant
+from streams.tenancy import tenant_docs_prefix, valid_tenant
 from streams.topics import LANES, TopicNames, ensure_topics, tenant_topic_specs
 
 
@@ -92,6 +94,8 @@ def tenant_acls(prefix: str, tenant: str, lanes: Sequence[str]) -> list[AclBindi
     acls.append(AclBinding("topic", names.tenant_results(tenant), "literal", user, "read"))
     acls.append(AclBinding("topic", names.tenant_results(tenant) + ".", "prefixed", user, "read"))
     acls.append(AclBinding("group", f"{tenant}.", "prefixed", user, "read"))
+    # Its collections (`mmstream collection add` creates them): it writes documents there.
+    acls.append(AclBinding("topic", tenant_docs_prefix(prefix, tenant), "prefixed", user, "write"))
     return acls
 
 

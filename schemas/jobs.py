@@ -192,5 +192,43 @@ class GenerateJob(_Job):
     params: dict[str, Any] = field(default_factory=dict)
     trace: list[Any] = field(default_factory=list)
     """The per-stage breakdown so far: ``[{stage, queued_ms, service_ms}, ...]``."""
+    passages: list[dict[str, Any]] | None = omit_none()
+    """Retrieval-augmented: ``[{id, score, text}, ...]`` the retrieve stage found in
+    ``params.collection``, in the order they go into the prompt (by id: the same passages
+    give the same prompt prefix, whose KV the prefix cache reuses)."""
 
     TYPE = "generate"
+
+
+@dataclass(frozen=True, slots=True)
+class RetrieveJob(_Job):
+    """A search of one of the tenant's collections, from the assembler to
+    ``<prefix>.retrieve.<lane>``, keyed by ``request_key``.
+
+    ``query`` is the query part's embedding (a wire tensor) and ``modality`` its modality,
+    for a ``retrieve`` request; a retrieval-augmented ``generate`` request carries its text
+    instead (``query_text``: the retrieve stage embeds it with the text model the collection
+    was indexed with) and the assembled ``generate`` job, which the retrieve stage sends on
+    to the generator with the passages it found."""
+
+    id: str
+    lane: str
+    tenant: str
+    reply_to: str
+    deadline_at_ms: float
+    accepted_at_ms: float
+    client_sent_at_ms: float
+    sent_at_ms: float
+    collection: str
+    k: int
+    where: dict[str, Any] | None = None
+    modality: str = "text"
+    query: dict[str, Any] | None = None
+    query_text: str | None = None
+    generate: dict[str, Any] | None = None
+    """The ``GenerateJob`` map to forward (RAG), or None: answer the client with the hits."""
+    trace: list[Any] = field(default_factory=list)
+    parts: list[dict[str, Any]] = field(default_factory=list)
+    """What the assembler's result said of each part (index, modality, cache), for the answer."""
+
+    TYPE = "retrieve"

@@ -2,10 +2,11 @@
 
 Wire map (version 1)::
 
-    {v: 1, id: str, tenant: str, task: "embed"|"generate",
+    {v: 1, id: str, tenant: str, task: "embed"|"generate"|"retrieve",
      parts: [{modality: "text"|"image"|"audio"|"video"|<a registered plugin's name>,
               text: str | data: bytes | ref: str, mime: str}],
-     params: {max_tokens, temperature, stop: [str], stream: bool},
+     params: {max_tokens, temperature, stop: [str], stream: bool,
+              collection: str, k: int, where: {key: scalar | [scalar]}},  # retrieve, RAG generate
      deadline_ms: int,     # budget in milliseconds from acceptance (not a wall-clock time)
      reply_to: str,        # topic for this request's events; default <prefix>.results
      lane: "rt"|"bulk"}
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -52,6 +54,13 @@ def claim_key(tenant: str, rid: str, index: int) -> str:
 class Task(StrEnum):
     EMBED = "embed"
     GENERATE = "generate"
+    RETRIEVE = "retrieve"
+    """Search a collection with one part's embedding (``params.collection``, ``k``, ``where``)."""
+
+
+COLLECTION_RE = re.compile(r"[a-z0-9][a-z0-9_\-]{0,62}")
+"""What a collection name looks like (``fullmatch``): it becomes part of a topic name
+(``<prefix>.docs.<tenant>.<collection>``), so no ``.`` that would blur where the tenant ends."""
 
 
 class Modality(StrEnum):
@@ -90,6 +99,12 @@ class Limits:
     max_stop_strings: int = 8
     max_stop_chars: int = 64
     max_tokens: int = 1024
+    max_k: int = 50
+    default_k: int = 5
+    rag_max_k: int = 8
+    max_where_keys: int = 8
+    max_where_values: int = 32
+    max_where_chars: int = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +123,13 @@ class Params(ToWire):
     temperature: float = 0.0
     stop: tuple[str, ...] = ()
     stream: bool = True
+    collection: str | None = omit_none()
+    """The tenant's collection a retrieve request searches, or a generate request grounds its
+    answer in (retrieval-augmented generation)."""
+    k: int | None = omit_none()
+    """How many hits (retrieve) or passages (generate); the deployment's default when None."""
+    where: dict[str, Any] | None = omit_none()
+    """Metadata filter: each key must equal the value (a list: any of them)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,9 +224,37 @@ def validate_request(obj: dict[str, Any], limits: Limits, from_json: bool = Fals
     if len(raw_parts) > limits.max_parts:
         raise WireError(ErrorCode.PAYLOAD_TOO_LARGE, f"at most {limits.max_parts} parts per request, got {len(raw_parts)}", "parts")
     parts = tuple(_part(p, f"parts.{i}", limits, from_json, known) for i, p in enumerate(raw_parts))
-    params = _params(obj.get("params"), limits)
+    params = _task_params(task, parts, _params(obj.get("params"), limits), limits)
     return Request(id=rid, parts=parts, task=task, tenant=tenant, params=params,
                    deadline_ms=deadline_ms, reply_to=reply_to, lane=lane)
+
+
+def _task_params(task: Task, parts: tuple[Part, ...], params: Params, limits: Limits) -> Params:
+    """The retrieval params checked against the task, ``k`` resolved: a retrieve request
+    searches with exactly one part and names its collection; a generate request that names
+    one is retrieval-augmented (its text is the question, at most ``rag_max_k`` passages);
+    an embed request names none."""
+    if task == Task.RETRIEVE:
+        if len(parts) != 1:
+            raise WireError(ErrorCode.INVALID_REQUEST, "a retrieve request has exactly one part: its query", "parts")
+        if params.collection is None:
+            raise WireError(ErrorCode.INVALID_REQUEST, "a retrieve request names its collection", "params.collection")
+        return dataclasses.replace(params, k=params.k or min(limits.default_k, limits.max_k))
+    if params.collection is None:
+        if params.k is not None or params.where is not None:
+            raise WireError(ErrorCode.INVALID_REQUEST, "k and where go with a collection", "params.collection")
+        return params
+    if task != Task.GENERATE:
+        raise WireError(ErrorCode.INVALID_REQUEST, f"an {task} request does not search a collection (retrieve and "
+                        "generate do)", "params.collection")
+    if not any(p.modality == Modality.TEXT for p in parts):
+        raise WireError(ErrorCode.INVALID_REQUEST, "a generate request with a collection needs a text part: the "
+                        "question its passages are retrieved for", "parts")
+    k = params.k or min(limits.default_k, limits.rag_max_k)
+    if k > limits.rag_max_k:
+        raise WireError(ErrorCode.INVALID_REQUEST, f"a generate request may ground itself in at most "
+                        f"{limits.rag_max_k} passages", "params.k")
+    return dataclasses.replace(params, k=k)
 
 
 def _part(p: Any, where: str, limits: Limits, from_json: bool, known: tuple[str, ...]) -> Part:
@@ -289,7 +339,42 @@ def _params(raw: Any, limits: Limits) -> Params:
     stream = raw.get("stream", True)
     if not isinstance(stream, bool):
         raise WireError(ErrorCode.INVALID_REQUEST, "stream must be true or false", "params.stream")
-    return Params(max_tokens=max_tokens, temperature=float(temperature), stop=tuple(stop), stream=stream)
+    collection = raw.get("collection")
+    if collection is not None and not (isinstance(collection, str) and COLLECTION_RE.fullmatch(collection)):
+        raise WireError(ErrorCode.INVALID_REQUEST, "collection must be 1-63 of a-z 0-9 _ - (a letter or digit first)",
+                        "params.collection")
+    k = raw.get("k")
+    if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= limits.max_k):
+        raise WireError(ErrorCode.INVALID_REQUEST, f"k must be an integer in 1..{limits.max_k}", "params.k")
+    return Params(max_tokens=max_tokens, temperature=float(temperature), stop=tuple(stop), stream=stream,
+                  collection=collection, k=k, where=_where(raw.get("where"), limits))
+
+
+def _where(raw: Any, limits: Limits) -> dict[str, Any] | None:
+    """A metadata filter: a map of up to ``max_where_keys`` keys, each to a scalar (str, int,
+    float, bool) or a list of up to ``max_where_values`` of them; strings bounded."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or len(raw) > limits.max_where_keys:
+        raise WireError(ErrorCode.INVALID_REQUEST, f"where must be a map of at most {limits.max_where_keys} keys",
+                        "params.where")
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if not (isinstance(key, str) and 0 < len(key) <= limits.max_where_chars):
+            raise WireError(ErrorCode.INVALID_REQUEST, "where keys are non-empty strings", "params.where")
+        values = value if isinstance(value, list) else [value]
+        if not values or len(values) > limits.max_where_values or not all(_scalar(v, limits) for v in values):
+            raise WireError(ErrorCode.INVALID_REQUEST,
+                            f"where.{key[:40]} must be a string, number or boolean, or a list of up to "
+                            f"{limits.max_where_values} of them", f"params.where")
+        out[key] = list(value) if isinstance(value, list) else value
+    return out
+
+
+def _scalar(v: Any, limits: Limits) -> bool:
+    if isinstance(v, str):
+        return len(v) <= limits.max_where_chars
+    return isinstance(v, (bool, int, float)) and v == v  # NaN equals nothing: refused
 
 
 def _string(obj: dict, name: str, max_chars: int, required: bool = False, where: str | None = None) -> str | None:

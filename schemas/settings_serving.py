@@ -89,7 +89,8 @@ class RouterSettings(Section):
         "with unsupported_media."
     )
     served_tasks: str = setting(
-        "embed,generate", "Comma-separated tasks this deployment answers."
+        "embed,generate,retrieve", "Comma-separated tasks this deployment answers (retrieve needs the indexing "
+        "and retrieve stages)."
     )
     topic_cache_s: float = setting(10.0, "How long the router trusts its list of existing reply topics.", ge=0)
     max_record_age_ms: float = setting(

@@ -24,7 +24,7 @@ from typing import Any
 
 from schemas.errors import ErrorCode, WireError
 from schemas.events import Event, EventKind
-from schemas.jobs import DeadlineTick, EncodedPart, GenerateJob, Manifest
+from schemas.jobs import DeadlineTick, EncodedPart, GenerateJob, Manifest, RetrieveJob
 from schemas.trace import Span, breakdown, spans_from_wire
 from streams.lifecycle import RequestStatus, advance
 from streams.pooling import pool_chunks
@@ -61,8 +61,10 @@ class Step:
     emit: Event | None = None
     reply_to: str | None = None
     changed: bool = True
-    forward: GenerateJob | None = None
-    """For a generate task: the assembled job for the generator (which answers the client)."""
+    forward: GenerateJob | RetrieveJob | None = None
+    """For a generate task: the assembled job for the generator (which answers the client);
+    for a retrieve task, or a generate task that names a collection: the search for the
+    retrieve stage (which answers, or forwards the generate job with its passages)."""
     refused: Event | None = None
     """A manifest of another request with this one's id: its error (to its own reply_to)."""
 
@@ -218,7 +220,15 @@ def _complete(state: Assembly, now_ms: float, deadline_hit: bool) -> Step:
                           parts=[_grounding(r) for r in results], params=m.params,
                           trace=timings["stages"])
         done = replace(state, status=advance(state.status, RequestStatus.FORWARDED), done_at_ms=now_ms)
+        if m.params.get("collection"):  # retrieval-augmented: the question's text searches first
+            question = "\n".join(p.get("text", "") for p in job.parts if p.get("modality") == "text").strip()
+            return Step(done, forward=_search(m, now_ms, timings, query_text=question or " ", generate=job.to_wire()))
         return Step(done, forward=job)
+    if m.task == "retrieve" and not failed and results and results[0]["embedding"] is not None:
+        done = replace(state, status=advance(state.status, RequestStatus.FORWARDED), done_at_ms=now_ms)
+        parts = [{"index": r["index"], "modality": r["modality"], "cache": r["cache"]} for r in results]
+        return Step(done, forward=_search(m, now_ms, timings, query=results[0]["embedding"],
+                                          modality=results[0]["modality"], parts=parts))
     if len(failed) == len(results):
         status = RequestStatus.DEADLINE_EXCEEDED if deadline_hit and not state.parts else RequestStatus.FAILED
         error = _summary_error(failed, deadline_hit and not state.parts)
@@ -231,6 +241,16 @@ def _complete(state: Assembly, now_ms: float, deadline_hit: bool) -> Step:
                       timings=timings, cache=cache)
     done = replace(state, status=advance(state.status, status), done_at_ms=now_ms)
     return Step(done, emit=event, reply_to=m.reply_to)
+
+
+def _search(m: Manifest, now_ms: float, timings: dict[str, Any], **what: Any) -> RetrieveJob:
+    """The retrieve stage's job for request ``m`` (``what``: its query, and for RAG the
+    generate job to forward); ``k`` was resolved by the router."""
+    p = m.params
+    return RetrieveJob(id=m.id, lane=m.lane, tenant=m.tenant, reply_to=m.reply_to, deadline_at_ms=m.deadline_at_ms,
+                       accepted_at_ms=m.accepted_at_ms, client_sent_at_ms=m.client_sent_at_ms, sent_at_ms=now_ms,
+                       collection=str(p.get("collection")), k=int(p.get("k") or 1), where=p.get("where"),
+                       trace=timings["stages"], **what)
 
 
 def _grounding(r: dict[str, Any]) -> dict[str, Any]:

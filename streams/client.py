@@ -37,11 +37,12 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 from schemas.codec import CONTENT_TYPE_HEADER, MSGPACK, DecodeError, pack, unpack
 from schemas.events import Event, EventKind
-from schemas.request import Modality, Params, Part, Request, Task, claim_key
+from schemas.documents import MAX_DOC_ID_BYTES, Document
+from schemas.request import COLLECTION_RE, Lane, Modality, Params, Part, Request, Task, claim_key
 from schemas.trace import now_ms
 from streams.retry import NO_RETRY, RetryConfig, retry_delay_ms
 from streams.security import KafkaSecurity, read_properties, read_redis_url
-from streams.tenancy import tenant_ingress, tenant_results, valid_tenant
+from streams.tenancy import tenant_docs, tenant_ingress, tenant_results, valid_tenant
 from streams.transport import KafkaTransport, Transport, TransportError
 from workers.redisconn import connect_async
 
@@ -220,6 +221,45 @@ class Client:
         await self._transport.send(self.ingress(lane), request_id.encode(), value,
                                    [(CONTENT_TYPE_HEADER, content_type.encode())])
         return sub
+
+    # -- collections (docs/retrieval.md) ------------------------------------------------------
+
+    def collection_topic(self, collection: str) -> str:
+        """The documents topic of this client's tenant's ``collection`` (``default``'s in
+        plaintext mode). `mmstream collection add` creates it."""
+        return tenant_docs(self.prefix, self.tenant or "default", collection)
+
+    async def put_document(self, collection: str, doc_id: str, text: str,
+                           meta: dict[str, Any] | None = None) -> None:
+        """Add or replace one document (indexed in the background; a search sees it once the
+        retrieve stage has applied its vector)."""
+        value = pack(Document(text, dict(meta or {})).to_wire())
+        await self._send_document(collection, doc_id, value)
+
+    async def delete_document(self, collection: str, doc_id: str) -> None:
+        """Remove one document: a tombstone on the collection topic."""
+        await self._send_document(collection, doc_id, None)
+
+    async def _send_document(self, collection: str, doc_id: str, value: bytes | None) -> None:
+        if not self._started:
+            raise ClientError("client not started")
+        if not COLLECTION_RE.fullmatch(collection):
+            raise ClientError(f"{collection!r} is not a collection name (a-z 0-9 _ -, a letter or digit first)")
+        key = doc_id.encode()
+        if not key or len(key) > MAX_DOC_ID_BYTES:
+            raise ClientError(f"a document id is 1-{MAX_DOC_ID_BYTES} bytes of UTF-8")
+        await self._transport.send(self.collection_topic(collection), key, value,  # type: ignore[arg-type]
+                                   [(CONTENT_TYPE_HEADER, MSGPACK.encode())])
+
+    async def retrieve(self, collection: str, query: str | Part, k: int | None = None,
+                       where: dict[str, Any] | None = None, lane: str = "rt",
+                       deadline_ms: int | None = None, request_id: str | None = None) -> Submission:
+        """Search ``collection`` with ``query`` (text, or a ``Part`` of another modality);
+        the result event's payload holds ``hits`` (id, score, text, meta), best first."""
+        part = query if isinstance(query, Part) else Part(Modality.TEXT, text=query)
+        return await self.submit(Request(id=request_id or new_id(), parts=(part,), task=Task.RETRIEVE,
+                                         params=Params(collection=collection, k=k, where=where),
+                                         lane=Lane(lane), deadline_ms=deadline_ms))
 
     def _track(self, sub: Submission, wire_id: str) -> Submission:
         self._pending[wire_id] = sub

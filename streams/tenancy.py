@@ -7,6 +7,8 @@ that tenant's principal write its ingress and read its replies:
     <p>.ingress.<lane>.<tenant>   the tenant's requests (the router takes the tenant from here)
     <p>.results.<tenant>          its reply topic; ``<p>.results.<tenant>.*`` is the rest of
                                   its reply namespace
+    <p>.docs.<tenant>.<collection>  one of its collections (compacted, keyed by document id;
+                                  the indexing stage takes the tenant from here)
 
 A tenant name has no dot, so one tenant's topic names never nest inside another's.
 """
@@ -29,3 +31,13 @@ def tenant_ingress(prefix: str, lane: str, tenant: str) -> str:
 
 def tenant_results(prefix: str, tenant: str) -> str:
     return f"{prefix}.results.{tenant}"
+
+
+def tenant_docs(prefix: str, tenant: str, collection: str) -> str:
+    """A collection's documents topic (``schemas.documents``)."""
+    return f"{prefix}.docs.{tenant}.{collection}"
+
+
+def tenant_docs_prefix(prefix: str, tenant: str) -> str:
+    """Every collection topic of ``tenant`` starts with this (its ACLs are prefixed on it)."""
+    return f"{prefix}.docs.{tenant}."

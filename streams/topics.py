@@ -8,6 +8,9 @@ one per run so they never see each other's records):
                                   registered modality, workers/modalities, plus ``any``)
     <p>.encoded.<lane>            manifests, encoded parts and deadline ticks, keyed by id
     <p>.generate.<lane>           assembled generate jobs
+    <p>.retrieve.<lane>           searches of a collection (retrieve, and RAG generate)
+    <p>.docs.<tenant>.<collection>  a collection's documents (compacted; `mmstream collection add`)
+    <p>.vectors                   every collection's document embeddings (compacted, internal)
     <p>.results                   default reply topic
     <p>.dlq                       undecodable input, with its original headers
 
@@ -35,7 +38,9 @@ from typing import Any
 
 from schemas.request import Lane
 from schemas.settings import DlqSettings, KafkaSettings
-from streams.tenancy import TENANT_RE, tenant_ingress, tenant_results
+from schemas.request import COLLECTION_RE
+from schemas.request import TENANT_RE as REQUEST_TENANT_RE
+from streams.tenancy import TENANT_RE, tenant_docs, tenant_ingress, tenant_results
 from workers import modalities
 
 log = logging.getLogger(__name__)
@@ -72,6 +77,31 @@ class TopicNames:
 
     def generate(self, lane: Lane | str) -> str:
         return f"{self.prefix}.generate.{lane}"
+
+    def retrieve(self, lane: Lane | str) -> str:
+        return f"{self.prefix}.retrieve.{lane}"
+
+    @property
+    def vectors(self) -> str:
+        return f"{self.prefix}.vectors"
+
+    def docs(self, tenant: str, collection: str) -> str:
+        return tenant_docs(self.prefix, tenant, collection)
+
+    def docs_pattern(self) -> str:
+        """A regular expression matching every tenant's collection topics."""
+        return rf"^{re.escape(self.prefix)}\.docs\..+$"
+
+    def parse_docs(self, topic: str) -> tuple[str, str] | None:
+        """(tenant, collection) of a collection topic, None for any other topic or a name
+        whose tenant or collection is not a valid one."""
+        head = f"{self.prefix}.docs."
+        if not topic.startswith(head):
+            return None
+        tenant, dot, collection = topic[len(head):].rpartition(".")
+        if not dot or not REQUEST_TENANT_RE.fullmatch(tenant) or not COLLECTION_RE.fullmatch(collection):
+            return None
+        return tenant, collection
 
     @property
     def results(self) -> str:
@@ -120,6 +150,11 @@ class TopicNames:
         return f"{self.prefix}.assembler.done"
 
     @property
+    def retrieve_done(self) -> str:
+        """Searches the retrieve stage answered or forwarded (compacted; partitioned like its input)."""
+        return f"{self.prefix}.retrieve.done"
+
+    @property
     def generator_done(self) -> str:
         """Generations the generator finished (compacted; partitioned like the generate topics)."""
         return f"{self.prefix}.generator.done"
@@ -156,6 +191,7 @@ def topic_specs(kafka: KafkaSettings, dlq: DlqSettings | None = None) -> list[To
             specs.append(TopicSpec(names.encode(modality, lane), n, f"{modality} encode jobs, {lane} lane", big))
         specs.append(TopicSpec(names.encoded(lane), n, f"fan-in to the assembler, {lane} lane", big))
         specs.append(TopicSpec(names.generate(lane), n, f"generate jobs, {lane} lane", big))
+        specs.append(TopicSpec(names.retrieve(lane), n, f"collection searches, {lane} lane", big))
     # Which requests were answered: read back by a replica that takes over a partition, so a
     # replayed request is not answered twice. Compacted (one record per request), and
     # deleted after a while: only requests whose records can still be replayed matter.
@@ -163,7 +199,10 @@ def topic_specs(kafka: KafkaSettings, dlq: DlqSettings | None = None) -> list[To
             "segment.ms": str(DONE_RETENTION_MS // 4), "compression.type": "uncompressed"}
     specs.append(TopicSpec(names.assembler_done, n, "requests the assembler answered", done))
     specs.append(TopicSpec(names.generator_done, n, "generations the generator finished", done))
+    specs.append(TopicSpec(names.retrieve_done, n, "searches the retrieve stage answered", done))
     specs.append(TopicSpec(names.results, n, "default reply topic", big))
+    specs.append(TopicSpec(names.vectors, n, "document embeddings of every collection (the indexes' source)",
+                           {**big, "cleanup.policy": "compact"}))
     # Segments roll at least hourly (and well under the byte cap), so retention can act.
     kept = {**big, "retention.ms": str(dlq.retention_ms), "retention.bytes": str(dlq.retention_bytes),
             "segment.ms": str(min(dlq.retention_ms, 3_600_000)),
@@ -181,6 +220,14 @@ def tenant_topic_specs(kafka: KafkaSettings, tenant: str, lanes: tuple[str, ...]
              for lane in lanes]
     specs.append(TopicSpec(names.tenant_results(tenant), n, f"reply topic of tenant {tenant}", big))
     return specs
+
+
+def collection_spec(kafka: KafkaSettings, tenant: str, collection: str, partitions: int | None = None) -> TopicSpec:
+    """A collection's documents topic: compacted (the last record per document id is the
+    collection), records up to the settings' size."""
+    return TopicSpec(tenant_docs(kafka.topic_prefix, tenant, collection), partitions or kafka.partitions,
+                     f"documents of collection {collection} of tenant {tenant}",
+                     {**_big(kafka), "cleanup.policy": "compact"})
 
 
 async def ensure_topics(bootstrap: str, specs: list[TopicSpec], replication_factor: int = 1,

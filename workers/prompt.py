@@ -43,6 +43,9 @@ DEFAULT_SYSTEM = (
 CONTROL_MARKERS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
 
 
+PASSAGES_INTRO = "Use these passages where they answer the question; name the ones you use as [1], [2]:"
+
+
 @dataclass(frozen=True, slots=True)
 class Label:
     name: str
@@ -100,6 +103,10 @@ class PromptSettings:
     max_frames: int = 8  # frames shown per video, evenly spread when there are more
     max_transcript_chars: int = 2000  # bounds the prompt; the model's context is small
     history: Sequence[dict[str, str]] = field(default_factory=tuple)  # earlier turns, oldest first
+    passages: Sequence[str] = field(default_factory=tuple)
+    """Retrieved passages (RAG), in the order given: they go into the system message, ahead of
+    everything that differs between requests, so requests that retrieve the same passages
+    share the prompt prefix (and the prefix cache its KV)."""
 
     def __post_init__(self) -> None:
         if self.max_labels < 1 or self.max_frames < 1 or self.max_transcript_chars < 1:
@@ -134,7 +141,11 @@ def build_messages(parts: Sequence[Part], settings: PromptSettings = PromptSetti
                           else f"{tag} {_clean(part.what)}: {_quote(part.text, settings)}")
         else:
             raise ValueError(f"unknown part type {type(part).__name__}")
-    messages = [{"role": "system", "content": _clean(settings.system)}]
+    system = _clean(settings.system)
+    if settings.passages:
+        system += "\n\n" + PASSAGES_INTRO + "".join(f"\n[{i}] {_clean(t).strip()}"
+                                                 for i, t in enumerate(settings.passages, 1))
+    messages = [{"role": "system", "content": system}]
     messages += [{"role": m["role"], "content": _clean(m["content"])} for m in settings.history]
     messages.append({"role": "user", "content": "\n\n".join(b for b in blocks if b)})
     return messages

@@ -14,4 +14,5 @@ BASELINE_POOL = "encode.any"
 
 def stage_names() -> tuple[str, ...]:
     """Every stage a worker can run, for the modalities registered now."""
-    return ("router", "assembler", *(s.stage for s in modalities.specs()), BASELINE_POOL, "generate", "lagmon")
+    return ("router", "assembler", *(s.stage for s in modalities.specs()), BASELINE_POOL, "generate", "index", "retrieve",
+            "lagmon")

@@ -49,7 +49,7 @@ from aiokafka.structs import ConsumerRecord
 from schemas.codec import DecodeError, unpack
 from schemas.errors import ErrorCode, WireError
 from schemas.events import Event, EventKind
-from schemas.jobs import DeadlineTick, EncodedPart, Manifest, Verdict, fan_in_from_wire, request_key
+from schemas.jobs import DeadlineTick, EncodedPart, Manifest, RetrieveJob, Verdict, fan_in_from_wire, request_key
 from schemas.request import TENANT_RE
 from schemas.settings import Settings
 from schemas.trace import now_ms
@@ -210,8 +210,10 @@ class AssemblerStage(RecordStage):
         assert state is not None and state.manifest is not None
         m = state.manifest
         outs: list[Out] = []
-        if result.forward is not None:  # a generate request goes on; the generator answers it
-            outs.append(out_map(self.names.generate(result.forward.lane), key, result.forward.to_wire()))
+        if result.forward is not None:  # goes on to the generator or the retrieve stage, which answers it
+            f = result.forward
+            topic = self.names.retrieve(f.lane) if isinstance(f, RetrieveJob) else self.names.generate(f.lane)
+            outs.append(out_map(topic, key, f.to_wire()))
             self.metrics.request_done(self.stage, "ok")
         elif result.emit is not None:
             if ("terminal", result.emit.seq) not in part.sent.get(key, ()):

@@ -146,7 +146,8 @@ class GeneratorStage(RecordStage):
             return
         params = job.params or {}
         try:
-            text = P.render_chatml(P.build_messages(prompt_parts(job.parts), P.PromptSettings()))
+            passages = tuple(str(p.get("text", "")) for p in job.passages or ())
+            text = P.render_chatml(P.build_messages(prompt_parts(job.parts), P.PromptSettings(passages=passages)))
             if len(text) > self.max_prompt_chars:  # bounded before the tokenizer spends anything on it
                 raise LMError(f"the prompt has {len(text)} characters; at most {self.max_prompt_chars} can fit "
                               f"the context of {self.core.engine.max_context} tokens")
@@ -267,7 +268,7 @@ class GeneratorStage(RecordStage):
         ev = Event(job.id, EventKind.RESULT, a.next_seq, now, timings=timings, payload={
             "task": "generate", "text": u.text, "finish_reason": u.finish_reason,
             "tokens": {"prompt": u.prompt_tokens, "completion": u.completion_tokens, "cached": u.cached_tokens},
-            "parts": job.parts})
+            "parts": job.parts, **_used(job)})
         self._terminal(job, a.record, ev)
         self.metrics.request_done(STAGE, "ok")
         self.metrics.observe_e2e("generate", job.lane, timings["e2e_ms"])
@@ -354,6 +355,14 @@ class GeneratorStage(RecordStage):
     async def idle(self) -> None:
         self._prune_done(now_ms())
         self.metrics.set_state(STAGE, active=len(self.active), done=len(self.done))
+
+
+def _used(job: GenerateJob) -> dict[str, Any]:
+    """For a retrieval-augmented answer: the passages its prompt held, as [n] numbers them."""
+    if job.passages is None:
+        return {}
+    return {"collection": (job.params or {}).get("collection"),
+            "passages": [{"n": i, "id": p.get("id"), "score": p.get("score")} for i, p in enumerate(job.passages, 1)]}
 
 
 def _opens(rec: ConsumerRecord) -> tuple[str, str, str] | None:

@@ -90,7 +90,9 @@ with (``ClaimSizer.sizes``)."""
 def limits_from(settings: Settings) -> Limits:
     lim = settings.limits
     return Limits(max_text_bytes=lim.max_text_bytes, max_parts=lim.max_parts, max_inline_bytes=lim.max_inline_bytes,
-                  max_deadline_ms=lim.max_deadline_ms, default_deadline_ms=lim.default_deadline_ms)
+                  max_deadline_ms=lim.max_deadline_ms, default_deadline_ms=lim.default_deadline_ms,
+                  max_k=settings.retrieval.max_k, default_k=settings.retrieval.default_k,
+                  rag_max_k=settings.retrieval.rag_max_k, max_where_keys=settings.retrieval.max_where_keys)
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,8 @@ from streams.stages import BASELINE_POOL, stage_names
 from streams.stages.assembler import install_assembler
 from streams.stages.encoder import EncoderStage
 from streams.stages.generator import install_generator
+from streams.stages.indexer import install_indexer
+from streams.stages.retrieve import install_retrieve
 from streams.stages.router import install_router
 from streams.stages.video import install_video_fanout
 from streams.topics import ensure_topics, topic_specs
@@ -35,6 +37,7 @@ from workers import modalities
 from workers.encoders import EncoderFront, claim_resolver
 from workers.modalities.generic import generic_runner
 from workers.outputs import EncoderRunner
+from workers.retrieval.embed import TextEmbedder
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +84,25 @@ def _router(app: faust.App, settings: Settings, metrics: Metrics) -> None:
     install_router(app, settings, metrics, encoders)
 
 
+def _text_embedder(settings: Settings, metrics: Metrics, stage: str) -> TextEmbedder:
+    """The text encoder ``encode.text`` serves, in this process (same model, version, cache)."""
+    spec = modalities.get("text")
+    if spec is None or spec.runner is None:
+        raise ValueError("the retrieval stages need the text modality's encoder")
+    return TextEmbedder(spec.front(settings, metrics, stage))
+
+
+def _indexer(app: faust.App, settings: Settings, metrics: Metrics) -> None:
+    install_indexer(app, settings, metrics, _text_embedder(settings, metrics, "index"))
+
+
+def _retrieve(app: faust.App, settings: Settings, metrics: Metrics) -> None:
+    install_retrieve(app, settings, metrics, _text_embedder(settings, metrics, "retrieve"))
+
+
 def _installer(stage: str) -> Installer:
     fixed = {"router": _router, "assembler": install_assembler, "generate": install_generator,
-             BASELINE_POOL: _encoder_installer("any", _generic)}
+             "index": _indexer, "retrieve": _retrieve, BASELINE_POOL: _encoder_installer("any", _generic)}
     if stage in fixed:
         return fixed[stage]
     spec = modalities.get(stage.removeprefix("encode.")) if stage.startswith("encode.") else None

@@ -29,13 +29,15 @@ def test_a_tenant_may_write_its_ingress_and_read_its_replies_and_nothing_else():
         ("topic", "mm.results.acme", "literal", "read"),
         ("topic", "mm.results.acme.", "prefixed", "read"),  # the dot: never acme2's topics
         ("group", "acme.", "prefixed", "read"),
+        ("topic", "mm.docs.acme.", "prefixed", "write"),  # its collections; the dot: never acme2's
     }
     assert grants(tenant_acls("mm", "acme", ("rt",))) == grants(acls) - {("topic", "mm.ingress.bulk.acme", "literal",
                                                                            "write")}
 
 
 def test_prefixed_grants_never_reach_another_tenant_or_an_internal_topic():
-    others = ["mm.results.acme2", "mm.results", "mm.encoded.rt", "mm.ingress.rt.acme2", "mm.ingress.rt"]
+    others = ["mm.results.acme2", "mm.results", "mm.encoded.rt", "mm.ingress.rt.acme2", "mm.ingress.rt",
+              "mm.docs.acme2.c", "mm.vectors", "mm.retrieve.rt"]
     for a in tenant_acls("mm", "acme", ("rt", "bulk")):
         if a.resource == "topic":
             matches = [t for t in others if (t.startswith(a.name) if a.pattern == "prefixed" else t == a.name)]

@@ -1,0 +1,124 @@
+"""Collections on the wire: documents a tenant writes, and the vectors the indexing stage makes.
+
+A collection is the compacted topic ``<prefix>.docs.<tenant>.<collection>``, keyed by the
+document id (UTF-8). A record's value is a document map (msgpack, or JSON for shell tools)::
+
+    {v: 1, text: str, meta: {key: str | int | float | bool}}
+
+and a record without a value (a tombstone) deletes the document. Compaction keeps the last
+record per id, so the topic is the collection.
+
+The indexing stage embeds each document and writes a vector record to the internal,
+compacted ``<prefix>.vectors`` topic, keyed by ``vector_key(tenant, collection, model,
+doc_id)`` (a msgpack array, so no separator can be forged inside a name); a tombstone there
+deletes too. The retrieve stage's indexes are state derived from that topic.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from schemas.errors import ErrorCode, WireError
+from schemas.wire import WireMessage
+
+VERSION = 1
+MAX_DOC_ID_BYTES = 256
+
+
+def doc_id_of(key: bytes | None) -> str:
+    """The document id a record key names; ``WireError`` when it is missing, too long or not
+    UTF-8 text of printable characters."""
+    if not key:
+        raise WireError(ErrorCode.INVALID_REQUEST, "a document record needs its id as the record key", "key")
+    if len(key) > MAX_DOC_ID_BYTES:
+        raise WireError(ErrorCode.PAYLOAD_TOO_LARGE, f"document id is {len(key)} bytes; the limit is "
+                        f"{MAX_DOC_ID_BYTES}", "key")
+    try:
+        doc_id = key.decode("utf-8")
+    except UnicodeDecodeError:
+        raise WireError(ErrorCode.INVALID_REQUEST, "document id is not UTF-8", "key") from None
+    if not doc_id.isprintable():
+        raise WireError(ErrorCode.INVALID_REQUEST, "document id holds control characters", "key")
+    return doc_id
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    text: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"v": VERSION, "text": self.text, "meta": dict(self.meta)}
+
+
+def decode_document(value: bytes, max_chars: int, max_meta_keys: int) -> Document:
+    """A document from a record value (msgpack, or JSON when it starts with ``{``); every
+    bound checked, the field named in the ``WireError``."""
+    try:
+        obj = json.loads(value) if value[:1] == b"{" else msgpack.unpackb(value, raw=False, strict_map_key=True)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, RecursionError) as exc:
+        raise WireError(ErrorCode.INVALID_REQUEST, f"document is neither msgpack nor JSON: {type(exc).__name__}",
+                        "value") from None
+    if not isinstance(obj, dict):
+        raise WireError(ErrorCode.INVALID_REQUEST, "a document is a map", "value")
+    if obj.get("v", VERSION) != VERSION:
+        raise WireError(ErrorCode.INVALID_REQUEST, f"document version {obj.get('v')!r} is not supported "
+                        f"(v{VERSION})", "v")
+    text = obj.get("text")
+    if not isinstance(text, str) or not text.strip():
+        raise WireError(ErrorCode.INVALID_REQUEST, "a document needs a non-empty text", "text")
+    if len(text) > max_chars:
+        raise WireError(ErrorCode.PAYLOAD_TOO_LARGE, f"document text is {len(text)} characters; the limit is "
+                        f"{max_chars}", "text")
+    meta = obj.get("meta") or {}
+    if not isinstance(meta, dict) or len(meta) > max_meta_keys:
+        raise WireError(ErrorCode.INVALID_REQUEST, f"meta must be a map of at most {max_meta_keys} keys", "meta")
+    for k, v in meta.items():
+        if not (isinstance(k, str) and 0 < len(k) <= 64):
+            raise WireError(ErrorCode.INVALID_REQUEST, "meta keys are strings of 1-64 characters", "meta")
+        ok = (isinstance(v, str) and len(v) <= 256) or isinstance(v, bool) or isinstance(v, int) or (
+            isinstance(v, float) and math.isfinite(v))
+        if not ok:
+            raise WireError(ErrorCode.INVALID_REQUEST, f"meta.{k[:40]} must be a string (up to 256 characters), "
+                            "a number or a boolean", f"meta.{k[:40]}")
+    return Document(text, dict(meta))
+
+
+def vector_key(tenant: str, collection: str, model: str, doc_id: str) -> bytes:
+    return msgpack.packb([tenant, collection, model, doc_id])
+
+
+def parse_vector_key(key: bytes | None) -> tuple[str, str, str, str] | None:
+    """(tenant, collection, model, doc id), or None for a key the indexing stage did not make."""
+    try:
+        parts = msgpack.unpackb(key or b"", raw=False)
+    except Exception:  # any bytes at all: a key we did not write is simply not ours
+        return None
+    if not (isinstance(parts, list) and len(parts) == 4 and all(isinstance(p, str) for p in parts)):
+        return None
+    return parts[0], parts[1], parts[2], parts[3]
+
+
+@dataclass(frozen=True, slots=True)
+class VectorRecord(WireMessage):
+    """One document's embedding in one model's space, on ``<prefix>.vectors``."""
+
+    tenant: str
+    collection: str
+    doc: str
+    model: str
+    """The encoder's identity (name/version/precision/preprocessing): indexes never mix spaces."""
+    vector: dict[str, Any]
+    """A wire tensor (``schemas.tensor``), unit length."""
+    text: str
+    meta: dict[str, Any] = field(default_factory=dict)
+    source: list[int] = field(default_factory=list)
+    """[partition, offset] of the document record it was made from."""
+
+    VERSION = VERSION
+    TYPE = "vector"

@@ -1,0 +1,308 @@
+"""The retrieve stage: searches of a tenant's collections in, hits (or a grounded generate
+job) out. Thin glue around ``streams.cores.retrieval.RetrievalCore``.
+
+Two inputs:
+- ``<p>.vectors``, read whole by every replica (assigned, no group: each replica holds every
+  index, like a global table): each record is applied to the core. On start the core is
+  restored from its last snapshot and the topic read from that position; searches wait until
+  the replica has caught up with the end of the topic as it was when it started.
+- ``<p>.retrieve.<lane>`` (its consumer group, rt first): ``RetrieveJob`` s from the
+  assembler. A ``retrieve`` job carries its query's embedding from the encoder pool; a
+  retrieval-augmented ``generate`` job carries its question, embedded here with the text
+  model the documents were indexed with (``workers.retrieval.embed``).
+
+Answers, exactly once like the generator's: the ``result`` (or ``error``) event on the
+job's reply topic, or for RAG the ``GenerateJob`` with its passages on
+``<p>.generate.<lane>``, and with it a done marker on ``<p>.retrieve.done``; the job record is
+finished only when both are with the broker, and a replica taking over a partition reads
+the markers first (``streams.runtime.recovery``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import faust
+import numpy as np
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.structs import ConsumerRecord
+
+from schemas.codec import DecodeError, unpack
+from schemas.errors import ErrorCode, WireError
+from schemas.events import Event, EventKind
+from schemas.jobs import GenerateJob, RetrieveJob, request_key
+from schemas.settings import Settings
+from schemas.tensor import from_wire
+from schemas.trace import now_ms
+from streams.app import topic_names
+from streams.cores.retrieval import Answer, CoreLimits, RetrievalCore, UnknownCollection
+from streams.metrics import Metrics
+from streams.metrics_retrieval import RetrievalMetrics
+from streams.produce import Out, out_map
+from streams.runtime.recovery import done_marker, recover
+from streams.runtime.stage import RecordStage
+from workers.retrieval.embed import TextEmbedder
+
+log = logging.getLogger(__name__)
+STAGE = "retrieve"
+TERMINAL_SEQ = 1  # seq 0 is the router's `accepted`
+DONE_RETENTION_MS = 600_000.0
+VECTORS_BATCH = 2000
+
+
+def core_limits(settings: Settings) -> CoreLimits:
+    r = settings.retrieval
+    return CoreLimits(max_docs=r.max_docs, max_collections=r.max_collections, overfetch=r.overfetch,
+                      ef=r.ef_search, reuse_threshold=r.reuse_threshold, reuse_entries=r.reuse_entries)
+
+
+class RetrieveStage(RecordStage):
+    stage = STAGE
+
+    def __init__(self, app: faust.App, settings: Settings, metrics: Metrics, core: RetrievalCore,
+                 embedder: TextEmbedder | None) -> None:
+        names = topic_names(settings)
+        super().__init__(app, settings, [names.retrieve("rt")], [names.retrieve("bulk")])
+        self.metrics = metrics
+        self.rmetrics = RetrievalMetrics(metrics)
+        self.core, self.embedder = core, embedder
+        self.r = settings.retrieval
+        self.lock = asyncio.Lock()
+        """Held around every use of the core: the vectors loop, searches and snapshots."""
+        self.ready = asyncio.Event()
+        self.snapshots = Path(app.conf.datadir) / "retrieval"
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="engine-retrieve")
+        self.done: dict[str, float] = {}
+        self.sent: dict[str, set[tuple[str, int]]] = {}
+        self.lag = 0
+
+    # -- the vectors topic ---------------------------------------------------------------
+
+    async def on_started(self) -> None:
+        await super().on_started()
+        self.supervise("vectors", self._vectors_forever)
+        if self.r.snapshot_every_s > 0:
+            self.supervise("snapshots", self._snapshots_forever)
+
+    async def _vectors_forever(self) -> None:
+        k = self.settings.kafka
+        if not self.ready.is_set():
+            restored = await asyncio.get_running_loop().run_in_executor(self.executor, self.core.restore,
+                                                                        self.snapshots)
+            log.info("retrieve: %s", f"restored {len(self.core.collections)} collections at {self.core.position}"
+                     if restored else "no snapshot: reading the vectors topic from the start")
+        consumer = AIOKafkaConsumer(bootstrap_servers=k.bootstrap, enable_auto_commit=False, group_id=None,
+                                    auto_offset_reset="earliest", max_partition_fetch_bytes=k.max_message_bytes,
+                                    fetch_max_bytes=max(k.max_message_bytes, 52_428_800),
+                                    **self.io.settings.client_kwargs)
+        await consumer.start()
+        try:
+            await consumer._client.force_metadata_update()  # a fresh client may not know the topic yet
+            tps = [TopicPartition(self.names.vectors, p)
+                   for p in sorted(consumer.partitions_for_topic(self.names.vectors) or set())]
+            consumer.assign(tps)
+            for tp in tps:
+                if tp.partition in self.core.position:
+                    consumer.seek(tp, self.core.position[tp.partition])
+                else:
+                    await consumer.seek_to_beginning(tp)
+            target = await consumer.end_offsets(tps)
+            checked = time.monotonic()
+            while not self.should_stop:
+                batches = await consumer.getmany(timeout_ms=200, max_records=VECTORS_BATCH)
+                if batches:
+                    async with self.lock:
+                        for tp, recs in batches.items():
+                            for rec in recs:
+                                self.core.apply(tp.partition, rec.offset, rec.key, _decoded(rec.value))
+                if not self.ready.is_set() and await _caught_up(consumer, tps, target):
+                    self.ready.set()
+                    log.info("retrieve: caught up with %s: %s", self.names.vectors, self.core.stats())
+                if time.monotonic() - checked >= 2.0:
+                    checked = time.monotonic()
+                    ends = await consumer.end_offsets(tps)
+                    self.lag = sum(max(0, ends[tp] - await consumer.position(tp)) for tp in tps)
+                    self._note()
+        finally:
+            await consumer.stop()
+
+    async def _snapshots_forever(self) -> None:
+        while not self.should_stop:
+            await asyncio.sleep(self.r.snapshot_every_s)
+            if self.ready.is_set() and self.core.dirty:
+                async with self.lock:
+                    started = time.monotonic()
+                    await asyncio.get_running_loop().run_in_executor(self.executor, self.core.snapshot, self.snapshots)
+                log.info("retrieve: snapshot of %d collections in %.2fs", len(self.core.collections),
+                         time.monotonic() - started)
+
+    def _note(self) -> None:
+        s = self.core.stats()
+        self.rmetrics.set_state(s["collections"], s["documents"], s["memory_bytes"], self.lag)
+
+    # -- searches ------------------------------------------------------------------------
+
+    async def handle(self, records: list[ConsumerRecord]) -> None:
+        if not self.ready.is_set():
+            await self.ready.wait()  # the poll loop waits with it: nothing is searched on a partial index
+        for r in records:
+            await self._one(r)
+
+    async def _one(self, r: ConsumerRecord) -> None:
+        try:
+            job = RetrieveJob.from_wire(unpack(r.value))
+        except (DecodeError, ValueError, TypeError, RecursionError) as exc:
+            self.metrics.to_dlq(STAGE)
+            self.io.deliver([self.dlq(r, f"invalid_request: undecodable retrieve job: {exc}")], [r])
+            return
+        key = request_key(job.tenant, job.id)
+        if key in self.done:
+            self.io.finish([r])
+            return
+        started = now_ms()
+        if job.deadline_at_ms <= started:
+            self._fail(job, r, WireError(ErrorCode.DEADLINE_EXCEEDED, "the search reached the retrieve stage after "
+                                         "its deadline"), started)
+            return
+        try:
+            query = await self._query(job)
+            async with self.lock:
+                t0 = time.perf_counter()
+                answer = self.core.search(job.tenant, job.collection, query, job.k, job.where)
+                self.rmetrics.observe_search(time.perf_counter() - t0, answer.reused)
+        except UnknownCollection:
+            self._fail(job, r, WireError(ErrorCode.INVALID_REQUEST, f"collection {job.collection!r} has no documents "
+                                         "(put some with `mmstream collection put`)", "params.collection"), started)
+            return
+        except (ValueError, TypeError) as exc:
+            self._fail(job, r, WireError(ErrorCode.INVALID_REQUEST, f"the query cannot search this collection: "
+                                         f"{str(exc)[:200]}"), started)
+            return
+        if job.generate is not None:
+            self._forward(job, r, answer, started)
+        else:
+            self._answer(job, r, answer, started)
+
+    async def _query(self, job: RetrieveJob) -> np.ndarray:
+        if job.query is not None:
+            return np.asarray(from_wire(job.query), dtype=np.float32).reshape(-1)
+        if job.query_text is None or self.embedder is None:
+            raise ValueError("the job carries no query")
+        got = (await asyncio.get_running_loop().run_in_executor(
+            self.executor, self.embedder.embed, [job.query_text], job.tenant))[0]
+        if isinstance(got, Exception):
+            raise ValueError(f"the question could not be embedded: {type(got).__name__}")
+        return got
+
+    def _answer(self, job: RetrieveJob, r: ConsumerRecord, a: Answer, started: float) -> None:
+        now = now_ms()
+        hits = [{"id": h.doc_id, "score": round(float(h.score), 6), "text": t, "meta": h.meta}
+                for h, t in zip(a.hits, a.texts)]
+        ev = Event(job.id, EventKind.RESULT, TERMINAL_SEQ, now, timings=self._timings(job, started, now), payload={
+            "task": "retrieve", "collection": job.collection, "hits": hits, "parts": job.parts,
+            "index": {"documents": a.documents, "version": a.epoch, "reused": a.reused}})
+        self._terminal(job, r, [out_map(job.reply_to, job.id, ev.to_wire())])
+        self.metrics.request_done(STAGE, "ok")
+        self.metrics.observe_e2e("retrieve", job.lane, now - job.client_sent_at_ms)
+
+    def _forward(self, job: RetrieveJob, r: ConsumerRecord, a: Answer, started: float) -> None:
+        """RAG: the generate job with its passages, in id order (the same passages make the
+        same prompt prefix, whatever their scores)."""
+        cut = self.r.passage_chars
+        passages = sorted(({"id": h.doc_id, "score": round(float(h.score), 6), "text": _cut(t, cut)}
+                           for h, t in zip(a.hits, a.texts)), key=lambda p: p["id"])
+        g = GenerateJob.from_wire(job.generate)
+        now = now_ms()
+        trace = [*g.trace, {"stage": STAGE, "queued_ms": round(max(0.0, started - job.sent_at_ms), 3),
+                            "service_ms": round(now - started, 3)}]
+        fwd = GenerateJob(**{**{f: getattr(g, f) for f in g.__dataclass_fields__}, "sent_at_ms": now,
+                             "trace": trace, "passages": passages})
+        self._terminal(job, r, [out_map(self.names.generate(fwd.lane), request_key(fwd.tenant, fwd.id), fwd.to_wire())])
+        self.metrics.request_done(STAGE, "ok")
+
+    def _fail(self, job: RetrieveJob, r: ConsumerRecord, err: WireError, started: float) -> None:
+        now = now_ms()
+        ev = Event(job.id, EventKind.ERROR, TERMINAL_SEQ, now, error=err.to_wire(),
+                   timings=self._timings(job, started, now))
+        self._terminal(job, r, [out_map(job.reply_to, job.id, ev.to_wire())])
+        self.metrics.request_done(STAGE, "error", str(err.code))
+
+    def _terminal(self, job: RetrieveJob, r: ConsumerRecord, outs: list[Out]) -> None:
+        key = request_key(job.tenant, job.id)
+        if ("terminal", TERMINAL_SEQ) in self.sent.pop(key, set()):
+            outs = [o for o in outs if o.topic != job.reply_to]  # sent before a takeover
+        outs.append(done_marker(self.names.retrieve_done, key, job.reply_to, now_ms()))
+        self.io.deliver(outs, [r])
+        self.done[key] = now_ms()
+        self._prune_done()
+
+    def _timings(self, job: RetrieveJob, started: float, now: float) -> dict[str, Any]:
+        stages = [*job.trace, {"stage": STAGE, "queued_ms": round(max(0.0, started - job.sent_at_ms), 3),
+                               "service_ms": round(now - started, 3)}]
+        return {"e2e_ms": round(now - job.client_sent_at_ms, 3), "accepted_at_ms": job.accepted_at_ms,
+                "stages": stages}
+
+    def _prune_done(self) -> None:
+        cutoff = now_ms() - DONE_RETENTION_MS
+        while self.done:
+            key, at = next(iter(self.done.items()))
+            if at >= cutoff:
+                break
+            del self.done[key]
+
+    # -- ownership -----------------------------------------------------------------------
+
+    async def on_assigned(self, tps: set[TopicPartition]) -> None:
+        assert self.io.consumer is not None
+        k = self.settings.kafka
+        try:
+            found = await recover(self.io.consumer, k.bootstrap, self.io.settings.client_kwargs, k.max_message_bytes,
+                                  self.names.retrieve_done, tps, _opens, now_ms(), DONE_RETENTION_MS)
+        except Exception:
+            log.exception("retrieve: recovery of %s failed; a replayed search may be answered again", tps)
+            return
+        for done in found.done.values():
+            self.done.update(done)
+        self.sent.update(found.sent)
+
+    async def idle(self) -> None:
+        self._prune_done()
+
+
+async def _caught_up(consumer: AIOKafkaConsumer, tps: list[TopicPartition], target: dict[TopicPartition, int]) -> bool:
+    for tp in tps:
+        if await consumer.position(tp) < target[tp]:
+            return False
+    return True
+
+
+def _opens(rec: ConsumerRecord) -> tuple[str, str, str] | None:
+    job = RetrieveJob.from_wire(unpack(rec.value))
+    return request_key(job.tenant, job.id), job.reply_to, job.id
+
+
+def _decoded(value: bytes | None) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    try:
+        m = unpack(value)
+    except (DecodeError, ValueError):
+        return {}  # the core counts it as malformed
+    return m if isinstance(m, dict) else {}
+
+
+def _cut(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    head = text[:limit]
+    return (head.rsplit(" ", 1)[0] if " " in head else head) + " ..."
+
+
+def install_retrieve(app: faust.App, settings: Settings, metrics: Metrics, embedder: TextEmbedder | None) -> None:
+    core = RetrievalCore(embedder.identity if embedder is not None else "", core_limits(settings))
+    RetrieveStage(app, settings, metrics, core, embedder).install()

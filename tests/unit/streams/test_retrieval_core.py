@@ -1,0 +1,126 @@
+"""The retrieval core without a broker: vector records in, searches out, snapshots."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from schemas.documents import VectorRecord, vector_key
+from schemas.tensor import to_wire
+from streams.cores.retrieval import CoreLimits, RetrievalCore, UnknownCollection
+
+MODEL = "m/1/int8/p1"
+DIM = 16
+
+
+def vec(seed: int) -> np.ndarray:
+    v = np.random.default_rng(seed).standard_normal(DIM).astype(np.float32)
+    return v / np.linalg.norm(v)
+
+
+class Feed:
+    """Writes vector records into a core as the vectors topic would, one partition."""
+
+    def __init__(self, core: RetrievalCore) -> None:
+        self.core, self.offset = core, 0
+
+    def put(self, doc: str, v: np.ndarray, tenant: str = "acme", coll: str = "kb", model: str = MODEL,
+            meta: dict | None = None, text: str | None = None) -> None:
+        rec = VectorRecord(tenant=tenant, collection=coll, doc=doc, model=model, vector=to_wire(v, "float16"),
+                           text=text if text is not None else f"text of {doc}", meta=meta or {})
+        self.raw(vector_key(tenant, coll, model, doc), rec.to_wire())
+
+    def delete(self, doc: str, tenant: str = "acme", coll: str = "kb") -> None:
+        self.raw(vector_key(tenant, coll, MODEL, doc), None)
+
+    def raw(self, key: bytes | None, value: dict | None) -> None:
+        self.core.apply(0, self.offset, key, value)
+        self.offset += 1
+
+
+@pytest.fixture
+def core() -> RetrievalCore:
+    return RetrievalCore(MODEL, CoreLimits(max_docs=100, max_collections=2, reuse_threshold=0.999))
+
+
+def test_a_search_finds_the_nearest_documents_with_their_texts_and_follows_updates_and_deletes(core):
+    feed = Feed(core)
+    for i in range(20):
+        feed.put(f"d{i}", vec(i), meta={"even": i % 2 == 0})
+    a = core.search("acme", "kb", vec(3), 3)
+    assert a.hits[0].doc_id == "d3" and a.texts[0] == "text of d3" and a.documents == 20 and not a.reused
+    assert all(h.meta["even"] for h in core.search("acme", "kb", vec(3), 5, {"even": True}).hits)
+    feed.delete("d3")
+    assert "d3" not in [h.doc_id for h in core.search("acme", "kb", vec(3), 5).hits]
+    feed.put("d4", vec(3), text="moved")
+    b = core.search("acme", "kb", vec(3), 1)
+    assert b.hits[0].doc_id == "d4" and b.texts == ["moved"]
+    assert core.position == {0: feed.offset}
+
+
+def test_a_repeated_query_is_answered_from_the_reuse_cache_until_an_upsert_could_change_it(core):
+    feed = Feed(core)
+    for i in range(10):
+        feed.put(f"d{i}", vec(i))
+    first = core.search("acme", "kb", vec(5), 3)
+    again = core.search("acme", "kb", vec(5), 3)
+    assert again.reused and [h.doc_id for h in again.hits] == [h.doc_id for h in first.hits]
+    feed.put("new", vec(5))  # nearer than anything cached: the cached answer must go
+    after = core.search("acme", "kb", vec(5), 3)
+    assert not after.reused and [h.doc_id for h in after.hits][:2] == ["d5", "new"]  # a tie: by id
+
+
+def test_a_tenant_never_reaches_another_tenants_collection(core):
+    feed = Feed(core)
+    feed.put("secret", vec(1), tenant="other")
+    with pytest.raises(UnknownCollection):
+        core.search("acme", "kb", vec(1), 3)
+    feed.put("mine", vec(2))
+    assert [h.doc_id for h in core.search("acme", "kb", vec(1), 5).hits] == ["mine"]
+
+
+def test_records_of_another_model_malformed_ones_and_past_the_bounds_are_counted_and_skipped(core):
+    feed = Feed(core)
+    feed.put("d", vec(1), model="m/2/int8/p1")
+    feed.raw(b"not a key", {"x": 1})
+    feed.raw(vector_key("acme", "kb", MODEL, "d"), {"v": 1, "type": "vector"})
+    rec = VectorRecord(tenant="forged", collection="kb", doc="d", model=MODEL, vector=to_wire(vec(1)), text="")
+    feed.raw(vector_key("acme", "kb", MODEL, "d"), rec.to_wire())  # value and key disagree
+    assert core.skipped["other_model"] == 1 and core.skipped["malformed"] == 3 and not core.collections
+    feed.put("a", vec(1), coll="c1")
+    feed.put("b", vec(1), coll="c2")
+    feed.put("c", vec(1), coll="c3")  # a third collection of the tenant: over max_collections
+    assert core.skipped["too_many_collections"] == 1 and not core.has("acme", "c3")
+    small = RetrievalCore(MODEL, CoreLimits(max_docs=2))
+    f2 = Feed(small)
+    for i in range(3):
+        f2.put(f"d{i}", vec(i))
+    assert small.skipped["full"] == 1 and small.stats()["documents"] == 2
+
+
+def test_a_snapshot_restores_every_collection_and_the_position(core, tmp_path):
+    feed = Feed(core)
+    for i in range(12):
+        feed.put(f"d{i}", vec(i), coll="kb" if i % 2 else "other")
+    core.snapshot(tmp_path)
+    feed.put("late", vec(99))  # after the snapshot: replayed from the topic
+    back = RetrievalCore(MODEL)
+    assert back.restore(tmp_path)
+    assert back.position == {0: 12} and set(back.collections) == {("acme", "kb"), ("acme", "other")}
+    a = back.search("acme", "kb", vec(3), 1)
+    assert a.hits[0].doc_id == "d3" and a.texts == ["text of d3"]
+    # A second snapshot rewrites only what changed and drops what no manifest names.
+    core.snapshot(tmp_path)
+    assert len(list((tmp_path / "acme" / "kb").iterdir())) == 1
+
+
+def test_a_damaged_or_foreign_snapshot_is_not_restored(core, tmp_path):
+    feed = Feed(core)
+    feed.put("d", vec(1))
+    core.snapshot(tmp_path)
+    assert not RetrievalCore("another/model").restore(tmp_path)
+    for f in (tmp_path / "acme" / "kb").rglob("texts.json"):
+        f.write_text("{")
+    fresh = RetrievalCore(MODEL)
+    assert not fresh.restore(tmp_path) and not fresh.collections and fresh.position == {}
+    assert not RetrievalCore(MODEL).restore(tmp_path / "absent")
