@@ -72,12 +72,15 @@ class KafkaSettings(Section):
         ge=1
     )
     session_timeout_ms: int = setting(
-        30_000, "How long the broker keeps a silent stage replica's partitions: shorter moves a dead replica's work "
-        "sooner, but a pause that long (GC, a stall) costs a rebalance. A stage stops sending a third of it earlier.",
-        ge=3_000
+        6_000, "How long the broker keeps a silent stage replica's partitions: a killed replica's work moves after "
+        "this, and a replica paused this long (GC, a stall) costs a rebalance. A stage stops sending a third of it "
+        "earlier. 6000 is the least a stock broker accepts (group.min.session.timeout.ms); the local and chaos "
+        "brokers accept 1000, and the chaos scenarios run at 3000.", ge=1_000
     )
     heartbeat_interval_ms: int = setting(
-        3_000, "How often a stage replica tells the broker it is alive (at most a third of the session timeout).", ge=100
+        500, "How often a stage replica tells the broker it is alive (at most a third of the session timeout); it is "
+        "also how late a replica learns that a rebalance started, so a new replica's join waits up to this for the "
+        "others.", ge=100
     )
     security_protocol: SecurityProtocol = setting(
         "PLAINTEXT", "How every client of the pipeline (workers, CLI, SDK, lag monitor, bench) talks to Kafka: PLAINTEXT "

@@ -34,6 +34,21 @@ from mmstream.localstack.procs import LocalStackError
 from schemas.settings import LocalSettings
 
 NODE_ID = 1
+FAILOVER_PROPERTIES = {
+    # Classic consumer groups may ask for sessions from 1 s (stock minimum: 6 s), so the
+    # pipeline's stages can be sized to move a dead replica's partitions in seconds.
+    "group.min.session.timeout.ms": "1000",
+    # The controller fences a broker that stopped heartbeating after 3 s (stock: 9 s), which
+    # moves its partitions' leadership and drops it from their ISRs: in a cluster, a leader
+    # killed under load costs clients this long plus a metadata refresh.
+    "broker.session.timeout.ms": "3000",
+    "broker.heartbeat.interval.ms": "500",
+    # A controller quorum that lost its leader elects another within about a second.
+    "controller.quorum.fetch.timeout.ms": "1000",
+    "controller.quorum.election.timeout.ms": "500",
+}
+"""Broker settings for fast failover (docs/reliability.md, "Failover: where the seconds go"),
+appended to every local and chaos broker's server.properties."""
 _RUN_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}")
 _JAVA_HINT = "Java 17+ is needed to run the local Kafka broker: apt-get install openjdk-17-jre-headless"
 _MVN_HINT = ("Maven is needed once to fetch the Kafka broker jars from Maven Central: "
@@ -221,7 +236,7 @@ class LocalKafka:
         (run_dir / "data").mkdir(parents=True)
         props = run_dir / "server.properties"
         template = Template((self.infra / self.template).read_text())
-        props.write_text(template.substitute(self._template_values(run_dir)))
+        props.write_text(template.substitute(self._template_values(run_dir)) + failover_lines())
         log4j = f"-Dlog4j2.configurationFile={self.infra / 'log4j2.xml'}"
         classpath = f"{libs}/*"  # java expands the wildcard itself; no shell involved
         # Through a Java argument file (mode 0600, removed after): the format arguments may
@@ -263,6 +278,11 @@ class LocalKafka:
         if not procs.is_port_open(host, port):
             return False  # skip the client's slower connect-and-retry path
         return metadata_round_trip(bootstrap, self.probe_timeout_s, self.client_kwargs())
+
+
+def failover_lines() -> str:
+    """``FAILOVER_PROPERTIES`` as server.properties lines (after a newline)."""
+    return "\n" + "".join(f"{k}={v}\n" for k, v in FAILOVER_PROPERTIES.items())
 
 
 def metadata_round_trip(bootstrap: str, timeout_s: float, client_kwargs: dict[str, Any] | None = None) -> bool:

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Sequence
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaConnectionError, KafkaError
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 
 from streams.produce import Out
@@ -49,8 +49,19 @@ from streams.runtime.offsets import OffsetTracker
 
 log = logging.getLogger(__name__)
 
-RETRY_BASE_S = 0.1
-RETRY_MAX_S = 5.0
+RETRY_BASE_S = 0.05
+RETRY_MAX_S = 1.0
+"""Backoff of an output the producer gave up on (a retriable error), doubled per attempt up to
+this, times 0.5-1.5: bounded, so an output waits at most about a second longer than the
+broker it waits for (a 5 s cap measured up to 7 s of the broker scenario's recovery)."""
+START_RETRY_BASE_S = 0.2
+START_RETRY_MAX_S = 2.0
+START_TIMEOUT_S = 180.0
+"""A stage that starts while the broker is away (restarting, failing over) keeps trying to
+reach it, with backoff from ``START_RETRY_BASE_S`` to ``START_RETRY_MAX_S``, for this long
+before it gives up: a worker that exits instead leaves its partitions unserved for good (the
+broker chaos scenario lost every generate request to a generator that started during the
+broker's restart and exited on "Unable to bootstrap")."""
 
 # (record that could not be sent, its error) -> what to send instead, or None
 FailedOutput = Callable[[Out, BaseException], Out | None]
@@ -77,6 +88,14 @@ class IOSettings:
     max_poll_interval_ms: int = 300_000
     revoke_drain_s: float = 5.0
     """How long a revoke waits for outputs in flight before dropping the rest."""
+
+    @property
+    def rebalance_timeout_ms(self) -> int:
+        """How long the coordinator waits for this member to rejoin once a rebalance started:
+        long enough for the revoke to settle (``revoke_drain_s``) on top of a session, so a
+        short session never makes a member that is draining its outputs miss the rebalance.
+        A dead member does not hold a rebalance this long: its session ends it first."""
+        return self.session_timeout_ms + int(self.revoke_drain_s * 1000)
 
     @property
     def fence_margin_s(self) -> float:
@@ -128,14 +147,14 @@ class StageIO:
     async def start(self) -> None:
         s = self.settings
         self.producer = await self._new_producer()
-        self.consumer = AIOKafkaConsumer(
+        self.consumer = await _start_when_reachable(lambda: AIOKafkaConsumer(
             bootstrap_servers=s.bootstrap, group_id=s.group_id, enable_auto_commit=False,
             auto_offset_reset="earliest", fetch_max_wait_ms=s.fetch_max_wait_ms,
             max_partition_fetch_bytes=s.max_message_bytes, fetch_max_bytes=max(s.max_message_bytes, 52_428_800),
             session_timeout_ms=s.session_timeout_ms, heartbeat_interval_ms=s.heartbeat_interval_ms,
+            rebalance_timeout_ms=s.rebalance_timeout_ms,
             max_poll_interval_ms=s.max_poll_interval_ms, metadata_max_age_ms=s.metadata_max_age_ms,
-            client_id=f"{s.group_id}-consumer", **s.client_kwargs)
-        await self.consumer.start()
+            client_id=f"{s.group_id}-consumer", **s.client_kwargs), f"{s.group_id} consumer")
         watch_coordinator(self.consumer, self.lease)
         if self.pattern is not None:
             self.consumer.subscribe(pattern=self.pattern, listener=_Listener(self))
@@ -145,10 +164,10 @@ class StageIO:
 
     async def _new_producer(self) -> AIOKafkaProducer:
         s = self.settings
-        producer = AIOKafkaProducer(
+        producer = await _start_when_reachable(lambda: AIOKafkaProducer(
             bootstrap_servers=s.bootstrap, acks="all", enable_idempotence=True, linger_ms=s.linger_ms,
-            max_request_size=s.max_message_bytes, client_id=f"{s.group_id}-producer", **s.client_kwargs)
-        await producer.start()
+            max_request_size=s.max_message_bytes, client_id=f"{s.group_id}-producer", **s.client_kwargs),
+            f"{s.group_id} producer")
         self.gate.install(producer)
         return producer
 
@@ -381,6 +400,29 @@ class Joint:
                 and self.io.epoch == self.epoch):
             self.finished = True
             self.io.finish([self.record])
+
+
+async def _start_when_reachable(make: Callable[[], Any], what: str, timeout_s: float = START_TIMEOUT_S) -> Any:
+    """A client from ``make()``, started; while the broker cannot be reached a fresh one is
+    tried again with backoff (see ``START_TIMEOUT_S``); raises the last error after ``timeout_s``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    delay = START_RETRY_BASE_S
+    while True:
+        client = make()
+        try:
+            await client.start()
+            return client
+        except KafkaConnectionError as exc:
+            try:
+                await client.stop()
+            except Exception:  # it never fully started: nothing of it to keep
+                pass
+            if loop.time() + delay >= deadline:
+                raise
+            log.warning("%s: the broker cannot be reached (%r); trying again in %.1fs", what, exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(START_RETRY_MAX_S, delay * 2)
 
 
 async def _close_quietly(producer: AIOKafkaProducer | None, timeout_s: float = 5.0) -> None:
