@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import urllib.request
 from collections import Counter
@@ -205,3 +206,68 @@ def summarize_latency(sent: list[Any], windows: list[tuple[float, float]]) -> tu
         return p99(inside), None
     last = max((s.answered_at for s in before), default=end)
     return p99(inside), max(0.0, last - end)
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds ``pid`` has used (0 when it is gone)."""
+    if not pid:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(") ", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def machine_busy_seconds() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot, all cores together."""
+    with open("/proc/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    tick = os.sysconf("SC_CLK_TCK")
+    return (sum(values) - idle) / tick, sum(values) / tick
+
+
+async def sample_cpu(supervisor: Supervisor, broker_pids: Any, samples: list[dict[str, Any]], stop: asyncio.Event,
+                     every_s: float = 1.0) -> None:
+    """Append ``{"at": wall seconds, "machine_busy", "machine_total", "workers": {pid: s},
+    "brokers": {pid: s}}`` (cumulative CPU seconds) to ``samples`` every ``every_s`` until
+    ``stop`` is set: who had the CPU while a fault lasted (``timeline.py`` turns it into shares
+    per fault). ``broker_pids``: a callable returning the pids of the run's own brokers."""
+    while not stop.is_set():
+        busy, total = machine_busy_seconds()
+        samples.append({"at": time.time(), "machine_busy": busy, "machine_total": total,
+                        "workers": {str(w.pid): cpu_seconds(w.pid) for w in supervisor.workers() if w.alive},
+                        "brokers": {str(p): cpu_seconds(p) for p in broker_pids()}})
+        try:
+            await asyncio.wait_for(stop.wait(), every_s)
+        except asyncio.TimeoutError:
+            pass
+
+
+async def wait_workers_ready(supervisor: Supervisor, timeout_s: float) -> list[str]:
+    """Wait until every live worker's ``/readyz`` answers 200 (engines loaded, clients
+    started); returns the workers still not ready after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+
+    def not_ready() -> list[str]:
+        out = []
+        for w in supervisor.workers():
+            port = w.metrics_port
+            try:
+                if not (w.alive and port):
+                    raise OSError("no port yet")
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as resp:  # loopback
+                    if resp.status == 200:
+                        continue
+            except OSError:
+                pass
+            out.append(f"{w.stage}[{w.replica}]")
+        return out
+
+    while True:
+        left = await asyncio.to_thread(not_ready)
+        if not left or time.monotonic() >= deadline:
+            return left
+        await asyncio.sleep(0.5)

@@ -122,8 +122,16 @@ async def _run_pipeline(settings: Settings, env: dict[str, str], scenario: Scena
     peaks: dict[str, float] = {}
     stop_sampling = asyncio.Event()
     sampler = asyncio.create_task(checks.sample_rss(supervisor, peaks, stop_sampling))
+    cpu: list[dict[str, float]] = []
+    brokers = (lambda: [n.pid for n in kafka.nodes if n.pid]) if kafka is not None else (lambda: [])
+    cpu_sampler = asyncio.create_task(checks.sample_cpu(supervisor, brokers, cpu, stop_sampling))
     try:
         await wait_until_serving(k.bootstrap, k.topic_prefix, 300)
+        # Every worker, not only those one probe passes through (a generator loads its model
+        # last): traffic meets a started pipeline, so a fault's cost is not its start-up's.
+        unready = await checks.wait_workers_ready(supervisor, 300)
+        if unready:
+            log.warning("chaos: workers not ready before traffic: %s", ", ".join(unready))
         media = await asyncio.to_thread(traffic.make_media, scenario)
         async with Client(k.bootstrap, k.topic_prefix, redis_url=settings.redis.url,
                           inline_limit_bytes=traffic.INLINE_LIMIT_BYTES,
@@ -167,7 +175,7 @@ async def _run_pipeline(settings: Settings, env: dict[str, str], scenario: Scena
         if over:
             violations.append(f"RSS over {scenario.rss_mb:.0f} MB: {over}")
         p99, recover = checks.summarize_latency(sent, windows)
-        where = _write_timeline(root, sent, fired)
+        where = _write_timeline(root, sent, fired, cpu)
         outcomes: dict[str, int] = {}
         for s in sent:
             key = "not sent" if s.sub is None else (s.outcome or "none")
@@ -178,14 +186,18 @@ async def _run_pipeline(settings: Settings, env: dict[str, str], scenario: Scena
     finally:
         stop_sampling.set()
         await sampler
+        await cpu_sampler
         await asyncio.to_thread(supervisor.stop, 10.0)
 
 
-def _write_timeline(root: Path, sent: list[traffic.Sent], fired: list[tuple[str, float, float]]) -> list[dict[str, Any]]:
-    """Write the run's faults and requests on the wall clock (``faults.json``, ``requests.json``)
-    next to the workers' logs, and return ``timeline.breakdown`` of them ([] if it fails)."""
+def _write_timeline(root: Path, sent: list[traffic.Sent], fired: list[tuple[str, float, float]],
+                    cpu: list[dict[str, float]]) -> list[dict[str, Any]]:
+    """Write the run's faults, requests and CPU samples on the wall clock (``faults.json``,
+    ``requests.json``, ``cpu.json``) next to the workers' logs, and return
+    ``timeline.breakdown`` of them ([] if it fails)."""
     shift = time.time() - time.monotonic()
     try:
+        (root / "cpu.json").write_text(json.dumps(cpu))
         (root / "faults.json").write_text(json.dumps(
             [{"fault": d, "begin": b + shift, "end": e + shift} for d, b, e in sorted(fired, key=lambda x: x[1])]))
         (root / "requests.json").write_text(json.dumps(

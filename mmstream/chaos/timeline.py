@@ -11,9 +11,13 @@ per fault, relative to its start (seconds):
   the run's own broker's) log until the next fault (a member
   leaving the group, a rebalance starting, partitions assigned, a take-over's replay,
   producer retries, the broker or Redis seen away and back), with the worker that said it;
+- ``by_kind``: per request kind sent in the window, its median and slowest wait beside the
+  kind's median before any fault (a Redis outage should cost a text request at most 2x);
+- ``cpu``: who had the machine's CPU from the fault's start to that first answer (busy in all,
+  the workers, the run's own brokers), from ``cpu.json``;
 - ``first_answer_after_s``: when the first request sent after the fault started was answered;
 - ``back_to_normal_s``: when requests sent from then on are answered within twice the run's
-  latency before any fault (the p99 of requests sent before the first fault).
+  latency before any fault (the p99 of requests answered before the first fault began).
 
 `python -m mmstream.chaos.timeline DIR` prints it for a run kept with ``--workdir``.
 """
@@ -29,6 +33,9 @@ from pathlib import Path
 from typing import Any
 
 LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) (\w+) ([\w.]+): (.*)$")
+"""The CLI's layout, before Faust's worker starts: ``%(asctime)s %(levelname)s %(name)s: %(message)s``."""
+FAUST_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\] \[\d+\] \[(\w+)\] ()(.*)$")
+"""Faust's layout once its worker runs: ``[asctime] [pid] [LEVEL] message`` (no logger name)."""
 BROKER_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\] (\w+) (.*)$")
 """infra/kafka/log4j2.xml's layout: ``[%d] %p %m (%c)``."""
 BROKER_EVENTS: tuple[tuple[str, re.Pattern[str]], ...] = tuple((name, re.compile(pattern)) for name, pattern in (
@@ -80,7 +87,7 @@ def read_events(log_dir: Path) -> list[LogEvent]:
         except OSError:
             continue
         for line in lines:
-            m = LINE.match(line)
+            m = LINE.match(line) or FAUST_LINE.match(line)
             if not m:
                 continue
             for kind, pattern in EVENTS:
@@ -116,13 +123,51 @@ def _p99(values: list[float]) -> float | None:
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
+def _median(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
+
+
+def _cpu_share(cpu: list[dict[str, Any]], begin: float, end: float) -> dict[str, float] | None:
+    """Shares of the machine's CPU (all cores = 1) between ``begin`` and ``end``: busy in all,
+    and taken by the workers and by the run's own brokers (per process, so a broker or worker
+    started meanwhile counts from its start); None without two samples there."""
+    inside = [c for c in cpu if begin - 1.0 <= c["at"] <= end + 1.0]
+    if len(inside) < 2:
+        return None
+    a, b = inside[0], inside[-1]
+    total = b["machine_total"] - a["machine_total"]
+    if total <= 0:
+        return None
+
+    def used(group: str) -> float:
+        last: dict[str, float] = {}
+        first: dict[str, float] = {}
+        for c in inside:
+            for pid, s in c[group].items():
+                first.setdefault(pid, s if c is a else 0.0)
+                last[pid] = s
+        return sum(max(0.0, last[p] - first[p]) for p in last)
+
+    return {"seconds": round(b["at"] - a["at"], 1), "busy": round((b["machine_busy"] - a["machine_busy"]) / total, 2),
+            "workers": round(used("workers") / total, 2), "brokers": round(used("brokers") / total, 2)}
+
+
 def breakdown(root: Path) -> list[dict[str, Any]]:
     """Per fault of the run kept in ``root``: see the module docstring."""
     faults = json.loads((root / "faults.json").read_text())
     requests = [r for r in json.loads((root / "requests.json").read_text()) if r.get("sent")]
+    cpu_file = root / "cpu.json"
+    cpu = json.loads(cpu_file.read_text()) if cpu_file.exists() else []
     events = sorted(read_events(root / "state" / "workers") + read_broker_events(root), key=lambda e: e.at)
     first = min((f["begin"] for f in faults), default=None)
-    before = [r["answered"] - r["sent"] for r in requests if r["answered"] and first and r["sent"] < first]
+    before = [r["answered"] - r["sent"] for r in requests if r["answered"] and first and r["answered"] < first]
     normal = _p99(before)
     out = []
     for i, f in enumerate(faults):
@@ -136,6 +181,15 @@ def breakdown(root: Path) -> list[dict[str, Any]]:
         if normal is not None:
             late = [r["sent"] for r in after if r["answered"] - r["sent"] > 2 * normal and r["sent"] < nxt]
             back = (max(late) - begin) if late else 0.0
+        by_kind: dict[str, dict[str, Any]] = {}
+        for kind in sorted({r["kind"] for r in inside}):
+            mine = [r["answered"] - r["sent"] for r in inside if r["kind"] == kind and r["answered"]]
+            usual = [r["answered"] - r["sent"] for r in requests
+                     if r["kind"] == kind and r["answered"] and first and r["answered"] < first]
+            by_kind[kind] = {"requests": len(mine), "max_s": round(max(mine), 2) if mine else None,
+                             "p50_s": _round(_median(mine)), "p50_before_faults_s": _round(_median(usual))}
+        dark_end = begin + (first_answer - begin if first_answer is not None else end - begin)
+        cpu_share = _cpu_share(cpu, begin, max(dark_end, end))
         seen: dict[str, dict[str, Any]] = {}
         counts: dict[str, int] = {}
         for e in events:
@@ -147,6 +201,8 @@ def breakdown(root: Path) -> list[dict[str, Any]]:
             "fault": f["fault"], "window_s": round(end - begin, 2),
             "stalled": {"requests": len(inside), "max_wait_s": round(max(waits), 2) if waits else None,
                         "unanswered": sum(1 for r in inside if not r["answered"])},
+            "by_kind": by_kind,
+            "cpu": cpu_share,
             "first_answer_after_s": None if first_answer is None else round(first_answer - begin, 2),
             "back_to_normal_s": None if back is None else round(back, 2),
             "normal_p99_s": None if normal is None else round(normal, 2),
@@ -162,6 +218,13 @@ def print_breakdown(parts: list[dict[str, Any]]) -> None:
         print(f"== {p['fault']} (window {p['window_s']} s): {s['requests']} requests sent in it, slowest "
               f"{s['max_wait_s']} s, {s['unanswered']} unanswered; first answer after +{p['first_answer_after_s']} s; "
               f"back to normal (< 2x p99 before faults, {p['normal_p99_s']} s) from +{p['back_to_normal_s']} s")
+        if p.get("cpu"):
+            c = p["cpu"]
+            print(f"  CPU over {c['seconds']} s from the fault to the first answer: machine {c['busy']:.0%} busy, "
+                  f"workers {c['workers']:.0%}, own brokers {c['brokers']:.0%} (all cores = 100%)")
+        for kind, k in p["by_kind"].items():
+            print(f"  {kind:6s} sent in the window: {k['requests']}, p50 {k['p50_s']} s, max {k['max_s']} s "
+                  f"(p50 before any fault {k['p50_before_faults_s']} s)")
         for kind, e in p["events"].items():
             n = p["event_counts"].get(kind, 1)
             print(f"  +{e['at_s']:7.2f} s .. +{e['last_at_s']:7.2f} s  {kind:20s} x{n:<4d} {e['worker']}: {e['text']}")

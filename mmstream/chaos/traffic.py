@@ -30,7 +30,8 @@ class Sent:
     kind: str
     lane: str
     sent_at: float
-    """time.monotonic() when it was produced."""
+    """time.monotonic() when the client was asked to send it: a send that waits for a broker
+    that is away counts that wait (what a caller sees), and falls in the fault's window."""
     sub: Submission | None
     """None: the client could not send it (the broker or Redis away at that moment); such a
     request is no one's to answer and is left out of the checks."""
@@ -88,21 +89,32 @@ def plan(scenario: Scenario) -> list[tuple[float, str, str]]:
              "bulk" if rng.random() < scenario.bulk_share else "rt") for i in range(n)]
 
 
+SUBMIT_TIMEOUT_S = 30.0
+"""How long one send may wait (for a broker or Redis that is away) before the request counts
+as never sent: longer than the outages the scenarios make, so a request tried during one is
+sent when it can be and its wait is counted, not left out."""
+
+
 async def send_all(client: Client, scenario: Scenario, media: Media, started: float) -> list[Sent]:
-    """Send the planned requests at their times; return them (answers arrive on ``sub``)."""
+    """Send the planned requests at their times, each on its own (open loop: a send waiting
+    for a broker that is away holds up no other request); return them in plan order (answers
+    arrive on ``sub``)."""
     rng = random.Random(scenario.seed + 1)
-    sent: list[Sent] = []
-    for i, (offset, kind, lane) in enumerate(plan(scenario)):
+    planned = [(offset, kind, request_for(i, kind, lane, media, scenario, rng))
+               for i, (offset, kind, lane) in enumerate(plan(scenario))]
+
+    async def one(offset: float, kind: str, req: Request) -> Sent:
         delay = started + offset - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
-        req = request_for(i, kind, lane, media, scenario, rng)
+        tried_at = time.monotonic()
         try:
-            sub: Submission | None = await asyncio.wait_for(client.submit(req), 10.0)
-        except Exception:  # the broker or Redis away: never sent, so never answered
+            sub: Submission | None = await asyncio.wait_for(client.submit(req), SUBMIT_TIMEOUT_S)
+        except Exception:  # the broker or Redis away too long: never sent, so never answered
             sub = None
-        sent.append(Sent(req.id, kind, lane, time.monotonic(), sub))
-    return sent
+        return Sent(req.id, kind, req.lane.value, tried_at, sub)
+
+    return list(await asyncio.gather(*(one(offset, kind, req) for offset, kind, req in planned)))
 
 
 async def follow(sent: list[Sent], timeout_s: float) -> None:
