@@ -38,6 +38,11 @@ OFF_ENV = {
 def replicas(off: tuple[str, ...], workload: str) -> dict[str, int]:
     """One worker per stage the workload needs (the generic pool when routing is off)."""
     stages = {"router": 1, "assembler": 1}
+    if workload in ("retrieve", "rag"):  # queries embed on encode.text; the corpus through index
+        stages.update({"encode.text": 1, "index": 1, "retrieve": 1})
+        if workload == "rag":
+            stages["generate"] = 1
+        return stages
     if workload in ("chat", "chat-mm"):  # text parts of generate requests need no encoder
         stages["generate"] = 1
         stages["encode.text"] = 1  # answers the embed probes of the bench
@@ -79,7 +84,7 @@ async def own_pipeline(settings: Settings, off: tuple[str, ...], workload: str,
     await asyncio.to_thread(supervisor.start, replicas(off, workload))
     try:
         # A chat run starts once the generator answers too (it loads and calibrates after the rest).
-        task = Task.GENERATE if workload.startswith("chat") else Task.EMBED
+        task = Task.GENERATE if workload.startswith("chat") or workload == "rag" else Task.EMBED
         await wait_until_serving(run_settings.kafka.bootstrap, run_settings.kafka.topic_prefix, timeout_s,
                                  KafkaSecurity.from_settings(run_settings.kafka), task=task)
         yield run_settings

@@ -18,6 +18,7 @@ from mmstream import report
 from mmstream.bench.config import BenchConfig, parse_lanes, parse_rates
 from mmstream.bench.fairness import text_table
 from mmstream.bench.fairness_run import run_fairness
+from mmstream.bench.retrieval_run import run_retrieval
 from mmstream.bench.run import run_bench
 from mmstream.lever_names import LEVERS
 from schemas.settings import Settings
@@ -39,7 +40,8 @@ def config_from_args(args: Any) -> BenchConfig:
                        lm_precision=getattr(args, "lm_precision", None),
                        chat_max_tokens=getattr(args, "chat_max_tokens", None) or 32,
                        abuse_rate=getattr(args, "abuse_rate", None),
-                       abuse_deadline_ms=getattr(args, "abuse_deadline_ms", None))
+                       abuse_deadline_ms=getattr(args, "abuse_deadline_ms", None),
+                       docs=getattr(args, "docs", None) or 2000)
 
 
 def cli_main(args: Any, settings: Settings) -> int:
@@ -59,6 +61,8 @@ def cli_main(args: Any, settings: Settings) -> int:
         return 2
     if cfg.workload == "fairness":
         return _fairness(args, settings, cfg)
+    if cfg.workload in ("retrieve", "rag"):
+        return _retrieval(args, settings, cfg)
     doc = asyncio.run(run_bench(settings, cfg))
     report.validate(doc)
     _emit(args, doc)
@@ -82,6 +86,13 @@ def _fairness(args: Any, settings: Settings, cfg: BenchConfig) -> int:
         print(f"wrote {path}", file=sys.stderr)
     lost = doc["victim"]["lost"]["alone"] + doc["victim"]["lost"]["flood"] + doc["abuser"]["lost"]
     return 0 if lost == 0 else 1
+
+
+def _retrieval(args: Any, settings: Settings, cfg: BenchConfig) -> int:
+    """retrieve and rag (``bench.retrieval_run``): the JSON on stdout; exits 1 when a request was lost."""
+    doc = asyncio.run(run_retrieval(settings, cfg))
+    _emit(args, doc)
+    return 0 if all(r["requests"]["lost"] == 0 for r in doc["runs"]) else 1
 
 
 def _emit(args: Any, doc: dict[str, Any]) -> None:

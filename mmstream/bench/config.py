@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 MODES = ("pipeline", "monolithic", "server")
-WORKLOADS = ("text", "mixed", "chat", "chat-mm", "capacity", "fairness")
+WORKLOADS = ("text", "mixed", "chat", "chat-mm", "capacity", "fairness", "retrieve", "rag")
 SCHEDULERS = ("continuous", "static")
 LM_PRECISIONS = ("q4_1", "fp32", "int8")
 
@@ -64,6 +64,8 @@ class BenchConfig:
     """Fairness workload: the deadline of tenant A's requests. None: the longest allowed
     (``limits.max_deadline_ms``), which outlasts a run's drain: A's unanswered requests are
     then reported ``pending``, not lost."""
+    docs: int = 2000
+    """retrieve and rag workloads: passages of the offline corpus put into the collection."""
     own_pipeline: bool = False
     """Run against a fresh pipeline started for this run, even with every lever on."""
     tenant: str | None = None
@@ -91,6 +93,8 @@ class BenchConfig:
         if (self.abuse_rate is not None and self.abuse_rate <= 0) or (self.abuse_deadline_ms is not None
                                                                      and self.abuse_deadline_ms <= 0):
             raise ValueError("abuse rate and deadline must be positive")
+        if self.docs < 1:
+            raise ValueError(f"--docs must be at least 1, got {self.docs}")
         if self.chat_max_tokens < 1:
             raise ValueError("chat max tokens must be at least 1")
         if not 0.0 <= self.repeat < 1.0:
