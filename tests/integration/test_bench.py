@@ -7,6 +7,7 @@ import pytest
 from rich.console import Console
 
 from mmstream.bench import BenchConfig, run_bench
+from mmstream.bench.retrieval_run import run_retrieval
 from mmstream.report import validate, write_report
 from mmstream.top import run_top
 from tests.integration.conftest import start_pipeline
@@ -97,3 +98,12 @@ async def test_the_fairness_run_loses_nothing_of_either_tenant(small_bounds) -> 
     assert "max_generate" not in doc["abuse_shapes"]  # no generator in this pipeline
     assert {"router[0]", "encode.text[0]"} <= set(doc["memory"])
     assert all(m["series"] for m in doc["memory"].values())
+
+
+async def test_the_retrieve_run_indexes_its_corpus_and_answers_every_search(infra) -> None:
+    cfg = BenchConfig(workload="retrieve", rate=5.0, duration_s=3.0, drain_s=30.0, seed=2, repeat=0.5, docs=40)
+    doc = await run_retrieval(infra, cfg, progress=False)
+    [run] = doc["runs"]
+    assert doc["documents"] == 40 and run["requests"]["lost"] == 0 and run["requests"]["ok"] == run["requests"]["sent"]
+    assert run["retrieval"]["retrieve_service_ms"]["count"] == run["requests"]["ok"]
+    assert run["latency_ms"]["retrieve"]["e2e"]["count"] == run["requests"]["ok"]
