@@ -5,8 +5,9 @@ never reach the engine) in one round trip that also claims each miss for this wo
 script: GET, else SET NX of the miss's ``:inflight`` claim), and writes new outputs back with
 one pipelined SET ... EX after their batch ran. Redis
 being slow or down only costs time: a short socket timeout, then a circuit breaker that
-skips the cache for a cool-down; every such failure is counted and logged, never shown
-to the client.
+skips the cache for a cool-down that starts at a quarter second and doubles while Redis stays
+away (``workers.breaker``); every such failure is counted and logged, never shown to the
+client.
 """
 
 from __future__ import annotations
@@ -101,8 +102,9 @@ class EncoderCache:
         was = self.breaker.state
         self.breaker.record(False, self.clock())
         if self.breaker.state != was:
-            log.warning("reuse cache: %s failed (%r); bypassing the cache for %.0f s",
-                        op, exc, self.breaker.cooldown_s)
+            log.warning("reuse cache: %s failed (%r); bypassing the cache for %.2f s, then one trial (each "
+                        "failed trial doubles that, up to %.0f s)", op, exc, self.breaker.current_cooldown_s,
+                        self.breaker.cooldown_s)
         else:
             log.debug("reuse cache: %s failed: %r", op, exc)
 
