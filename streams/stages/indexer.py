@@ -67,9 +67,14 @@ class IndexerStage(RecordStage):
         return "bulk"  # indexing is background work: no rt records to put first
 
     async def handle(self, records: list[ConsumerRecord]) -> None:
-        outs: list[Out] = []
-        todo: list[tuple[ConsumerRecord, str, str, str, Any]] = []
-        for r in records:
+        """Outputs in the order of their inputs (a document put and deleted in one poll ends
+        deleted); a document superseded by a later record of its id in the same poll is not
+        embedded at all (only the last record per id counts on a compacted topic)."""
+        last: dict[tuple[str, bytes | None], int] = {}
+        for i, r in enumerate(records):
+            last[(r.topic, r.key)] = i
+        plan: list[tuple[ConsumerRecord, bytes, Any]] = []  # (record, vector key, None | Document)
+        for i, r in enumerate(records):
             where = self.names.parse_docs(r.topic)
             if where is None:
                 self._dead(r, "invalid_request: not a collection topic name")
@@ -77,37 +82,46 @@ class IndexerStage(RecordStage):
             tenant, collection = where
             try:
                 doc_id = doc_id_of(r.key)
-                if r.value is None:
-                    outs.append(Out(self.names.vectors, vector_key(tenant, collection, self.embedder.identity, doc_id),
-                                    None))  # type: ignore[arg-type]  # a tombstone
-                    self.rmetrics.indexed("delete")
-                    continue
-                doc = decode_document(r.value, self.r.max_doc_chars, self.r.max_meta_keys)
+                if last[(r.topic, r.key)] != i:
+                    continue  # superseded: finished with the batch, never embedded
+                doc = None if r.value is None else decode_document(r.value, self.r.max_doc_chars,
+                                                                    self.r.max_meta_keys)
             except WireError as exc:
                 self._dead(r, f"{exc.code}: {exc.message}")
                 continue
-            todo.append((r, tenant, collection, doc_id, doc))
-        waiting = {id(t[0]) for t in todo}
-        done = [r for r in records if id(r) not in waiting and (r.topic, r.partition, r.offset) not in self.io.handed]
-        for batch in _batches(todo, self.r.index_batch):
-            vectors = await asyncio.get_running_loop().run_in_executor(
-                self.executor, self.embedder.embed, [t[4].text for t in batch], batch[0][1])
-            for (r, tenant, collection, doc_id, doc), v in zip(batch, vectors):
-                if isinstance(v, Exception):
-                    self._dead(r, f"{getattr(v, 'code', 'internal')}: the document could not be embedded: "
-                                  f"{type(v).__name__}")
-                    continue
-                rec = VectorRecord(tenant=tenant, collection=collection, doc=doc_id, model=self.embedder.identity,
-                                   vector=to_wire(v, "float16"), text=doc.text, meta=doc.meta,
-                                   source=[r.partition, r.offset])
-                outs.append(Out(self.names.vectors, vector_key(tenant, collection, self.embedder.identity, doc_id),
-                                pack(rec.to_wire())))
-                self.rmetrics.indexed("upsert")
-            done.extend(r for r, *_ in batch)
+            plan.append((r, vector_key(tenant, collection, self.embedder.identity, doc_id), (tenant, collection,
+                                                                                              doc_id, doc)))
+        vectors = await self._embed([p for p in plan if p[2][3] is not None])
+        outs: list[Out] = []
+        for r, key, (tenant, collection, doc_id, doc) in plan:
+            if doc is None:
+                outs.append(Out(self.names.vectors, key, None))  # type: ignore[arg-type]  # a tombstone
+                self.rmetrics.indexed("delete")
+                continue
+            v = vectors[id(r)]
+            if isinstance(v, Exception):
+                self._dead(r, f"{getattr(v, 'code', 'internal')}: the document could not be embedded: "
+                              f"{type(v).__name__}")
+                continue
+            rec = VectorRecord(tenant=tenant, collection=collection, doc=doc_id, model=self.embedder.identity,
+                               vector=to_wire(v, "float16"), text=doc.text, meta=doc.meta,
+                               source=[r.partition, r.offset])
+            outs.append(Out(self.names.vectors, key, pack(rec.to_wire())))
+            self.rmetrics.indexed("upsert")
+        done = [r for r in records if (r.topic, r.partition, r.offset) not in self.io.handed]
         if outs:
             self.io.deliver(outs, done)
         elif done:
             self.io.finish(done)
+
+    async def _embed(self, todo: list[tuple[ConsumerRecord, bytes, Any]]) -> dict[int, Any]:
+        """id(record) -> its document's unit vector or the exception that refused it."""
+        out: dict[int, Any] = {}
+        for batch in _batches(todo, self.r.index_batch):
+            got = await asyncio.get_running_loop().run_in_executor(
+                self.executor, self.embedder.embed, [p[2][3].text for p in batch], batch[0][2][0])
+            out.update((id(p[0]), v) for p, v in zip(batch, got))
+        return out
 
     def _dead(self, r: ConsumerRecord, reason: str) -> None:
         self.metrics.to_dlq(STAGE)
@@ -115,11 +129,11 @@ class IndexerStage(RecordStage):
 
 
 def _batches(todo: list[Any], size: int) -> list[list[Any]]:
-    """``todo`` cut into engine calls of at most ``size`` documents, each of one tenant (the
-    reuse cache keys on the tenant), in their order within each tenant."""
+    """``todo`` (``(record, key, (tenant, ...))``) cut into engine calls of at most ``size``
+    documents, each of one tenant (the reuse cache keys on the tenant)."""
     by_tenant: dict[str, list[Any]] = {}
     for t in todo:
-        by_tenant.setdefault(t[1], []).append(t)
+        by_tenant.setdefault(t[2][0], []).append(t)
     return [items[i:i + size] for items in by_tenant.values() for i in range(0, len(items), size)]
 
 

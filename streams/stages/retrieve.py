@@ -125,8 +125,12 @@ class RetrieveStage(RecordStage):
                     log.info("retrieve: caught up with %s: %s", self.names.vectors, self.core.stats())
                 if time.monotonic() - checked >= 2.0:
                     checked = time.monotonic()
-                    ends = await consumer.end_offsets(tps)
-                    self.lag = sum(max(0, ends[tp] - await consumer.position(tp)) for tp in tps)
+                    # From the last fetch's high watermarks: no request to the broker in the loop.
+                    self.lag = 0
+                    for tp in tps:
+                        high = consumer.highwater(tp)
+                        if high is not None:
+                            self.lag += max(0, high - await consumer.position(tp))
                     self._note()
         finally:
             await consumer.stop()

@@ -6,6 +6,7 @@ grounded in a collection names the passages it used."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from pathlib import Path
 
@@ -37,7 +38,8 @@ def rag_pipeline(infra):
                           MMSTREAM_ADMISSION_MAX_QUEUED_MS_RT="60000")
     k = pipe.settings.kafka
     asyncio.run(ensure_topics(k.bootstrap, [collection_spec(k, "default", "kb"), collection_spec(k, "other", "kb"),
-                                             collection_spec(k, "default", "sky")]))
+                                             collection_spec(k, "default", "sky"),
+                                             collection_spec(k, "default", "churn")]))
     yield pipe
     pipe.supervisor.stop()
 
@@ -46,8 +48,8 @@ def _client(pipe) -> Client:
     return Client(pipe.bootstrap, pipe.prefix)
 
 
-async def _search(client: Client, query: str, **kw) -> dict:
-    sub = await client.retrieve("kb", query, deadline_ms=30_000, **kw)
+async def _search(client: Client, query: str, collection: str = "kb", **kw) -> dict:
+    sub = await client.retrieve(collection, query, deadline_ms=30_000, **kw)
     ev = await sub.result(timeout_s=60)
     assert ev.kind in ("result", "error"), ev
     return {"kind": ev.kind, "payload": ev.payload or {}, "error": ev.error or {}}
@@ -163,3 +165,30 @@ async def test_a_restarted_retrieve_stage_answers_from_its_snapshot(rag_pipeline
     assert new.pid != old.pid
     log = Path(new.log_file).read_text()
     assert "retrieve: restored" in log.split("retrieve: no snapshot")[-1]  # the last start restored
+
+
+async def test_killing_the_indexing_and_retrieve_stages_mid_ingest_loses_no_document(rag_pipeline):
+    """kill -9 of both stages while documents stream in: after they come back, the index
+    holds exactly the collection the topic holds (its last record per id)."""
+    sup = rag_pipeline.supervisor
+    async with _client(rag_pipeline) as client:
+        for i in range(120):
+            await client.put_document("churn", f"d{i}", f"Passage number {i} about topic {i % 7}.", {"i": i})
+            if i == 40:
+                for stage in ("index", "retrieve"):
+                    w = next(w for w in sup.workers() if w.stage == stage and w.alive)
+                    sup.stop_one(w, sig=signal.SIGKILL)
+            if i == 80:
+                sup.start({"index": 1, "retrieve": 1})
+        for i in range(0, 120, 3):  # a third deleted, a third rewritten
+            await client.delete_document("churn", f"d{i}")
+        for i in range(1, 120, 3):
+            await client.put_document("churn", f"d{i}", f"Rewritten passage {i}.", {"i": -i})
+        want = {f"d{i}" for i in range(120) if i % 3}
+        answer = await _until(client, "passage", lambda a: (a["payload"].get("index") or {}).get("documents") == 80,
+                              collection="churn", k=50, timeout_s=180)
+        assert answer["payload"]["index"]["documents"] == 80
+        everything = {h["id"]: h for h in (await _search(client, "Rewritten passage", collection="churn", k=50))["payload"]["hits"]}
+        assert set(everything) <= want
+        rewritten = [h for h in everything.values() if int(h["id"][1:]) % 3 == 1]
+        assert rewritten and all(h["meta"]["i"] < 0 and h["text"].startswith("Rewritten") for h in rewritten)
