@@ -51,10 +51,10 @@ def create_app(settings: Settings, stage: str, replica: int = 0, health: WorkerH
         table_standby_replicas=0,
         producer_max_request_size=k.max_message_bytes,
         consumer_max_fetch_size=k.max_message_bytes,
-        # Engine calls run in an executor, so the loop keeps heartbeating; these bound how
-        # long a stuck worker holds its partitions.
-        broker_session_timeout=30.0,
-        broker_heartbeat_interval=3.0,
+        # Faust's own consumer is off (the stages' StageIO clients carry the group sessions);
+        # should it still open one, it uses the stages' session and heartbeat.
+        broker_session_timeout=k.session_timeout_ms / 1000.0,
+        broker_heartbeat_interval=min(k.heartbeat_interval_ms, k.session_timeout_ms // 3) / 1000.0,
         broker_commit_interval=0.5,
         producer_linger_ms=1,
         # Raw bytes in and out: our code decodes, so a poison message is ours to handle.
