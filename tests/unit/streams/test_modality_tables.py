@@ -22,9 +22,9 @@ from workers import prompt as P
 
 # What the tables said before the registry existed.
 OLD_STAGES = ("router", "assembler", "encode.text", "encode.image", "encode.audio", "encode.video", "encode.any",
-              "generate", "lagmon")
+              "generate", "index", "retrieve", "lagmon")  # (index and retrieve came with collections)
 OLD_REPLICAS = {"router": 1, "assembler": 1, "encode.text": 1, "encode.image": 1, "encode.audio": 1,
-                "encode.video": 1, "generate": 1, "lagmon": 1}
+                "encode.video": 1, "generate": 1, "index": 1, "retrieve": 1, "lagmon": 1}
 OLD_MS_PER_UNIT = {"text": 0.15, "image": 8.0, "video": 8.0, "audio": 300.0}
 
 
