@@ -122,6 +122,7 @@ async def _retrieve_run(s: Settings, cfg: BenchConfig, rate: float, held_out: li
     return run
 
 
+RAG_ASKS = ("Please explain", "Tell me briefly", "In one sentence:", "Quick question -", "I wonder")
 RAG_TOPICS = ("how do I read a file line by line", "what does a context manager do",
               "how are exceptions raised and caught", "how do I parse command line arguments",
               "what is a generator function")
@@ -133,7 +134,9 @@ async def _rag_run(s: Settings, cfg: BenchConfig, rate: float, docs: list[C.Pass
     offsets = arrival_offsets(rate, cfg.duration_s, rng)
     # A few topics asked again and again: requests that retrieve the same passages share
     # their prompt prefix, which is what the prefix cache can reuse.
-    questions = [rng.choice(RAG_TOPICS) for _ in offsets]
+    # Worded differently each time (the question is not what the cache should reuse: the
+    # passages ahead of it are).
+    questions = [f"{rng.choice(RAG_ASKS)} {rng.choice(RAG_TOPICS)}?" for _ in offsets]
     requests = [Request(id=new_id(), parts=(Part(Modality.TEXT, text=q),), task=Task.GENERATE,
                         params=Params(max_tokens=cfg.chat_max_tokens, collection=COLLECTION, k=RAG_K),
                         lane=Lane(cfg.lane), deadline_ms=120_000) for q in questions]
