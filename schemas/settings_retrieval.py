@@ -28,7 +28,7 @@ class RetrievalSettings(Section):
         0.99, "Cosine at which a query is answered from a cached near-duplicate's result without a search "
         "(1.0: exact repeats only; docs/retrieval.md measures the recall each value costs).", ge=0.0, le=1.0
     )
-    reuse_entries: int = setting(4096, "Cached query results per (tenant, collection, index version); 0 turns reuse off.",
+    reuse_entries: int = setting(1024, "Cached query results per collection (each holds its query vector and candidate pool); 0 turns reuse off.",
                                  ge=0)
     snapshot_every_s: float = setting(
         30.0, "How often the retrieve stage snapshots an index that changed (0: never), so a restart reads the "
