@@ -1,11 +1,13 @@
 """The retrieval lever's compute, measured on real passages and the project's text encoder:
-``python -m mmstream.retrievebench [--docs N] [--queries N] [--libraries] [--out FILE]``.
+``python -m mmstream.retrievebench [--passages N] [--docs N] [--queries N] [--libraries] [--out FILE]``.
 
 The corpus is ``workers.retrieval.corpus`` (docstrings, comments and documents of what is
-installed); the last ``--queries`` passages are held out of the index and a run of 8-16
-words of each is a query. Everything is embedded in-process with the text encoder the
+installed), taken in a fixed pseudo-random order (``embed_order``): ``--passages N`` uses the
+first N, a sample of the whole, and a later run of more passages embeds only the rest. Of
+the passages used, ``--queries`` (a seeded sample) are held out of the index and a run of
+8-16 words of each is a query. Everything is embedded in-process with the text encoder the
 pipeline serves (the model repository's MiniLM at the encoder's precision, rows alone where
-that variant needs it), and the passages' embeddings are cached in
+that variant needs it), and the passages' embeddings are cached block by block in
 ``~/.cache/mmstream/retrieval/`` under the corpus fingerprint and the model's identity, so
 a rerun embeds only the queries.
 
@@ -17,11 +19,14 @@ What it reports (stdout, one JSON line per section, and ``--out``):
 - **index**: ``CollectionIndex`` as the retrieve stage runs it: recall@10 vs exact top-10,
   search p50/p99 ms, build and snapshot seconds.
 - **reuse**: a stream of queries, half of them near-duplicates (``corpus.near_duplicate``)
-  of an earlier one, through ``NearDuplicateCache`` per threshold: the share of index
-  searches it avoids and recall@10 vs the exact top-10 of the query actually asked, beside
-  the same stream with no cache.
+  of an earlier one, through ``NearDuplicateCache`` per candidate pool size and threshold:
+  the share of index searches it avoids, recall@10 vs the exact top-10 of the query actually
+  asked (against plain search and against the same pooled searches without reuse), and the
+  time of a reuse answer and of a search through the cache.
 
-Nothing here is asserted: the numbers go to docs/retrieval.md.
+Nothing here is asserted: the numbers go to docs/retrieval.md. Run it with
+``OPENBLAS_NUM_THREADS=1``: on a busy box OpenBLAS's threads make one matrix-vector product
+over a few thousand cached queries take milliseconds instead of tens of microseconds.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import sys
 import tempfile
@@ -55,6 +61,11 @@ CACHE_DIR = Path.home() / ".cache" / "mmstream" / "retrieval"
 THRESHOLDS = (0.90, 0.93, 0.95, 0.97, 0.99)
 BLOCK = 4096
 """Passages embedded per cached block: an interrupted run resumes at its last block."""
+EMBED_ORDER_SEED = "mmstream-retrieval-embed-order-v1"
+POOL_SIZES = (0, 40, 100, 200)
+"""Candidates kept per cached entry; 0: the hits only, answered as they are (no rescoring)."""
+REUSE_THRESHOLDS = {0: THRESHOLDS, 40: (0.80, 0.85, 0.90, 0.95), 100: (0.75, 0.80, 0.85, 0.88, 0.90, 0.93, 0.95),
+                    200: (0.70, 0.75, 0.80, 0.85, 0.90)}
 
 
 class Embedder:
@@ -102,19 +113,30 @@ def load_passages(cache_dir: Path) -> list[C.Passage]:
     return passages
 
 
+def embed_order(passages: list[C.Passage]) -> list[C.Passage]:
+    """``passages`` in the fixed pseudo-random order they are embedded in: a first ``--passages
+    N`` is a sample of the whole corpus, and its blocks are the first ones of a full run (which
+    resumes from them)."""
+    order = list(range(len(passages)))
+    random.Random(EMBED_ORDER_SEED).shuffle(order)
+    return [passages[i] for i in order]
+
+
 def embed_passages(embedder: Embedder, passages: list[C.Passage], cache_dir: Path,
-                   from_end: bool = False) -> np.ndarray:
-    """Unit vectors of ``passages`` in order, from the cache or embedded (block by block,
-    each block cached as it is done, so an interrupted run resumes). ``from_end``: the last
-    block first (a second process beside a first one shares the work)."""
+                   from_end: bool = False, count: int | None = None) -> np.ndarray:
+    """Unit vectors of the first ``count`` (default: all) of ``passages`` in order, from the
+    cache or embedded (block by block, each block cached as it is done, so an interrupted run
+    resumes and a larger ``count`` embeds only what is new). ``from_end``: the last block
+    first (a second process beside a first one shares the work)."""
+    count = len(passages) if count is None else min(count, len(passages))
     key = f"{C.fingerprint(passages)}-{embedder.identity}"
     final = cache_dir / f"emb-{key}.npy"
     if final.exists():
-        return np.load(final)
+        return np.load(final, mmap_mode="r")[:count].copy()
     parts = cache_dir / f"emb-{key}.parts"
     parts.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    starts = list(range(0, len(passages), BLOCK))
+    starts = list(range(0, count, BLOCK))
     for start in reversed(starts) if from_end else starts:
         path = parts / f"{start // BLOCK:05d}.npy"
         if not path.exists():
@@ -125,13 +147,14 @@ def embed_passages(embedder: Embedder, passages: list[C.Passage], cache_dir: Pat
             print(f"embedded passages {start}-{min(start + BLOCK, len(passages))} of {len(passages)} "
                   f"({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
     if final.exists():  # the other process finished first
-        return np.load(final)
+        return np.load(final, mmap_mode="r")[:count].copy()
     vectors = np.concatenate([np.load(parts / f"{start // BLOCK:05d}.npy") for start in starts])
-    tmp = final.with_suffix(f".{os.getpid()}.tmp.npy")
-    np.save(tmp, vectors)
-    os.replace(tmp, final)
-    shutil.rmtree(parts, ignore_errors=True)
-    return vectors
+    if count == len(passages):
+        tmp = final.with_suffix(f".{os.getpid()}.tmp.npy")
+        np.save(tmp, vectors)
+        os.replace(tmp, final)
+        shutil.rmtree(parts, ignore_errors=True)
+    return vectors[:count]
 
 
 def exact_top(x: np.ndarray, queries: np.ndarray, k: int = K) -> list[set[int]]:
@@ -184,7 +207,15 @@ def measure_index(x: np.ndarray, ids: list[str], metas: list[dict], queries: np.
 def measure_reuse(index: CollectionIndex, x: np.ndarray, ids: list[str], embedder: Embedder,
                   base: list[str], rng: random.Random, max_entries: int) -> dict[str, Any]:
     """A stream of ``2 * len(base)`` queries: each base query, then a near-duplicate of a
-    base query asked before (chosen by ``rng``), through the cache at each threshold."""
+    base query asked before (chosen by ``rng``), through the cache at each pool size and
+    threshold (``REUSE_THRESHOLDS``). Pool size 0 answers a near hit with the cached hits;
+    a pool of N keeps the best N candidates of each search (``search_with_pool``) and answers
+    a near hit by rescoring them against the new query (``CollectionIndex.rescore``).
+
+    Recall@10 is against the exact top-10 of the query actually asked; its change is given
+    against plain search (what runs with no cache) and against the same pool searches with
+    no reuse (a wider fetch finds better hits itself: that part is not reuse's). Times are
+    of one query through the cache, split by whether it was a reuse answer or a search."""
     texts: list[str] = []
     dup_of: list[int] = []
     for j, q in enumerate(base):
@@ -196,24 +227,51 @@ def measure_reuse(index: CollectionIndex, x: np.ndarray, ids: list[str], embedde
     vecs = embedder.embed(texts)
     exact = exact_top(x, vecs)
     row = {d: i for i, d in enumerate(ids)}
-    plain = [[row[h.doc_id] for h in index.search(v, K)] for v in vecs]
+    plain, plain_ms = [], []
+    for v in vecs:
+        t = time.perf_counter()
+        hits = index.search(v, K)
+        plain_ms.append((time.perf_counter() - t) * 1000)
+        plain.append([row[h.doc_id] for h in hits])
     cos = [float(vecs[n] @ vecs[d]) for n, d in enumerate(dup_of) if d >= 0]
+    folded_repeats = sum(1 for n, d in enumerate(dup_of) if d >= 0 and _fold(texts[n]) == _fold(texts[d]))
+    no_cache = recall(plain, exact)
     out: dict[str, Any] = {"queries": len(texts), "near_duplicates": len(cos),
-                           "dup_cosine_quartiles": [round(float(c), 3) for c in np.percentile(cos, (25, 50, 75))],
-                           "recall_at_10_no_cache": recall(plain, exact), "thresholds": []}
-    for threshold in THRESHOLDS:
-        cache = NearDuplicateCache(threshold, max_entries)
-        got = []
-        for v in vecs:
-            hits = cache.lookup(v, K)
-            if hits is None:
-                hits = tuple(index.search(v, K))
-                cache.store(v, K, None, hits)
-            got.append([row[h.doc_id] for h in hits])
-        r = recall(got, exact)
-        out["thresholds"].append({"threshold": threshold, "searches_avoided": round(cache.hits / len(texts), 4),
-                                  "recall_at_10": r,
-                                  "recall_change_points": round(100 * (r - out["recall_at_10_no_cache"]), 2)})
+                           "dup_cosine_percentiles_5_10_25_50_75": [
+                               round(float(c), 3) for c in np.percentile(cos, (5, 10, 25, 50, 75))],
+                           "near_duplicates_that_are_folded_repeats": folded_repeats,
+                           "recall_at_10_no_cache": no_cache, "plain_search": percentiles(plain_ms), "runs": []}
+    for pool_size in POOL_SIZES:
+        pooled = no_cache
+        if pool_size:
+            pooled = recall([[row[h.doc_id] for h in index.search_with_pool(v, K, pool_size=pool_size)[0]]
+                             for v in vecs], exact)
+        for threshold in REUSE_THRESHOLDS[pool_size]:
+            cache = NearDuplicateCache(threshold, max_entries, pool_size=pool_size)
+            rescore = (lambda d, q, k: index.rescore(d, q, k)) if pool_size else None
+            got, reuse_ms, search_ms, folded_misses = [], [], [], 0
+            seen: set[str] = set()
+            for text, v in zip(texts, vecs):
+                t = time.perf_counter()
+                hits = cache.lookup(v, K, None, rescore)
+                if hits is not None:
+                    reuse_ms.append((time.perf_counter() - t) * 1000)
+                else:
+                    hits, pool = index.search_with_pool(v, K, pool_size=pool_size)
+                    cache.store(v, K, None, hits, pool if pool_size else None)
+                    search_ms.append((time.perf_counter() - t) * 1000)
+                    folded_misses += _fold(text) in seen
+                seen.add(_fold(text))
+                got.append([row[h.doc_id] for h in hits])
+            r = recall(got, exact)
+            out["runs"].append({"pool_size": pool_size, "threshold": threshold,
+                                "searches_avoided": round(cache.hits / len(texts), 4), "recall_at_10": r,
+                                "change_vs_no_cache_points": round(100 * (r - no_cache), 2),
+                                "change_vs_same_searches_points": round(100 * (r - pooled), 2),
+                                "misses_a_folded_text_key_would_hit": folded_misses,
+                                "reuse": percentiles(reuse_ms) if reuse_ms else None,
+                                "search": percentiles(search_ms)})
+            print(json.dumps({"reuse_run": out["runs"][-1]}), flush=True)
     return out
 
 
@@ -293,10 +351,18 @@ def _atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def _fold(text: str) -> str:
+    """Case, punctuation and whitespace folded: the exact-repeat key measured beside the vector."""
+    return " ".join(re.sub(r"[^\w\s]", " ", text.casefold()).split())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mmstream.retrievebench", description=__doc__.split("\n")[0])
     parser.add_argument("--queries", type=int, default=1000, help="held-out passages queried (default: %(default)s)")
     parser.add_argument("--docs", type=int, default=0, help="index at most this many passages (0: all)")
+    parser.add_argument("--passages", type=int, default=0,
+                        help="use only the first N passages of the embedding order, a seeded sample of the corpus "
+                             "(0: all); a later larger run embeds only the rest")
     parser.add_argument("--threads", type=int, default=1, help="encoder threads (default: %(default)s)")
     parser.add_argument("--libraries", action="store_true", help="also compare faiss-cpu, hnswlib and usearch")
     parser.add_argument("--embed-only", action="store_true", help="embed the corpus into the cache and stop")
@@ -312,9 +378,11 @@ def main(argv: list[str] | None = None) -> int:
     passages = load_passages(CACHE_DIR)
     print(json.dumps({"corpus": {"passages": len(passages), "fingerprint": C.fingerprint(passages),
                                  "encoder": embedder.identity}}), flush=True)
-    vectors = embed_passages(embedder, passages, CACHE_DIR, args.embed_from_end)
+    ordered = embed_order(passages)
+    vectors = embed_passages(embedder, ordered, CACHE_DIR, args.embed_from_end, args.passages or None)
     if args.embed_only:
         return 0
+    passages = ordered[:len(vectors)]
     rng = random.Random(args.seed)
     held = set(rng.sample(range(len(passages)), args.queries))
     rows = [i for i in range(len(passages)) if i not in held][:args.docs or None]
@@ -325,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     queries = embedder.embed(queries_text)
     exact = exact_top(x, queries)
     results: dict[str, Any] = {"corpus": {"passages": len(passages), "indexed": len(rows), "queries": len(queries),
-                                          "fingerprint": C.fingerprint(passages), "encoder": embedder.identity}}
+                                          "fingerprint": C.fingerprint(passages), "sample_of": C.fingerprint(ordered),
+                                          "encoder": embedder.identity}}
     if args.libraries:
         results["libraries"] = compare_libraries(x, queries, exact)
     index, results["index"] = measure_index(x, ids, metas, queries, exact, args.index_threads)

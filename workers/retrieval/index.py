@@ -245,12 +245,11 @@ class CollectionIndex:
         graph walk: a dot product per id (microseconds for a few hundred). Raises ValueError
         for a query of the wrong shape or a zero query."""
         q = unit(query, self.dim, "query")
-        slots = {self._slot[d] for d in doc_ids if d in self._slot}
-        if where:
-            slots = {s for s in slots if self._admits(where, s)}
+        found = dict.fromkeys(s for s in map(self._slot.get, doc_ids) if s is not None)
+        slots = [s for s in found if self._admits(where, s)] if where else list(found)
         if k <= 0 or not slots:
             return []
-        return self._answer(q, k, self._top(q, k, np.fromiter(slots, dtype=np.int64, count=len(slots))))[0]
+        return self._answer(q, k, self._ranked(q, k, np.array(slots, dtype=np.int64)))[0]
 
     def exact_search(self, query: np.ndarray, k: int, *, where: dict | None = None) -> list[Hit]:
         """What ``search`` approximates: every admitted document scored (for measuring)."""
@@ -448,7 +447,11 @@ class CollectionIndex:
     def _ranked(self, q: np.ndarray, n: int, slots: np.ndarray) -> list[tuple[float, int]]:
         """(score, slot) of the best ``n`` of ``slots``, score descending, ties by doc id."""
         scores = self._scores(q, slots)
-        return sorted(zip(scores.tolist(), slots.tolist()), key=lambda t: (-t[0], self._ids[t[1]]))[:n]
+        order = np.argsort(-scores, kind="stable")
+        ranked = scores[order]
+        if np.any(ranked[1:] == ranked[:-1]):  # a tie somewhere: ordered by doc id (rare, slower)
+            return sorted(zip(scores.tolist(), slots.tolist()), key=lambda t: (-t[0], self._ids[t[1]]))[:n]
+        return list(zip(ranked[:n].tolist(), slots[order[:n]].tolist()))
 
     def _answer(self, q: np.ndarray, k: int, ranked: list[tuple[float, int]]) -> tuple[list[Hit], list[Candidate]]:
         hits = [Hit(self._ids[s], score, dict(self._metas[s] or {})) for score, s in ranked[:k]]  # type: ignore[arg-type]
