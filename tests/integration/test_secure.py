@@ -40,7 +40,7 @@ from schemas.request import Modality, Part, Request
 from schemas.settings import LocalSettings, Settings
 from streams.client import Client, new_id
 from streams.security import KafkaSecurity, client_kwargs, parse_properties, read_properties
-from streams.topics import TopicNames, ensure_topics, topic_specs
+from streams.topics import TopicNames, collection_spec, ensure_topics, topic_specs
 from tests.integration.conftest import free_ports
 
 pytestmark = pytest.mark.integration
@@ -288,10 +288,15 @@ async def test_an_unauthenticated_client_cannot_produce(secure):
             await producer.stop()
 
 
-async def test_a_tenant_cannot_produce_to_any_internal_topic(secure):
+async def test_a_tenant_writes_its_own_collections_and_no_internal_topic(secure):
     acme, n = secure.tenant("acme"), secure.names
     internal = [n.encoded("rt"), n.encoded("bulk"), n.encode("text", "rt"), n.generate("rt"), n.ingress("rt"),
-                n.results, n.dlq, n.assembler_done, n.tenant_results("acme"), n.tenant_ingress("rt", "globex")]
+                n.results, n.dlq, n.assembler_done, n.tenant_results("acme"), n.tenant_ingress("rt", "globex"),
+                n.vectors, n.retrieve("rt"), n.retrieve_done, n.docs("globex", "kb")]
+    k = secure.settings.kafka
+    await ensure_topics(k.bootstrap, [collection_spec(k, t, "kb") for t in ("acme", "globex")], 1,
+                        client_kwargs(secure.settings))
+    await _produce(secure, acme, n.docs("acme", "kb"), b'{"text": "its own collection"}', key=b"d1")
     for topic in internal:
         with pytest.raises(TopicAuthorizationFailedError):
             await _produce(secure, acme, topic, b"forged")
