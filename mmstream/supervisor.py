@@ -194,7 +194,10 @@ class Supervisor:
         log_file = self.dir / f"{stage}-{replica}.log"
         log_file.with_suffix(".port").unlink(missing_ok=True)
         port = self._next_port()
-        env = {**self.env, "MMSTREAM_METRICS_PORT": str(port)}
+        # numpy's BLAS on one thread: a worker's matrix products are small (the retrieve
+        # stage's reuse lookup: 1024 x 384), and on a busy box OpenBLAS's own threads made one
+        # take 3.4 ms instead of 0.09 (docs/retrieval.md). Engines size their own threads.
+        env = {"OPENBLAS_NUM_THREADS": "1", **self.env, "MMSTREAM_METRICS_PORT": str(port)}
         with open(log_file, "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "mmstream.cli", "worker", stage, "--replica", str(replica)],

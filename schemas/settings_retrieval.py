@@ -25,8 +25,9 @@ class RetrievalSettings(Section):
     max_meta_keys: int = setting(16, "Most metadata keys of one document (scalar values only).", ge=0)
     max_where_keys: int = setting(8, "Most keys of one retrieve request's metadata filter.", ge=0)
     reuse_threshold: float = setting(
-        0.99, "Cosine at which a query is answered from a cached near-duplicate's result without a search "
-        "(1.0: exact repeats only; docs/retrieval.md measures the recall each value costs).", ge=0.0, le=1.0
+        0.80, "Cosine at which a query is answered from a cached near-duplicate's candidate pool (rescored for it) "
+        "instead of an index search (1.0: exact repeats only). Measured on 107k passages: 0.80 avoided 46.7% of "
+        "searches at recall@10 0.84 points lower (docs/retrieval.md).", gt=0.0, le=1.0
     )
     reuse_entries: int = setting(1024, "Cached query results per collection (each holds its query vector and candidate pool); 0 turns reuse off.",
                                  ge=0)

@@ -49,7 +49,7 @@ class CoreLimits:
     """Per tenant."""
     overfetch: int = 4
     ef: int = 128
-    reuse_threshold: float = 0.99
+    reuse_threshold: float = 0.80
     reuse_entries: int = 1024
     """Per collection; 0 turns reuse off."""
 
