@@ -39,6 +39,7 @@ from workers.retrieval import corpus as C
 COLLECTION = "bench"
 K = 10
 RAG_K = 3
+PUT_CHUNK = 500
 
 
 async def run_retrieval(settings: Settings, cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
@@ -78,7 +79,9 @@ async def _fill(s: Settings, docs: list[C.Passage], progress: bool) -> None:
                         s.kafka.replication_factor, client_kwargs(s))
     started = time.monotonic()
     async with _client(s) as client:
-        await asyncio.gather(*(client.put_document(COLLECTION, p.id, p.text, p.meta) for p in docs))
+        for i in range(0, len(docs), PUT_CHUNK):  # bounded: the producer's buffer, not 100k sends at once
+            await asyncio.gather(*(client.put_document(COLLECTION, p.id, p.text, p.meta)
+                                   for p in docs[i:i + PUT_CHUNK]))
         while True:
             ev = await (await client.retrieve(COLLECTION, "probe", k=1, deadline_ms=30_000)).result(timeout_s=60)
             held = ((ev.payload or {}).get("index") or {}).get("documents", 0)
