@@ -38,6 +38,7 @@ from schemas.settings_base import (ENGINE_PRECISIONS, ENV_PREFIX, Bootstrap, Eng
 from schemas.settings_serving import (AdmissionSettings, AssemblerSettings, CacheSettings, DlqSettings, EncoderSettings,
                                       GeneratorSettings, LimitsSettings, QuotaSettings, RouterSettings, VideoSettings,
                                       parse_overrides)
+from schemas.settings_autoscale import AutoscaleSettings
 from schemas.settings_retrieval import RetrievalSettings
 
 __all__ = ["ENGINE_PRECISIONS", "EnginePrecision", "Partitioner", "DlqSettings", "parse_overrides", "Settings",
@@ -266,6 +267,7 @@ class Settings(BaseSettings):
     models: ModelSettings = _section(ModelSettings)
     modalities: ModalitiesSettings = _section(ModalitiesSettings)
     retrieval: RetrievalSettings = _section(RetrievalSettings)
+    autoscale: AutoscaleSettings = _section(AutoscaleSettings)
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,

@@ -1,0 +1,157 @@
+"""How many replicas each stage's pool should run, from its lag and its queued work. Pure.
+
+Every ``interval_s`` the scaler hands ``ScalePolicy.decide`` one ``PoolSignal`` per pool:
+the replicas alive, the consumer lag per lane (read from the broker) and the engine work the
+replicas report queued (predicted ms, ``streams.load``). Per pool:
+
+- **demand** is the replicas that signal needs: ``ceil(max(lag[lane] / lag_per_replica[lane],
+  queued_ms / target_queued_ms))``; 0 with no lag and nothing queued.
+- **wanted** is demand within ``[min, max]``, except that a pool with work never wants 0,
+  and an idle pool whose min is 0 keeps one replica until it has been idle ``idle_s``; then
+  it stops at once (``reason="idle"``: ``idle_s`` was its window).
+- **wake**: a pool at 0 replicas with any demand goes to 1 at once: a record waits on it.
+- **up** (Kubernetes' HPA stabilisation, read the same way): when every wanted of the last
+  ``up_window_s`` was above the current count, to the *least* of them: a burst shorter than
+  the window costs no replica.
+- **down**: when every wanted of the last ``down_window_s`` was below the current count and
+  the last change is that long ago, to the *most* of them.
+- **cores**: a replica beyond a pool's first is started only while the threads of every
+  busy replica (one with work to do, counted by each pool's demand) and its own fit in
+  ``cpu_cores``. On a box whose cores are already busy, another replica only splits the same
+  cores and adds a context switch, so the policy holds (``reason="cpu"``) instead.
+
+Each call returns a ``Decision`` per pool whose count should change, and one with
+``held=True`` per pool that wanted more and was refused by cores or by its max: the scaler
+logs and exports both, so nobody has to guess why a pool did not grow.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+
+@dataclass(frozen=True)
+class PoolRule:
+    min: int
+    max: int
+    lag_per_replica: Mapping[str, int]
+    """Lane -> records of lag one replica is expected to carry."""
+    target_queued_ms: float
+    threads: int = 1
+    """Cores one busy replica keeps busy (its engine's threads)."""
+
+
+@dataclass(frozen=True)
+class PoolSignal:
+    stage: str
+    replicas: int
+    lag: Mapping[str, int] = field(default_factory=dict)
+    """Lane -> records of consumer lag over the pool's topics."""
+    queued_ms: float = 0.0
+    """Engine work the pool's replicas report queued (ms), summed."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    stage: str
+    current: int
+    target: int
+    reason: str
+    """``wake``, ``lag``, ``queued``, ``calm``, ``idle``, ``min``, ``max``; held: ``cpu`` or ``max``."""
+    demand: int
+    held: bool = False
+
+
+def demand(rule: PoolRule, sig: PoolSignal) -> tuple[int, str]:
+    """Replicas the signal needs, and which part of it asked (``lag`` or ``queued``)."""
+    by_lag = max((sig.lag.get(lane, 0) / per for lane, per in rule.lag_per_replica.items() if per > 0), default=0.0)
+    by_queue = sig.queued_ms / rule.target_queued_ms if rule.target_queued_ms > 0 else 0.0
+    need = max(by_lag, by_queue)
+    return (math.ceil(need) if need > 0 else 0), ("lag" if by_lag >= by_queue else "queued")
+
+
+class ScalePolicy:
+    def __init__(self, rules: Mapping[str, PoolRule], *, up_window_s: float, down_window_s: float, idle_s: float,
+                 cpu_cores: int) -> None:
+        self.rules = dict(rules)
+        self.up_window_s, self.down_window_s, self.idle_s = up_window_s, down_window_s, idle_s
+        self.cpu_cores = cpu_cores
+        self._wanted: dict[str, deque[tuple[float, int]]] = {s: deque() for s in self.rules}
+        self._since: dict[str, float] = {}
+        """Stage -> when the policy first saw it (windows count from there)."""
+        self._changed: dict[str, float] = {}
+        self._busy_at: dict[str, float] = {}
+
+    def changed(self, stage: str, now: float) -> None:
+        """Tell the policy a pool's count was changed (by it or by hand) at ``now``."""
+        self._changed[stage] = now
+
+    def decide(self, now: float, signals: Iterable[PoolSignal]) -> list[Decision]:
+        sigs = {s.stage: s for s in signals if s.stage in self.rules}
+        needs = {st: demand(self.rules[st], s) for st, s in sigs.items()}
+        busy = {st: min(sigs[st].replicas, n) * self.rules[st].threads for st, (n, _) in needs.items()}
+        out = []
+        for stage, sig in sigs.items():
+            rule, (need, why) = self.rules[stage], needs[stage]
+            self._since.setdefault(stage, now)
+            if need > 0:
+                self._busy_at[stage] = now
+            wanted = self._wanted_now(stage, rule, sig, need, now)
+            history = self._wanted[stage]
+            history.append((now, wanted))
+            horizon = now - max(self.up_window_s, self.down_window_s) - 1.0
+            while history and history[0][0] < horizon:
+                history.popleft()
+            d = self._one(stage, rule, sig, need, why, wanted, now, sum(v for k, v in busy.items() if k != stage))
+            if d is not None:
+                out.append(d)
+                if not d.held:
+                    self._changed[stage] = now
+        return out
+
+    def _wanted_now(self, stage: str, rule: PoolRule, sig: PoolSignal, need: int, now: float) -> int:
+        if need > 0:
+            return max(rule.min, min(rule.max, need), 1)
+        if rule.min > 0:
+            return rule.min
+        idle_for = now - self._busy_at.get(stage, self._since[stage])
+        return 0 if sig.replicas == 0 or idle_for >= self.idle_s else 1
+
+    def _window(self, stage: str, now: float, span: float) -> list[int] | None:
+        """Every wanted of the last ``span`` seconds, or None while the policy has not watched
+        the pool that long."""
+        if now - self._since[stage] < span:
+            return None
+        return [w for t, w in self._wanted[stage] if t >= now - span]
+
+    def _one(self, stage: str, rule: PoolRule, sig: PoolSignal, need: int, why: str, wanted: int, now: float,
+             others_busy: int) -> Decision | None:
+        cur = sig.replicas
+        if cur < rule.min:
+            return Decision(stage, cur, rule.min, "min", need)
+        if cur > rule.max:
+            return Decision(stage, cur, rule.max, "max", need)
+        if cur == 0:
+            return Decision(stage, 0, 1, "wake", need) if need > 0 else None
+        if wanted == 0:  # idle for idle_s already: that was its window
+            return Decision(stage, cur, 0, "idle", need)
+        if need > cur and cur >= rule.max:
+            return Decision(stage, cur, cur, "max", need, held=True)
+        up = self._window(stage, now, self.up_window_s)
+        if up and min(up) > cur:
+            target = min(up)
+            fits = (self.cpu_cores - others_busy) // max(1, rule.threads)
+            if target > fits:
+                if fits <= cur:
+                    return Decision(stage, cur, cur, "cpu", need, held=True)
+                target = fits
+            return Decision(stage, cur, target, why, need)
+        down = self._window(stage, now, self.down_window_s)
+        cooled = now - self._changed.get(stage, self._since[stage]) >= self.down_window_s
+        if down and max(down) < cur and cooled:
+            target = max(down)
+            return Decision(stage, cur, max(1, target), "calm", need)
+        return None
