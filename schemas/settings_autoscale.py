@@ -14,7 +14,7 @@ from pydantic import field_validator
 from schemas.settings_base import Section, csv_items, setting
 
 DEFAULT_POOLS = ("router=1:4,assembler=1:4,encode.text=1:8,encode.image=1:8,encode.audio=0:4,encode.video=0:4,"
-                 "generate=0:8,retrieve=0:4")
+                 "generate=0:8,retrieve=1:8")
 
 
 def parse_pools(value: str) -> dict[str, tuple[int, int]]:

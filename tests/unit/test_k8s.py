@@ -121,3 +121,17 @@ def test_workers_and_keda_authenticate_from_the_same_secret_keys():
         volume = next(v for v in pod["volumes"] if v["name"] == "kafka-ca")
         assert volume["secret"]["items"] == [{"key": keys["ca"], "path": "ca.pem"}]
         assert f"{mount['mountPath']}/ca.pem" == config["MMSTREAM_KAFKA_SSL_CA_FILE"]
+
+
+def test_scalers_are_what_the_autoscale_settings_generate():
+    """One source for thresholds: the local scaler and KEDA read the same pools and lag per
+    replica (regenerate with `mmstream scale --keda`)."""
+    from mmstream.k8s_scalers import render, scaled_objects
+
+    generated = scaled_objects(Settings())
+    assert sorted(SCALERS, key=lambda o: o["metadata"]["name"]) == sorted(generated, key=lambda o: o["metadata"]["name"])
+    assert list(yaml.safe_load_all(render(generated))) == generated
+    # what a changed default would change in the file
+    tighter = scaled_objects(Settings.from_env({"MMSTREAM_AUTOSCALE_POOLS": "encode.text=2:3", "MMSTREAM_AUTOSCALE_RT_LAG": "9"}))
+    assert [(o["spec"]["minReplicaCount"], o["spec"]["maxReplicaCount"], o["spec"]["triggers"][0]["metadata"]["lagThreshold"])
+            for o in tighter] == [(2, 3, "9")]
