@@ -78,6 +78,7 @@ def watch_health(app: faust.App, stage: str, health: WorkerHealth) -> None:
     @app.task
     async def report_health() -> None:  # tasks start once the app is fully started
         running.set()
+        health.mark("ready")
 
     health.stage = stage
     health.require(f"faust:{stage}", ready=lambda: running.is_set() and not app.should_stop and not app.crashed,

@@ -18,7 +18,9 @@ and tools that want their own pass one explicitly.
 from __future__ import annotations
 
 import json
+import os
 import threading
+import time
 from typing import Any, Callable, Iterable
 
 Check = Callable[[], bool]
@@ -34,6 +36,16 @@ class WorkerHealth:
         self._inflight: dict[str, int] = {}
         self.stage: str | None = None
         """The stage this process runs, once known (labels ``mmstream_ready``)."""
+        self.born_at = process_started_at()
+        self.cold_start_s: dict[str, float] = {}
+        """Phase -> seconds from the process's start: ``ready`` (the stage fully started, its
+        engine loaded and warm) and ``first_answer`` (its first item answered). Set once each."""
+
+    def mark(self, phase: str) -> None:
+        """Record that ``phase`` of the cold start is reached now (only the first time)."""
+        if phase not in self.cold_start_s:
+            with self._lock:
+                self.cold_start_s.setdefault(phase, max(0.0, time.time() - self.born_at))
 
     def require(self, name: str, ready: Check, live: Check | None = None) -> None:
         """Register (or replace) check ``name``: ``ready`` gates /readyz, ``live`` /healthz."""
@@ -67,6 +79,19 @@ class WorkerHealth:
     def _snapshot(self, checks: dict[str, Check]) -> list[tuple[str, Check]]:
         with self._lock:
             return list(checks.items())
+
+
+def process_started_at(pid: int | str = "self") -> float:
+    """Wall-clock time the process was forked (Linux: its start tick in ``/proc``), so a cold
+    start counts the interpreter and the imports too; now, where ``/proc`` cannot tell."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ticks = int(f.read().rsplit(") ", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
 
 
 def _run(checks: Iterable[tuple[str, Check]]) -> dict[str, bool]:

@@ -182,6 +182,7 @@ class Metrics:
         self.registry.register(self._worker)
         self.schema["mmstream_inflight"] = MetricSchema("gauge", ("stage",))
         self.schema["mmstream_ready"] = MetricSchema("gauge", ("stage",))
+        self.schema["mmstream_cold_start_seconds"] = MetricSchema("gauge", ("stage", "phase"))
         ProcessCollector(registry=self.registry)
         self.queue_depth = self._make(
             Gauge, "mmstream_queue_depth", "Items waiting in a stage's in-process queue.", ("stage", "lane"))
@@ -240,6 +241,8 @@ class Metrics:
         if code is not None:
             _check("code", str(code), ERROR_CODES)
         self.requests_total.labels(stage, outcome).inc()
+        if outcome == "ok":
+            self.health.mark("first_answer")
         if code is not None:
             self.errors_total.labels(stage, str(code)).inc()
 
@@ -349,7 +352,8 @@ def request_modality(modalities: Iterable[str]) -> str:
 
 
 class _WorkerCollector(Collector):
-    """``mmstream_inflight`` and ``mmstream_ready``, read from the worker's state at scrape time."""
+    """``mmstream_inflight``, ``mmstream_ready`` and ``mmstream_cold_start_seconds``, read from the worker's
+    state at scrape time."""
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
@@ -366,6 +370,12 @@ class _WorkerCollector(Collector):
         if health.stage is not None:
             ready.add_metric((health.stage,), 1.0 if health.ready() else 0.0)
         yield ready
+        cold = GaugeMetricFamily("mmstream_cold_start_seconds", "Seconds from this worker's process start to its stage "
+                                 "being ready (phase=ready) and to its first answered item (phase=first_answer).",
+                                 labels=("stage", "phase"))
+        for phase, seconds in sorted(health.cold_start_s.items()):
+            cold.add_metric((health.stage or "", phase), seconds)
+        yield cold
 
 
 class _Server(ThreadingMixIn, WSGIServer):

@@ -163,6 +163,7 @@ def test_suffix_rules_match_what_prometheus_client_exposes() -> None:
     m.set_engine("encode.text", {"model": "m", "version": "1", "precision": "fp32", "provider": "cpu",
                                  "backend": "onnxruntime"})
     m.health.stage = "route"
+    m.health.mark("ready")
     exposed: dict[str, set[str]] = {}
     for fam in text_string_to_metric_families(generate_latest(m.registry).decode()):
         for s in fam.samples:

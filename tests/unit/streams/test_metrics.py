@@ -19,7 +19,7 @@ from streams.health import WorkerHealth
 from streams.lagmon import LagMonitor, LagRow, consumed_topics, lag_rows, pipeline_groups, subscriptions
 from streams.metrics import ENGINE_FIELDS, LATENCY_BUCKETS_S, Metrics, request_modality, serve
 
-ALLOWED_LABELS = {"stage", "modality", "lane", "outcome", "code", "result", "decision", "topic", "partition", "group",
+ALLOWED_LABELS = {"stage", "phase", "modality", "lane", "outcome", "code", "result", "decision", "topic", "partition", "group",
                   "from", "to", "reason", "kind", "task",
                   "tenant"}  # bounded: the first quota.metric_tenants tenants, then `other` (TenantLabels)
 ENGINE = {"model": "all-minilm-l6-v2", "version": "1", "precision": "int8",
@@ -214,6 +214,32 @@ def test_healthz_and_readyz_follow_the_checks():
     assert get(port, "/readyz")[1]["checks"] == {"faust:encode.text": True, "broken": False}
     state["crashed"] = True
     assert get(port, "/healthz") == (503, {"ok": False, "stage": "encode.text", "checks": {"faust:encode.text": False}})
+
+
+def test_cold_start_phases_count_from_the_process_start_once_each():
+    import os
+    import time
+
+    from streams.health import process_started_at
+
+    born = process_started_at()
+    assert born <= time.time() and born == pytest.approx(process_started_at(os.getpid()))
+    health = WorkerHealth()
+    health.stage = "encode.text"
+    m = Metrics(health=health)
+    assert value(m, "mmstream_cold_start_seconds", stage="encode.text", phase="ready") is None
+    health.mark("ready")
+    ready = value(m, "mmstream_cold_start_seconds", stage="encode.text", phase="ready")
+    assert ready == pytest.approx(time.time() - born, abs=1.0)
+    m.request_done("encode.text", "error", "invalid_request")  # an error is not an answer
+    assert value(m, "mmstream_cold_start_seconds", stage="encode.text", phase="first_answer") is None
+    m.request_done("encode.text", "ok")
+    first = value(m, "mmstream_cold_start_seconds", stage="encode.text", phase="first_answer")
+    assert first is not None and first >= ready
+    health.mark("ready")
+    m.request_done("encode.text", "ok")  # later ones change nothing
+    assert value(m, "mmstream_cold_start_seconds", stage="encode.text", phase="ready") == ready
+    assert value(m, "mmstream_cold_start_seconds", stage="encode.text", phase="first_answer") == first
 
 
 def test_process_metrics_are_on_every_registry():
