@@ -66,7 +66,15 @@ def parser() -> argparse.ArgumentParser:
                          "MMSTREAM_LOCAL_KAFKA_SECURE_*); the workers log in as the service principal, and its "
                          "settings are written to a file to source (`tenant add` finds them itself). Workers of "
                          "the same topic prefix running against the other broker are refused: `mmstream down` first")
+    up.add_argument("--autoscale", action="store_true",
+                    help="also start the local scaler: each pool of MMSTREAM_AUTOSCALE_POOLS then grows and shrinks "
+                         "on its lag and queued work, idle ones down to their minimum (see `mmstream scale`); "
+                         "without it, `up` stops a running scaler and the replicas stay as started")
     cmd("down", help="stop the workers, Redis and Kafka")
+    sc = cmd("scale", help="the pools the local scaler manages: replicas now, bounds, and its last decisions")
+    sc.add_argument("--last", type=int, default=10, metavar="N", help="decisions to show (default: %(default)s)")
+    sc.add_argument("--keda", action="store_true",
+                    help="print the KEDA ScaledObjects these settings generate (what infra/k8s/mmstream.yaml holds)")
     cmd("status", help="what runs, where, and whether it is healthy (exit 1 if anything is down)")
     c = cmd("config", help="every setting, its environment variable, value and meaning")
     c.add_argument("--check", action="store_true",
@@ -74,7 +82,8 @@ def parser() -> argparse.ArgumentParser:
 
     w = cmd("worker", help="run one stage in the foreground (what `mmstream up` starts per replica)")
     w.add_argument("stage", metavar="STAGE",
-                   help=f"the stage to run: {', '.join(stage_names())} (or a plugin modality's encode.<name>)")
+                   help=f"the stage to run: {', '.join(stage_names())}, or autoscale (the local scaler; "
+                        "a plugin modality's stage is encode.<name>)")
     w.add_argument("--replica", type=int, default=0, metavar="N",
                    help="replica number, for its log and port files (default: %(default)s)")
     w.add_argument("--loglevel", default="info", choices=["debug", "info", "warning", "error"],

@@ -11,12 +11,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mmstream import collections_cli, engineinfo, localstack
+from mmstream import collections_cli, engineinfo, localstack, scale_cli
 from mmstream.console import event_line
 from mmstream.kafka_admin import KafkaAdminError
 from mmstream.localstack import LocalStackError
 from mmstream.quiet import quiet_into
-from mmstream.supervisor import Supervisor, WorkersElsewhereError, default_replicas, parse_replicas
+from mmstream.supervisor import AUTOSCALER, Supervisor, WorkersElsewhereError, default_replicas, parse_replicas
 from mmstream.tenants import TenantError, add_tenant, check_name, properties_text
 from schemas.codec import JSON
 from schemas.request import Lane, Modality, Part, Request, Task
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
         "up": cmd_up, "down": cmd_down, "status": cmd_status, "config": cmd_config, "worker": cmd_worker,
         "send": cmd_send, "demo": cmd_demo, "bench": cmd_bench, "top": cmd_top, "models": cmd_models,
         "chaos": cmd_chaos,
-        "tenant": cmd_tenant, "collection": cmd_collection,
+        "tenant": cmd_tenant, "collection": cmd_collection, "scale": scale_cli.cmd_scale,
     }[args.command]
     return handler(args, settings, repo_root)
 
@@ -84,7 +84,7 @@ def cmd_up(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int
     if args.infra_only:
         return 0
     try:
-        replicas = {**default_replicas(), **parse_replicas(args.replicas)}
+        replicas = {**default_replicas(), **parse_replicas(args.replicas), AUTOSCALER: int(args.autoscale)}
     except ValueError as exc:
         raise UserError(str(exc)) from None
     _ensure_models(settings)
@@ -159,9 +159,10 @@ def cmd_status(args: argparse.Namespace, settings: Settings, repo_root: Path) ->
     for w in workers:
         port = w.metrics_port
         metrics = f"metrics=http://127.0.0.1:{port}/metrics" if port else "metrics=(not bound yet)"
-        engine = engineinfo.scrape(port) if port and w.alive else None
+        engine, cold = engineinfo.scrape_all(port) if port and w.alive else (None, None)
         print(f"worker  {w.stage + '[' + str(w.replica) + ']':<22} {'running' if w.alive else 'DEAD':<8} "
-              f"pid={w.pid}  {metrics}  log={w.log_file}" + (f"\n        engine: {engine}" if engine else ""))
+              f"pid={w.pid}  {metrics}  log={w.log_file}" + (f"\n        engine: {engine}" if engine else "")
+              + (f"\n        cold start: {cold}" if cold else ""))
     healthy = kafka.healthy and redis.healthy and all(w.alive for w in workers)
     return 0 if healthy else 1
 
@@ -182,6 +183,11 @@ def cmd_config(args: argparse.Namespace, settings: Settings, repo_root: Path) ->
 
 
 def cmd_worker(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
+    if args.stage == AUTOSCALER:
+        from mmstream.autoscaler import run_autoscaler  # the broker and Redis clients: only for this command
+
+        run_autoscaler(settings, args.replica)
+        return 0
     if args.stage not in stage_names():
         raise UserError(f"unknown stage {args.stage!r}; stages: {', '.join(stage_names())}")
     from streams.stages.runner import run_stage  # loads Faust and the engines: only for this command

@@ -32,6 +32,11 @@ from streams.stages import stage_names
 from workers import modalities
 
 
+AUTOSCALER = "autoscale"
+"""The local scaler's worker (``mmstream.autoscaler``): local only, so not a stage of the
+topology; on Kubernetes KEDA does its job from the same settings."""
+
+
 def default_replicas() -> dict[str, int]:
     """Workers per stage that `mmstream up` starts: one of each fixed stage and each
     registered modality's own count (none of the baseline's shared pool)."""
@@ -142,22 +147,32 @@ class Supervisor:
         (before touching any worker) while live workers of the prefix talk to another broker."""
         self.check_broker()
         modalities.load_plugins(self.settings.modalities.plugins)
-        stages = stage_names()
+        stages = (*stage_names(), AUTOSCALER)
         unknown = set(replicas) - set(stages)
         if unknown:
             raise ValueError(f"unknown stage(s) {', '.join(sorted(unknown))}; stages: {', '.join(stages)}")
-        self.dir.mkdir(parents=True, exist_ok=True)
-        running = {(w.stage, w.replica): w for w in self.workers() if w.alive}
         for stage, count in replicas.items():
-            for (s, r), w in list(running.items()):
-                if s == stage and r >= count:
-                    self.stop_one(w)
-            for replica in range(count):
-                if (stage, replica) not in running:
-                    self._spawn(stage, replica)
+            self.stop_beyond(stage, count)
+            self.spawn_missing(stage, count)
         live = [w for w in self.workers() if w.alive]
         self.write_targets(live)
         return live
+
+    def spawn_missing(self, stage: str, count: int) -> list[WorkerProc]:
+        """Start replicas ``0..count-1`` of ``stage`` that are not running (no checks: ``start``
+        makes them); returns those started."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        running = {w.replica for w in self.workers() if w.alive and w.stage == stage}
+        return [self._spawn(stage, r) for r in range(count) if r not in running]
+
+    def stop_beyond(self, stage: str, count: int, grace_s: float = 30.0) -> int:
+        """Stop the replicas of ``stage`` numbered ``count`` and up, highest first (SIGTERM, each
+        finishing its batch); returns how many."""
+        extra = sorted((w for w in self.workers() if w.alive and w.stage == stage and w.replica >= count),
+                       key=lambda w: -w.replica)
+        for w in extra:
+            self.stop_one(w, grace_s)
+        return len(extra)
 
     def targets_file(self) -> Path:
         return self.settings.local.state_dir / "prometheus" / "targets" / f"{self.settings.kafka.topic_prefix}.json"
@@ -230,6 +245,9 @@ class Supervisor:
     def stop(self, grace_s: float = 30.0) -> int:
         """Stop every worker of this topic prefix; returns how many were running."""
         procs = [w for w in self.workers()]
+        for w in procs:  # the scaler first: it would start again what is being stopped
+            if w.stage == AUTOSCALER:
+                self.stop_one(w, grace_s)
         for w in procs:
             if w.alive:
                 os.kill(w.pid, signal.SIGTERM)

@@ -180,6 +180,28 @@ class LagReader:
             rows.extend(lag_rows(group, committed[group], beginnings, {tp: ends[tp] for tp in mine}))
         return rows
 
+    async def measure_groups(self, wanted: Mapping[str, Iterable[str]]) -> list[LagRow]:
+        """Lag rows of each named group on the topics named for it, whether or not the group
+        exists yet: a pool scaled to zero before it ever committed has no group on the broker,
+        and its first record must still show as lag (the scaler wakes the pool on it).
+        Topics that do not exist are skipped. Raises like ``measure``."""
+        if self.admin is None or self.consumer is None:
+            raise RuntimeError("LagReader.measure_groups before start")
+        wanted = {g: set(ts) for g, ts in wanted.items()}
+        partitions = await self._partitions(set().union(*wanted.values()) if wanted else set())
+        tps = [tp for ps in partitions.values() for tp in ps]
+        if not tps:
+            return []
+        beginnings = await self.consumer.beginning_offsets(tps)
+        ends = await self.consumer.end_offsets(tps)
+        rows: list[LagRow] = []
+        for group, topics in wanted.items():
+            offsets = await self.admin.list_consumer_group_offsets(group)
+            committed = {tp: om.offset for tp, om in offsets.items() if om.offset >= 0}
+            mine = [tp for t in sorted(topics) for tp in partitions.get(t, ())]
+            rows.extend(lag_rows(group, committed, beginnings, {tp: ends[tp] for tp in mine}))
+        return rows
+
     async def _member_metadata(self, groups: list[str]) -> dict[str, list[bytes]]:
         out: dict[str, list[bytes]] = {}
         for group in groups:

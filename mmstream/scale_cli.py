@@ -1,0 +1,48 @@
+"""`mmstream scale`: what the local scaler manages and what it last did (or, with ``--keda``,
+the ScaledObjects the same settings generate for Kubernetes)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from pathlib import Path
+
+from mmstream.k8s_scalers import render, scaled_objects
+from mmstream.supervisor import AUTOSCALER, Supervisor
+from schemas.settings import Settings
+
+
+def last_decisions(log_file: Path, n: int) -> list[dict]:
+    """The last ``n`` decisions of the scaler's log, oldest first; a torn last line is skipped."""
+    try:
+        lines = log_file.read_text().splitlines()[-max(0, n):] if n > 0 else []
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def cmd_scale(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
+    if args.keda:
+        print(render(scaled_objects(settings)), end="")
+        return 0
+    sup = Supervisor(settings)
+    workers = [w for w in sup.workers() if w.alive]
+    live = Counter(w.stage for w in workers)
+    running = live.get(AUTOSCALER, 0) > 0
+    print(f"scaler  {'running' if running else 'not running (start it with: mmstream up --autoscale)'}  "
+          f"every {settings.autoscale.interval_s:g} s, up after {settings.autoscale.up_window_s:g} s, "
+          f"down after {settings.autoscale.down_window_s:g} s, idle pools stop after {settings.autoscale.idle_s:g} s")
+    for stage, (low, high) in settings.autoscale.limits().items():
+        print(f"pool    {stage:<14} replicas={live.get(stage, 0)}  min={low} max={high}")
+    for d in last_decisions(sup.dir / "autoscale.jsonl", args.last):
+        held = "  (held)" if d.get("held") else ""
+        print(f"decided {d.get('stage', '?'):<14} {d.get('from')} -> {d.get('to')}  {d.get('reason')}, "
+              f"demand {d.get('demand')}{held}  at {d.get('at')}")
+    return 0

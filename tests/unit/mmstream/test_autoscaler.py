@@ -1,0 +1,48 @@
+"""The local scaler's pure parts: signals from lag rows and load reports, rules from settings,
+and what `mmstream scale` reads back."""
+
+from pathlib import Path
+
+from mmstream.autoscaler import lane_of, rules, signals
+from mmstream.scale_cli import last_decisions
+from schemas.settings import Settings
+from streams.lagmon import LagRow
+
+
+def test_signals_sum_lag_per_lane_and_fresh_queued_work_per_pool():
+    rows = [LagRow("mm-encode-text", "mm.encode.text.rt", 0, 5, 9, 4), LagRow("mm-encode-text", "mm.encode.text.rt", 1, 0, 3, 3),
+            LagRow("mm-encode-text", "mm.encode.text.bulk", 0, 0, 7, 7), LagRow("mm-other", "mm.encode.text.rt", 0, 0, 9, 9)]
+    loads = {"encode.text-0": {"stage": "encode.text", "at": 10_000, "queued_ms": 120.0},
+             "encode.text-1": {"stage": "encode.text", "at": 10_000 - 5_000, "queued_ms": 900.0},  # stale: gone
+             "x": {"stage": "encode.text"}}  # torn: skipped
+    (text, audio) = signals("mm", ["encode.text", "encode.audio"], {"encode.text": 2}, rows, loads, now_ms=10_500)
+    assert (text.replicas, dict(text.lag), text.queued_ms) == (2, {"rt": 7, "bulk": 7}, 120.0)
+    assert (audio.replicas, dict(audio.lag), audio.queued_ms) == (0, {}, 0.0)
+
+
+def test_a_source_that_failed_adds_nothing():
+    (text,) = signals("mm", ["encode.text"], {"encode.text": 1}, None, None, now_ms=0)
+    assert (dict(text.lag), text.queued_ms) == ({}, 0.0)
+
+
+def test_lanes_of_topics():
+    assert [lane_of(t) for t in ("mm.encode.text.rt", "mm.generate.bulk", "mm.ingress.rt.acme", "mm.vectors")] == \
+        ["rt", "bulk", "rt", None]
+
+
+def test_rules_follow_the_settings_and_the_engines_threads():
+    s = Settings.from_env({"MMSTREAM_AUTOSCALE_POOLS": "encode.text=1:3,generate=0:2,router=1:2",
+                           "MMSTREAM_AUTOSCALE_CPU_CORES": "6", "MMSTREAM_ENCODER_INTRA_OP_THREADS": "2",
+                           "MMSTREAM_GENERATOR_THREADS": "0"})
+    r = rules(s)
+    assert (r["encode.text"].min, r["encode.text"].max, r["encode.text"].threads) == (1, 3, 2)
+    assert (r["generate"].min, r["generate"].threads, dict(r["generate"].lag_per_replica)) == (0, 6, {"rt": 8, "bulk": 32})
+    assert r["router"].threads == 1 and dict(r["router"].lag_per_replica) == {"rt": 50, "bulk": 200}
+
+
+def test_scale_reads_the_last_decisions_and_skips_a_torn_line(tmp_path: Path):
+    log = tmp_path / "autoscale.jsonl"
+    log.write_text('{"stage": "a", "to": 1}\n{"stage": "b", "to": 2}\n{"stage": "c"')
+    assert [d["stage"] for d in last_decisions(log, 2)] == ["b"]
+    assert [d["stage"] for d in last_decisions(log, 10)] == ["a", "b"]
+    assert last_decisions(tmp_path / "none.jsonl", 5) == []
