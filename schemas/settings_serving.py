@@ -77,6 +77,11 @@ class EncoderSettings(Section):
         "cosine 0.993 to it on real sentences (docs/capacity.md)."
     )
     max_queue: int = setting(256, "Most jobs held in a worker between Kafka and the engine.", ge=1)
+    calibration_max_age_s: float = setting(
+        86_400.0, "A replica reuses the batch timings another replica of the same engine measured on this machine "
+        "(state_dir/calibration) if younger than this, instead of timing them again before it is ready: a cold start "
+        "costs no calibration. 0 times them at every start. The cost model refits on live batches either way.", ge=0
+    )
     providers: str = setting(
         "tensorrt,cuda,cpu", "ONNX Runtime execution providers, tried in order (tensorrt, cuda, cpu or full names); "
         "those this onnxruntime build lacks are skipped. Without cuda, Whisper stays on the CPU too.", min_length=1

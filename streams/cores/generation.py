@@ -294,11 +294,12 @@ class GenerationCore:
             self.engine.release(seq)
 
 
-def calibrate(core: GenerationCore, prompt_tokens: int = 96, steps: int = 6) -> None:
+def calibrate(core: GenerationCore, prompt_tokens: int = 96, steps: int = 6) -> list[tuple[float, int, int]]:
     """Measure the engine's step cost before serving: a prompt alone, then decode steps of one
     and of ``max_running`` sequences, each observed by ``core.cost`` (so admission prices
-    the first requests from this machine, not from the defaults). Runs engine calls: call it
-    from the engine thread, before the core serves."""
+    the first requests from this machine, not from the defaults); returns the observations
+    (ms, decode rows, prompt tokens), which another replica may replay instead of timing
+    them. Runs engine calls: call it from the engine thread, before the core serves."""
     engine = core.engine
     width = max(1, min(core.scheduler.limits.max_running, 4))
     # Tokens no earlier prompt used (the warm-up's are pad tokens), one prompt per sequence,
@@ -315,14 +316,17 @@ def calibrate(core: GenerationCore, prompt_tokens: int = 96, steps: int = 6) -> 
             engine.append(seq, base)
         # The fastest prompt: a worker calibrates while its neighbours start on the same cores.
         ms, n = min(prefills)
+        seen = [(ms, 0, n)]
         core.cost.observe(ms, 0, n)
         for group in (seqs[:1], seqs):
             for _ in range(steps // 2):
                 started = time.perf_counter()
                 engine.forward([(s, 1) for s in group])
-                core.cost.observe((time.perf_counter() - started) * 1000.0, len(group), 0)
+                seen.append(((time.perf_counter() - started) * 1000.0, len(group), 0))
+                core.cost.observe(*seen[-1])
                 for s in group:
                     engine.append(s, base)
     finally:
         for seq in seqs:
             engine.release(seq)
+    return seen

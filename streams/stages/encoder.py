@@ -54,6 +54,7 @@ from streams.policies.cost_model import BatchCostModel, Observation
 from streams.policies.placement import Offer, take_local
 from streams.produce import Out, out_map
 from streams.runtime.stage import RecordStage
+from workers.calibration import CalibrationCache
 from workers.outputs import Encoded, EncoderRunner, Prepared
 from workers.redisconn import connect_async
 
@@ -314,10 +315,16 @@ class EncoderStage(RecordStage):
     async def on_started(self) -> None:
         await super().on_started()
         loop = asyncio.get_running_loop()
+        e, cache = self.settings.encoder, CalibrationCache(self.settings.local.state_dir / "calibration")
         try:
-            timed = await loop.run_in_executor(self.engine, self.runner.calibrate)
-            self.model.calibrate([Observation(n, length, ms) for n, length, ms in timed])
-            log.info("%s: batch cost model %s", self.stage, tuple(round(c, 5) for c in self.model.coef))
+            timed = cache.load(self.runner.identity, e.intra_op_threads, e.calibration_max_age_s)
+            source = "reused from this machine"
+            if timed is None:
+                timed = await loop.run_in_executor(self.engine, self.runner.calibrate)
+                cache.store(self.runner.identity, e.intra_op_threads, timed)
+                source = "timed"
+            self.model.calibrate([Observation(int(n), length, ms) for n, length, ms in timed])
+            log.info("%s: batch cost model %s (%s)", self.stage, tuple(round(c, 5) for c in self.model.coef), source)
         except Exception:
             log.exception("%s: calibration failed; starting from the prior cost model", self.stage)
         self.supervise("batches", self._batches_forever)

@@ -42,6 +42,7 @@ from streams.runtime.recovery import done_marker, recover
 from streams.runtime.stage import RecordStage
 from workers import modalities
 from workers import prompt as P
+from workers.calibration import CalibrationCache
 from workers.engines import EngineOptions, load_engine
 from workers.engines.lm import GENERATION_FILE, StopChecker
 from workers.engines.lm_types import LMError, SamplingParams
@@ -393,7 +394,14 @@ def build_core(settings: Settings, observer: Any = None) -> tuple[GenerationCore
     limits = SchedulerLimits(g.max_tokens_per_step, g.max_running, g.max_prefill_chunk, kv_budget)
     cls = StaticBatchScheduler if g.scheduler == "static" else ContinuousBatchScheduler
     core = GenerationCore(engine, cls(limits, engine.eos_token_ids), StopChecker(tokenizer, engine.eos_token_ids))
-    calibrate(core)
+    cache = CalibrationCache(settings.local.state_dir / "calibration")
+    identity = "/".join((info.model, info.version, info.precision, info.backend, info.provider, f"running={g.max_running}"))
+    timed = cache.load(identity, g.threads, settings.encoder.calibration_max_age_s)
+    if timed is None:
+        cache.store(identity, g.threads, calibrate(core))
+    else:
+        for ms, decode, prompt in timed:
+            core.cost.observe(ms, int(decode), int(prompt))
     return core, tokenizer
 
 

@@ -114,9 +114,14 @@ class AudioEncoder:
 
         return decode_then_encode(datas, decode, self.encode)
 
-    def warmup(self, n: int = 2) -> None:
-        """Run ``n`` rounds on a synthetic voiced clip straight through the engine (the VAD
-        would drop synthetic sound), so the runtime's buffers exist before the first request."""
+    def warmup(self, n: int | None = None) -> None:
+        """Load the VAD, then run ``n`` rounds on a synthetic voiced clip straight through the
+        engine (the VAD would drop synthetic sound), so the runtime's buffers exist before the
+        first request. ``None``: none on the CPU, where a first pass measured no slower than
+        the next (0.99 s against 0.85-0.90 s for whisper-base int8 on 2 cores) and two rounds
+        only cost a cold start 2 s; one on CUDA, where the first pass sets kernels up."""
+        if n is None:
+            n = 0 if getattr(self.engine, "device", "cpu") == "cpu" else 1
         from faster_whisper.vad import get_vad_model
 
         get_vad_model()  # loads the VAD session once
