@@ -14,16 +14,20 @@ vector records and asks it questions; tests drive it alone.
   passage texts, then a manifest naming each collection's snapshot and the topic position
   they all reflect (written last, atomically): a restart restores them and reads the topic
   from that position; anything missing or unreadable, and the topic rebuilds everything.
+  ``snapshot_begin`` / ``snapshot_finish``: the same, written by a forked child from a
+  copy-on-write image, so searches and updates go on while it writes.
 
 Not thread-safe: the stage calls it from one thread (its event loop).
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
 import shutil
+import signal
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -195,26 +199,72 @@ class RetrievalCore:
 
     def snapshot(self, directory: Path) -> None:
         """Every changed collection's snapshot, then the manifest naming all of them with the
-        position they reflect. A crash at any point leaves the previous manifest valid: the
+        position they reflect, written here and now (the caller keeps updates and searches
+        away meanwhile). A crash at any point leaves the previous manifest valid: the
         snapshots it names are kept until a newer manifest names others."""
+        plan = self._plan()
+        _write_snapshot(self, plan, Path(directory))
+        self._mark(plan)
+
+    def snapshot_begin(self, directory: Path) -> "PendingSnapshot":
+        """The same snapshot, written by a forked child process from a copy-on-write image of
+        this one, so that neither searches nor updates wait for it (in-process, a snapshot of
+        100k passages holds the GIL for about a second: docs/retrieval.md). The state is the
+        one at this call; the caller polls the result (``PendingSnapshot.poll``) and hands
+        it to ``snapshot_finish``. Where fork is not available it is written here, at once."""
+        plan = self._plan()
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        old = _read_manifest(directory)
+        if not hasattr(os, "fork"):
+            _write_snapshot(self, plan, directory)
+            return PendingSnapshot(plan, None, True)
+        parent = os.getpid()
+        try:
+            pid = os.fork()
+        except OSError:
+            log.warning("retrieval: cannot fork a snapshot writer; writing the snapshot in-process", exc_info=True)
+            _write_snapshot(self, plan, directory)
+            return PendingSnapshot(plan, None, True)
+        if pid == 0:  # the child: write, and never return into the caller's code
+            code = 1
+            try:
+                gc.disable()  # its collector would walk, and so copy, every page of the parent's objects
+                _die_with(parent)
+                _write_snapshot(self, plan, directory)
+                code = 0
+            except BaseException as exc:  # noqa: BLE001 - reported through the exit status
+                try:
+                    os.write(2, f"retrieval snapshot writer failed: {type(exc).__name__}: {exc}\n".encode())
+                except OSError:
+                    pass
+            finally:
+                os._exit(code)
+        return PendingSnapshot(plan, pid, None)
+
+    def snapshot_finish(self, pending: "PendingSnapshot") -> bool:
+        """After ``pending.poll()`` said True: the collections it wrote are marked clean (those
+        not changed since ``snapshot_begin``). False changes nothing: they stay dirty and the
+        previous manifest stays the one a restart reads."""
+        if not pending.ok:
+            return False
+        self._mark(pending.plan)
+        return True
+
+    def _plan(self) -> "SnapshotPlan":
+        written, named = [], []
         for (tenant, name), c in self.collections.items():
-            if not c.dirty and c.snapshot_id:
-                continue
-            sid = uuid.uuid4().hex[:12]
-            where = directory / tenant / name / sid
-            c.index.snapshot(where / "index", {"id": sid})
-            _write_json(where / "texts.json", {"id": sid, "texts": c.texts})
-            c.snapshot_id, c.dirty = sid, False
-        manifest = {"format": FORMAT, "model": self.model, "position": {str(p): o for p, o in self.position.items()},
-                    "collections": [[t, n, c.snapshot_id] for (t, n), c in self.collections.items()]}
-        _write_json(directory / MANIFEST, manifest)
-        keep = {(t, n, c.snapshot_id) for (t, n), c in self.collections.items()}
-        for t, n, sid in (old or {}).get("collections", []):
-            if (t, n, sid) not in keep:
-                shutil.rmtree(directory / t / n / sid, ignore_errors=True)
+            if c.dirty or not c.snapshot_id:
+                sid = uuid.uuid4().hex[:12]
+                written.append((tenant, name, sid, c.epoch))
+            else:
+                sid = c.snapshot_id
+            named.append((tenant, name, sid))
+        return SnapshotPlan(dict(self.position), written, named)
+
+    def _mark(self, plan: "SnapshotPlan") -> None:
+        for tenant, name, sid, epoch in plan.written:
+            c = self.collections[(tenant, name)]
+            c.snapshot_id = sid
+            c.dirty = c.epoch != epoch  # changed since the snapshot's state: still to write
 
     def restore(self, directory: Path) -> bool:
         """The state of the last whole snapshot in ``directory`` (True), or nothing changed
@@ -234,6 +284,70 @@ class RetrievalCore:
         self.collections = restored
         self.position = {int(p): int(o) for p, o in m.get("position", {}).items()}
         return True
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotPlan:
+    """What one snapshot writes: the position it reflects, the collections written anew
+    (tenant, name, snapshot id, epoch at the plan) and every collection the manifest names."""
+
+    position: dict[int, int]
+    written: list[tuple[str, str, str, int]]
+    named: list[tuple[str, str, str]]
+
+
+@dataclass
+class PendingSnapshot:
+    """A snapshot being written by a child process (``pid``), or already written (``ok``)."""
+
+    plan: SnapshotPlan
+    pid: int | None
+    ok: bool | None
+
+    def poll(self) -> bool | None:
+        """None while the writer runs; then whether it wrote the whole snapshot."""
+        if self.ok is None and self.pid is not None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped by someone else: its result is unknown
+                self.ok = False
+                return False
+            if pid:
+                self.ok = os.waitstatus_to_exitcode(status) == 0
+        return self.ok
+
+
+def _write_snapshot(core: RetrievalCore, plan: SnapshotPlan, directory: Path) -> None:
+    """The collections of ``plan.written``, then the manifest (atomically), then every
+    snapshot folder of a named collection that the manifest does not name."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for tenant, name, sid, _ in plan.written:
+        c = core.collections[(tenant, name)]
+        where = directory / tenant / name / sid
+        c.index.snapshot(where / "index", {"id": sid})
+        _write_json(where / "texts.json", {"id": sid, "texts": c.texts})
+    manifest = {"format": FORMAT, "model": core.model, "position": {str(p): o for p, o in plan.position.items()},
+                "collections": [list(n) for n in plan.named]}
+    _write_json(directory / MANIFEST, manifest)
+    for tenant, name, sid in plan.named:
+        for old in (directory / tenant / name).iterdir():
+            if old.name != sid:
+                shutil.rmtree(old, ignore_errors=True)
+
+
+def _die_with(parent: int) -> None:
+    """Linux: this process is killed when ``parent`` dies (a kill -9 of the stage takes its
+    snapshot writer with it); no signal handler of the parent's stays installed."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def _write_json(path: Path, obj: Any) -> None:

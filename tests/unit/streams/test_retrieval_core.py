@@ -124,3 +124,64 @@ def test_a_damaged_or_foreign_snapshot_is_not_restored(core, tmp_path):
     fresh = RetrievalCore(MODEL)
     assert not fresh.restore(tmp_path) and not fresh.collections and fresh.position == {}
     assert not RetrievalCore(MODEL).restore(tmp_path / "absent")
+
+
+def _finished(pending, timeout_s: float = 30.0):
+    import time
+    deadline = time.monotonic() + timeout_s
+    while (ok := pending.poll()) is None:
+        assert time.monotonic() < deadline, "the snapshot writer did not finish"
+        time.sleep(0.01)
+    return ok
+
+
+def test_a_forked_snapshot_holds_the_state_of_its_start_while_searches_and_updates_go_on(core, tmp_path):
+    feed = Feed(core)
+    for i in range(12):
+        feed.put(f"d{i}", vec(i))
+    pending = core.snapshot_begin(tmp_path)
+    assert pending.pid not in (None, 0)  # written by a child process
+    feed.put("late", vec(99), text="after the fork")  # the parent goes on while the child writes
+    feed.delete("d3")
+    assert core.search("acme", "kb", vec(99), 1).hits[0].doc_id == "late"
+    assert _finished(pending) and core.snapshot_finish(pending)
+    assert core.dirty  # changed since the snapshot's start: written by the next one
+    back = RetrievalCore(MODEL)
+    assert back.restore(tmp_path)
+    assert back.position == {0: 12}  # the position of the fork's state: the topic replays the rest
+    assert "late" not in back.collections[("acme", "kb")].texts
+    assert back.search("acme", "kb", vec(3), 1).hits[0].doc_id == "d3"
+    # The next snapshot writes the changes and drops the first one's folder.
+    assert _finished(p2 := core.snapshot_begin(tmp_path)) and core.snapshot_finish(p2) and not core.dirty
+    again = RetrievalCore(MODEL)
+    assert again.restore(tmp_path) and again.position == {0: feed.offset}
+    assert again.search("acme", "kb", vec(99), 1).hits[0].doc_id == "late"
+    assert len(list((tmp_path / "acme" / "kb").iterdir())) == 1
+
+
+def test_a_failed_snapshot_writer_leaves_the_last_whole_snapshot_and_the_collections_dirty(core, tmp_path,
+                                                                                         monkeypatch):
+    from workers.retrieval.index import CollectionIndex
+    feed = Feed(core)
+    feed.put("d0", vec(0))
+    core.snapshot(tmp_path)
+    feed.put("d1", vec(1))
+
+    def broken(self, directory, position):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(CollectionIndex, "snapshot", broken)  # the child is a copy: it fails too
+    pending = core.snapshot_begin(tmp_path)
+    assert _finished(pending) is False and not core.snapshot_finish(pending)
+    assert core.dirty
+    back = RetrievalCore(MODEL)
+    assert back.restore(tmp_path) and back.position == {0: 1} and len(back.collections[("acme", "kb")].index) == 1
+
+
+def test_a_snapshot_removes_folders_its_manifest_does_not_name(core, tmp_path):
+    feed = Feed(core)
+    feed.put("d0", vec(0))
+    stale = tmp_path / "acme" / "kb" / "left-by-a-killed-writer"
+    stale.mkdir(parents=True)
+    core.snapshot(tmp_path)
+    assert not stale.exists() and len(list((tmp_path / "acme" / "kb").iterdir())) == 1
