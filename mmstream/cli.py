@@ -149,6 +149,11 @@ def parser() -> argparse.ArgumentParser:
                    help="the pipeline; monolithic: one process, one FIFO for every model; server: one process, a queue and engine thread per model (a generic model server) (default: %(default)s)")
     b.add_argument("--rate", type=float, default=20.0, help="offered requests per second (default: %(default)s)")
     b.add_argument("--rates", help="sweep these rates, e.g. 5,10,20 (one run each)")
+    b.add_argument("--rate-schedule", metavar="RATE:S,...",
+                   help="one run whose offered rate steps through these segments, e.g. 10:30,90:60,10:60; the "
+                        "report adds latency, outcomes and replicas per stage over time")
+    b.add_argument("--autoscale", action="store_true",
+                   help="run on a pipeline of its own with the local scaler (compare with a run without it)")
     b.add_argument("--duration", type=float, default=20.0, help="seconds of arrivals (default: %(default)s)")
     b.add_argument("--drain", type=float, default=30.0, help="seconds to wait for stragglers (default: %(default)s)")
     b.add_argument("--seed", type=int, default=1, help="seed of arrivals and contents: same seed, same traffic")

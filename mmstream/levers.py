@@ -72,16 +72,17 @@ def lever_env(off: tuple[str, ...], prefix: str) -> dict[str, str]:
 
 @asynccontextmanager
 async def own_pipeline(settings: Settings, off: tuple[str, ...], workload: str,
-                       timeout_s: float = 180.0, extra_env: dict[str, str] | None = None) -> AsyncIterator[Settings]:
-    """Settings of a fresh pipeline with the levers ``off`` switched off, running for the
-    duration of the block."""
+                       timeout_s: float = 180.0, extra_env: dict[str, str] | None = None,
+                       extra_replicas: dict[str, int] | None = None) -> AsyncIterator[Settings]:
+    """Settings of a fresh pipeline with the levers ``off`` switched off (and the workers of
+    ``extra_replicas`` too: the local scaler), running for the duration of the block."""
 
     env = {**os.environ, **lever_env(off, f"bench{uuid.uuid4().hex[:8]}"), **(extra_env or {})}
     run_settings = Settings.from_env(env)
     await ensure_topics(run_settings.kafka.bootstrap, topic_specs(run_settings.kafka, run_settings.dlq),
                         run_settings.kafka.replication_factor, client_kwargs(run_settings))
     supervisor = Supervisor(run_settings, env)
-    await asyncio.to_thread(supervisor.start, replicas(off, workload))
+    await asyncio.to_thread(supervisor.start, {**replicas(off, workload), **(extra_replicas or {})})
     try:
         # A chat run starts once the generator answers too (it loads and calibrates after the rest).
         task = Task.GENERATE if workload.startswith("chat") or workload == "rag" else Task.EMBED

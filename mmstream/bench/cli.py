@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mmstream import report
-from mmstream.bench.config import BenchConfig, parse_lanes, parse_rates
+from mmstream.bench.config import BenchConfig, parse_lanes, parse_rate_schedule, parse_rates
 from mmstream.bench.fairness import text_table
 from mmstream.bench.fairness_run import run_fairness
 from mmstream.bench.retrieval_run import run_retrieval
@@ -27,7 +27,9 @@ from schemas.settings import Settings
 def config_from_args(args: Any) -> BenchConfig:
     """A ``BenchConfig`` from the parsed ``mmstream bench`` arguments (see ``cli_main``).
     Raises ``ValueError`` on a bad value."""
-    return BenchConfig(workload=args.workload, rate=args.rate, duration_s=args.duration, drain_s=args.drain,
+    schedule = parse_rate_schedule(args.rate_schedule) if getattr(args, "rate_schedule", None) else ()
+    return BenchConfig(workload=args.workload, rate=args.rate,
+                       duration_s=sum(d for _, d in schedule) if schedule else args.duration, drain_s=args.drain,
                        seed=args.seed, lane=args.lane, mode=args.mode,
                        rates=parse_rates(args.rates) if args.rates else (),
                        max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
@@ -41,7 +43,9 @@ def config_from_args(args: Any) -> BenchConfig:
                        chat_max_tokens=getattr(args, "chat_max_tokens", None) or 32,
                        abuse_rate=getattr(args, "abuse_rate", None),
                        abuse_deadline_ms=getattr(args, "abuse_deadline_ms", None),
-                       docs=getattr(args, "docs", None) or 2000)
+                       docs=getattr(args, "docs", None) or 2000,
+                       rate_schedule=schedule,
+                       autoscale=getattr(args, "autoscale", False))
 
 
 def cli_main(args: Any, settings: Settings) -> int:

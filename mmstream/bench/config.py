@@ -68,6 +68,12 @@ class BenchConfig:
     """retrieve and rag workloads: passages of the offline corpus put into the collection."""
     own_pipeline: bool = False
     """Run against a fresh pipeline started for this run, even with every lever on."""
+    rate_schedule: tuple[tuple[float, float], ...] = ()
+    """(rate, seconds) segments, e.g. ((10, 30), (90, 60), (10, 60)): one run whose Poisson
+    arrivals follow them in turn (``duration_s`` is then their sum); its report adds a
+    timeline (``bench.timeline``). Empty: ``rate`` or ``rates``."""
+    autoscale: bool = False
+    """Run on a pipeline of its own with the local scaler (``mmstream.autoscaler``) running."""
     tenant: str | None = None
     """Tenant of the pipeline's requests. None: a fresh one per run, so the reuse cache
     (keyed by tenant) cannot answer from an earlier run and the modes compare compute
@@ -93,6 +99,8 @@ class BenchConfig:
         if (self.abuse_rate is not None and self.abuse_rate <= 0) or (self.abuse_deadline_ms is not None
                                                                      and self.abuse_deadline_ms <= 0):
             raise ValueError("abuse rate and deadline must be positive")
+        if self.rate_schedule and (self.rates or any(r <= 0 or d <= 0 for r, d in self.rate_schedule)):
+            raise ValueError("a rate schedule is positive rate:seconds segments, and replaces --rates")
         if self.docs < 1:
             raise ValueError(f"--docs must be at least 1, got {self.docs}")
         if self.chat_max_tokens < 1:
@@ -105,6 +113,9 @@ class BenchConfig:
 
     @property
     def sweep(self) -> tuple[float, ...]:
+        if self.rate_schedule:  # one run, labelled with its mean rate
+            total = sum(d for _, d in self.rate_schedule)
+            return (round(sum(r * d for r, d in self.rate_schedule) / total, 3),)
         return tuple(self.rates) or (self.rate,)
 
 
@@ -119,6 +130,18 @@ def parse_rates(text: str) -> tuple[float, ...]:
         raise ValueError(f"--rates takes positive numbers separated by commas, got {text!r}")
     return rates
 
+
+
+def parse_rate_schedule(text: str) -> tuple[tuple[float, float], ...]:
+    """``"10:30,90:60"`` -> ``((10.0, 30.0), (90.0, 60.0))``: rate:seconds segments; raises
+    ``ValueError`` on anything else."""
+    try:
+        out = tuple((float(r), float(d)) for r, d in (seg.split(":") for seg in text.split(",") if seg.strip()))
+    except ValueError:
+        out = ()
+    if not out or any(r <= 0 or d <= 0 for r, d in out):
+        raise ValueError(f"--rate-schedule takes RATE:SECONDS segments separated by commas, got {text!r}")
+    return out
 
 
 def parse_lanes(text: str) -> tuple[tuple[str, float], ...]:

@@ -24,11 +24,13 @@ from typing import Any, Callable, Sequence
 from mmstream import localstack
 from mmstream.bench.config import BenchConfig, config_dict
 from mmstream.bench.results import Record, build_run, overhead
+from mmstream.bench.timeline import Sampler, settle, windows
 from mmstream.bench.workloads import floor_text, request_kind, run_tenants, sample_images, schedule
 from mmstream.levers import own_pipeline
+from mmstream.levers import replicas as lever_replicas
 from mmstream.monolith import Engines, ModelServer, Monolith
 from mmstream.stats import summary
-from mmstream.supervisor import Supervisor
+from mmstream.supervisor import AUTOSCALER, Supervisor
 from schemas.request import Lane, Request
 from schemas.settings import Settings
 from streams.client import Client, Submission, new_id
@@ -98,12 +100,20 @@ async def run_bench(settings: Settings, cfg: BenchConfig, progress: bool = True)
                              cfg.floor_repeats)
     runs = []
     for rate in cfg.sweep:
-        if cfg.mode == "pipeline" and (cfg.levers_off or cfg.own_pipeline or cfg.scheduler or cfg.lm_precision):
+        if cfg.mode == "pipeline" and (cfg.levers_off or cfg.own_pipeline or cfg.scheduler or cfg.lm_precision
+                                       or cfg.autoscale):
             extra = {"MMSTREAM_GENERATOR_SCHEDULER": cfg.scheduler} if cfg.scheduler else {}
             if cfg.lm_precision:
                 extra["MMSTREAM_GENERATOR_PRECISION"] = cfg.lm_precision
-            async with own_pipeline(settings, cfg.levers_off, cfg.workload, extra_env=extra) as run_settings:
+            if cfg.autoscale:  # the scaler keeps to the pools this run deploys (else their minimum starts them)
+                deployed = lever_replicas(cfg.levers_off, cfg.workload)
+                extra["MMSTREAM_AUTOSCALE_POOLS"] = ",".join(
+                    f"{stage}={low}:{high}" for stage, (low, high) in settings.autoscale.limits().items()
+                    if stage in deployed)
+            async with own_pipeline(settings, cfg.levers_off, cfg.workload, extra_env=extra,
+                                    extra_replicas={AUTOSCALER: 1} if cfg.autoscale else None) as run_settings:
                 run = await _run_pipeline(run_settings, cfg, rate, progress)
+            run["autoscale"] = cfg.autoscale
             run["levers_off"] = list(cfg.levers_off)
             if cfg.scheduler:
                 run["scheduler"] = cfg.scheduler
@@ -157,8 +167,14 @@ async def _run_pipeline(settings: Settings, cfg: BenchConfig, rate: float, progr
         cpu0 = {name: proc_cpu_s(pid) for name, pid in workers}
         own0 = time.process_time()
         one_lane = "lanes" in cfg.levers_off
+        sampler = Sampler(Supervisor(settings)) if cfg.rate_schedule else None
+        if sampler is not None:
+            sampler.start()
+        start_ms = time.time() * 1000.0
         pairs, sent_s = await send_and_drain(client, offsets, requests, cfg, progress,
                                              lambda r: dataclasses.replace(r, lane=Lane.RT) if one_lane else r)
+        replicas_over_time = await sampler.stop() if sampler is not None else []
+        workers = _workers(settings)  # a scaler may have started some: count every one still alive
         cpu1 = {name: proc_cpu_s(pid) for name, pid in workers}
         own_cpu_s = time.process_time() - own0
     records = [_pipeline_record(req, sub) for req, sub in pairs]
@@ -174,6 +190,11 @@ async def _run_pipeline(settings: Settings, cfg: BenchConfig, rate: float, progr
     cpu["per_request_ms"] = round(cpu["total_s"] * 1000.0 / ok, 3) if ok else None
     rss = {name: proc_peak_rss_mb(pid) for name, pid in workers}
     run = build_run("pipeline", cfg, rate, records, sent_s, cpu, rss)
+    if cfg.rate_schedule:
+        wins = windows(records, start_ms)
+        steps = [sum(d for _, d in cfg.rate_schedule[:i]) for i in range(len(cfg.rate_schedule))]
+        run["timeline"] = {"schedule": [list(seg) for seg in cfg.rate_schedule], "windows": wins,
+                           "replicas": replicas_over_time, "text_p99_settled_s": settle(wins, steps)}
     cache = [sub.terminal.cache or {} for _, sub in pairs if sub.terminal is not None]
     hits, misses = sum(int(c.get("hits", 0)) for c in cache), sum(int(c.get("misses", 0)) for c in cache)
     run["cache"] = {"tenant": tenant, "hits": hits, "misses": misses,

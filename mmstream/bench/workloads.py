@@ -51,6 +51,15 @@ def arrival_offsets(rate: float, duration_s: float, rng: random.Random) -> list[
     return out
 
 
+def scheduled_offsets(segments: tuple[tuple[float, float], ...], rng: random.Random) -> list[float]:
+    """Poisson arrivals at each (rate, seconds) segment's rate in turn, as one list of offsets."""
+    out, start = [], 0.0
+    for rate, seconds in segments:
+        out += [start + t for t in arrival_offsets(rate, seconds, rng)]
+        start += seconds
+    return out
+
+
 def _text(rng: random.Random, n: int | None = None) -> str:
     n = n if n is not None else min(120, max(5, int(rng.lognormvariate(2.6, 0.7))))
     return " ".join(rng.choice(WORDS) for _ in range(n)).capitalize() + "."
@@ -223,7 +232,7 @@ def request_kind(request: Request) -> str:
 def schedule(cfg: BenchConfig, rate: float) -> tuple[list[float], list[Request]]:
     """The arrival offsets and requests of one run: a function of (seed, rate, workload) only."""
     rng = random.Random(f"{cfg.seed}:{rate}")
-    offsets = arrival_offsets(rate, cfg.duration_s, rng)
+    offsets = scheduled_offsets(cfg.rate_schedule, rng) if cfg.rate_schedule else arrival_offsets(rate, cfg.duration_s, rng)
     if cfg.workload in ("chat", "chat-mm"):
         make_chat = chat_request if cfg.workload == "chat" else chat_mm_request
         requests = [make_chat(rng, cfg.lane, cfg.chat_max_tokens) for _ in offsets]
