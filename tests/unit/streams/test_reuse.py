@@ -269,3 +269,27 @@ def test_invalidation_keeps_every_live_pool_equal_to_a_fresh_search() -> None:
             if got is not None:
                 assert set(got) == {h.doc_id for h in pool_of(q, where)}
     assert cache.invalidations > 0
+
+
+def test_the_cache_adds_no_garbage_collected_objects_per_pooled_document() -> None:
+    """A full collection walks every tracked object: a set per pooled document made 56k of
+    them at 100k passages (docs/retrieval.md). Its bookkeeping grows with entries only."""
+    import gc
+    from typing import NamedTuple
+
+    class C(NamedTuple):
+        doc_id: str
+        score: float
+
+    rng = np.random.default_rng(5)
+    cache = NearDuplicateCache(0.99, 64, pool_size=100)
+    gc.collect()
+    before = len(gc.get_objects())
+    for e in range(50):  # 50 entries, 100 distinct documents in each pool
+        q = rng.standard_normal(8).astype(np.float32)
+        pool = [C(f"d{e}-{i}", 1.0 - i / 200) for i in range(100)]
+        cache.store(q / np.linalg.norm(q), 3, None, pool[:3], pool)
+    gc.collect()
+    assert len(gc.get_objects()) - before < 600  # 5000 pooled documents
+    cache.invalidate_delete("d7-50")
+    assert cache.invalidations == 1 and "d7-50" not in cache._by_doc and "d7-0" not in cache._by_doc
