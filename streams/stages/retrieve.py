@@ -21,6 +21,7 @@ the markers first (``streams.runtime.recovery``).
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -73,7 +74,7 @@ class RetrieveStage(RecordStage):
         self.core, self.embedder = core, embedder
         self.r = settings.retrieval
         self.lock = asyncio.Lock()
-        """Held around every use of the core: the vectors loop, searches and snapshots."""
+        """Held around every use of the core: the vectors loop, searches and a snapshot's fork."""
         self.ready = asyncio.Event()
         self.snapshots = Path(app.conf.datadir) / "retrieval"
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="engine-retrieve")
@@ -121,6 +122,11 @@ class RetrieveStage(RecordStage):
                             for rec in recs:
                                 self.core.apply(tp.partition, rec.offset, rec.key, _decoded(rec.value))
                 if not self.ready.is_set() and await _caught_up(consumer, tps, target):
+                    # What the replica built so far lives as long as it does: out of the
+                    # collector's reach, a full collection walks only what came after (at
+                    # 100k passages it walked the whole index: docs/retrieval.md).
+                    gc.collect()
+                    gc.freeze()
                     self.ready.set()
                     log.info("retrieve: caught up with %s: %s", self.names.vectors, self.core.stats())
                 if time.monotonic() - checked >= 2.0:
@@ -139,12 +145,24 @@ class RetrieveStage(RecordStage):
         while not self.should_stop:
             await asyncio.sleep(self.r.snapshot_every_s)
             if self.ready.is_set() and self.core.dirty:
-                async with self.lock:
-                    started = time.monotonic()
-                    await asyncio.get_running_loop().run_in_executor(self.executor, self.core.snapshot, self.snapshots)
-                log.info("retrieve: snapshot of %d collections in %.2fs", len(self.core.collections),
-                         time.monotonic() - started)
+                await self._snapshot()
 
+    async def _snapshot(self) -> None:
+        """A forked child writes the snapshot from a copy-on-write image of this process: the
+        loop stops only for the fork (milliseconds), searches and the vectors loop go on while
+        the child writes (written in-process it held the GIL, and so every search, for about
+        a second at 100k passages: docs/retrieval.md)."""
+        started = time.monotonic()
+        async with self.lock:  # between two applied batches: the state the position says
+            pending = self.core.snapshot_begin(self.snapshots)
+        forked = time.monotonic() - started
+        while pending.poll() is None:
+            await asyncio.sleep(0.05)
+        if self.core.snapshot_finish(pending):
+            log.info("retrieve: snapshot of %d collections in %.2fs (searches paused %.1f ms for the fork)",
+                     len(pending.plan.named), time.monotonic() - started, forked * 1e3)
+        else:
+            log.warning("retrieve: the snapshot writer failed (exit status above); the last whole snapshot stays")
     def _note(self) -> None:
         s = self.core.stats()
         self.rmetrics.set_state(s["collections"], s["documents"], s["memory_bytes"], self.lag)
