@@ -23,6 +23,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from mmstream import report_timeline
 from mmstream.bench.config import MODES, WORKLOADS
 
 # -- schema ------------------------------------------------------------------------------
@@ -376,4 +377,4 @@ def _plots(series: list[list[dict[str, Any]]], names: list[str], out_dir: Path) 
         fig.savefig(out_dir / "p99_vs_throughput.png", dpi=100)
         plt.close(fig)
         written.append("p99_vs_throughput.png")
-    return written
+    return written + report_timeline.plot(series, names, out_dir, plt)

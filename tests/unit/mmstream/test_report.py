@@ -152,3 +152,15 @@ def test_a_missing_matplotlib_is_one_clear_error(tmp_path: Path, monkeypatch) ->
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     with pytest.raises(ReportError, match=r"pip install -e '\.\[report\]'"):
         write_report([synthetic_run()], tmp_path)
+
+
+def test_a_run_with_a_rate_schedule_gets_the_timeline_plot(tmp_path: Path) -> None:
+    run = synthetic_run()
+    assert not write_report([run], tmp_path / "plain").read_text().count("timeline.png")
+    run["timeline"] = {"schedule": [[10, 10], [90, 10]], "text_p99_settled_s": [0.0, None],
+                       "windows": [{"t": 0.0, "offered": 10.0, "outcomes": {"ok": 50}, "text_p50_ms": 20.0, "text_p99_ms": 80.0},
+                                   {"t": 5.0, "offered": 90.0, "outcomes": {"ok": 400, "overloaded": 50},
+                                    "text_p50_ms": 300.0, "text_p99_ms": None}],
+                       "replicas": [{"t": 0.0, "router": 1, "encode.text": 1}, {"t": 6.0, "router": 1, "encode.text": 2}]}
+    md = write_report([run], tmp_path).read_text()
+    assert _png_ok(tmp_path / "timeline.png") and "](timeline.png)" in md
