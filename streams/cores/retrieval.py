@@ -229,6 +229,7 @@ class RetrievalCore:
             try:
                 gc.disable()  # its collector would walk, and so copy, every page of the parent's objects
                 _die_with(parent)
+                os.nice(19)  # the searches, and the pipeline around them, come first for the CPU
                 _write_snapshot(self, plan, directory)
                 code = 0
             except BaseException as exc:  # noqa: BLE001 - reported through the exit status
