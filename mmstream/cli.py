@@ -70,6 +70,15 @@ def parser() -> argparse.ArgumentParser:
                     help="also start the local scaler: each pool of MMSTREAM_AUTOSCALE_POOLS then grows and shrinks "
                          "on its lag and queued work, idle ones down to their minimum (see `mmstream scale`); "
                          "without it, `up` stops a running scaler and the replicas stay as started")
+    pl = cmd("plan", help="replicas, partitions and utilisation for a target rate, from a bench run's measured cost")
+    pl.add_argument("--from", dest="run_file", type=Path, required=True, metavar="RUN.json",
+                    help="a `mmstream bench --out` file: its CPU per request per process is the cost")
+    pl.add_argument("--run-rate", type=float, metavar="R", help="which run of a sweep (default: its highest rate)")
+    pl.add_argument("--rate", type=float, required=True, metavar="R", help="the target requests per second")
+    pl.add_argument("--machines", type=int, default=1, metavar="N", help="machines (default: %(default)s)")
+    pl.add_argument("--cores", type=int, metavar="C", help="cores per machine (default: this one's)")
+    pl.add_argument("--target-util", type=float, default=0.7, metavar="U",
+                    help="busy share of the cores to plan for (default: %(default)s)")
     cmd("down", help="stop the workers, Redis and Kafka")
     sc = cmd("scale", help="the pools the local scaler manages: replicas now, bounds, and its last decisions")
     sc.add_argument("--last", type=int, default=10, metavar="N", help="decisions to show (default: %(default)s)")

@@ -46,6 +46,7 @@ def run(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
         "send": cmd_send, "demo": cmd_demo, "bench": cmd_bench, "top": cmd_top, "models": cmd_models,
         "chaos": cmd_chaos,
         "tenant": cmd_tenant, "collection": cmd_collection, "scale": scale_cli.cmd_scale,
+        "plan": scale_cli.cmd_plan,
     }[args.command]
     return handler(args, settings, repo_root)
 

@@ -46,3 +46,24 @@ def cmd_scale(args: argparse.Namespace, settings: Settings, repo_root: Path) -> 
         print(f"decided {d.get('stage', '?'):<14} {d.get('from')} -> {d.get('to')}  {d.get('reason')}, "
               f"demand {d.get('demand')}{held}  at {d.get('at')}")
     return 0
+
+
+def cmd_plan(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
+    import os
+
+    from mmstream import plan as P
+
+    try:
+        run = P.load_run(args.run_file, args.run_rate)
+        costs, measured = P.stage_costs(run)
+        cores = args.cores or os.cpu_count() or 1
+        threads = {stage: settings.encoder.intra_op_threads or cores for stage in costs if stage.startswith("encode.")}
+        threads["generate"] = settings.generator.threads or cores
+        result = P.make_plan(costs, measured, args.rate, machines=args.machines, cores=cores, threads=threads,
+                             target_util=args.target_util, partitions=settings.kafka.partitions)
+    except (OSError, ValueError, KeyError) as exc:
+        from mmstream.commands import UserError
+
+        raise UserError(f"cannot plan from {args.run_file}: {exc}") from None
+    print(P.render(result, args.machines, cores))
+    return 0
