@@ -9,8 +9,9 @@ stop replicas. Each decision, applied or held, is a line of JSON in
 ``<state_dir>/workers/<prefix>/autoscale.jsonl`` (`mmstream scale` prints them), a log line
 and a count in ``mmstream_autoscale_decisions_total``.
 
-A Redis or broker read that fails leaves that signal out of the tick (lag alone still scales;
-with neither, nothing changes): the scaler never scales on a number it could not read. A
+A Redis read that fails leaves the queued work out of the tick (lag alone still scales); a
+broker read that fails skips the tick (without lag, a pool whose records wait looks idle): the
+scaler never scales on a number it could not read. A
 pool being changed (a replica draining its batch after SIGTERM) gets no new decision until
 the change is done.
 """
@@ -155,7 +156,7 @@ class LocalScaler:
         live = self.live()
         now = time.monotonic()
         sigs = signals(self.settings.kafka.topic_prefix, self.rules, live, rows, loads, time.time() * 1000)
-        if rows is None and loads is None:
+        if rows is None:  # without lag a pool with records waiting looks idle: decide nothing this tick
             sigs = []
         for s in sigs:
             self.metrics.replicas.labels(s.stage).set(s.replicas)

@@ -1,6 +1,7 @@
 """The local scaler's pure parts: signals from lag rows and load reports, rules from settings,
 and what `mmstream scale` reads back."""
 
+import asyncio
 from pathlib import Path
 
 from mmstream.autoscaler import lane_of, rules, signals
@@ -46,3 +47,43 @@ def test_scale_reads_the_last_decisions_and_skips_a_torn_line(tmp_path: Path):
     assert [d["stage"] for d in last_decisions(log, 2)] == ["b"]
     assert [d["stage"] for d in last_decisions(log, 10)] == ["a", "b"]
     assert last_decisions(tmp_path / "none.jsonl", 5) == []
+
+
+async def test_the_scaler_decides_nothing_on_a_tick_without_lag_and_applies_and_logs_what_it_decides(tmp_path: Path):
+    import json
+    import os
+
+    from mmstream.autoscaler import LocalScaler
+
+    settings = Settings.from_env({"MMSTREAM_LOCAL_STATE_DIR": str(tmp_path), "MMSTREAM_AUTOSCALE_POOLS": "encode.audio=0:2",
+                                  "MMSTREAM_AUTOSCALE_IDLE_S": "0"})
+    scaler = LocalScaler(settings)
+    sup = scaler.supervisor
+    sup.dir.mkdir(parents=True)
+    (sup.dir / "encode.audio-0.json").write_text(json.dumps(  # a live process stands in for the replica
+        {"stage": "encode.audio", "replica": 0, "pid": os.getpid(), "log_file": str(tmp_path / "a.log"),
+         "started_at": 0.0}))
+    stopped = []
+    sup.stop_beyond = lambda stage, count: stopped.append((stage, count))  # never signal the test's own pid
+    sup.write_targets = lambda workers=None: None
+
+    async def no_lag():
+        return None
+
+    async def no_loads():
+        return {}
+
+    scaler._lag, scaler._loads = no_lag, no_loads
+    assert await scaler.tick() == [] and stopped == []  # the broker could not be read: an idle-looking pool stays
+
+    async def zero_lag():
+        return [LagRow("mm-encode-audio", "mm.encode.audio.rt", 0, 3, 3, 0)]
+
+    scaler._lag = zero_lag
+    (d,) = await scaler.tick()
+    await asyncio.gather(*scaler._busy.values())
+    assert (d.stage, d.target, d.reason) == ("encode.audio", 0, "idle") and stopped == [("encode.audio", 0)]
+    (line,) = [json.loads(x) for x in (sup.dir / "autoscale.jsonl").read_text().splitlines()]
+    assert line["stage"] == "encode.audio" and line["to"] == 0 and line["held"] is False
+    await scaler.reader.close()
+    await scaler.redis.aclose()
