@@ -22,33 +22,31 @@ One module per concern, read in this order:
 Every public name is importable from this package.
 """
 
-from mmstream.bench.cli import cli_main, compare, config_from_args
-from mmstream.bench.config import MODES, SCHEDULERS, WORKLOADS, BenchConfig, config_dict, parse_lanes, parse_rates
-from mmstream.bench.fairness import ABUSE_SHAPES, AbuseBounds, abuse_request, abuser_plan, victim_schedule
-from mmstream.bench.fairness_run import run_fairness
-from mmstream.bench.results import Record, build_run, overhead
-from mmstream.bench.run import proc_cpu_s, proc_peak_rss_mb, run_bench
-from mmstream.bench.workloads import (
-    CHAT_PROMPTS,
-    FLOOR_TEXT_WORDS,
-    MIXED_KINDS,
-    SAMPLE_PHOTOS,
-    WORDS,
-    arrival_offsets,
-    chat_request,
-    floor_text,
-    mixed_request,
-    request_kind,
-    sample_images,
-    schedule,
-    text_request,
-)
+# Every public name is importable from this package, but loaded on first use (PEP 562): the
+# command line imports ``bench.config`` for its flags, and a worker started through it must not
+# pay for the runner, the monolith and its engines (docs/autoscaling.md: cold starts).
+_WHERE = {
+    "cli": ("cli_main", "compare", "config_from_args"),
+    "config": ("MODES", "SCHEDULERS", "WORKLOADS", "BenchConfig", "config_dict", "parse_lanes", "parse_rates"),
+    "fairness": ("ABUSE_SHAPES", "AbuseBounds", "abuse_request", "abuser_plan", "victim_schedule"),
+    "fairness_run": ("run_fairness",),
+    "results": ("Record", "build_run", "overhead"),
+    "run": ("proc_cpu_s", "proc_peak_rss_mb", "run_bench"),
+    "workloads": ("CHAT_PROMPTS", "FLOOR_TEXT_WORDS", "MIXED_KINDS", "SAMPLE_PHOTOS", "WORDS", "arrival_offsets",
+                  "chat_request", "floor_text", "mixed_request", "request_kind", "sample_images", "schedule",
+                  "text_request"),
+}
+_MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
 
-__all__ = [
-    "ABUSE_SHAPES", "AbuseBounds", "abuse_request", "abuser_plan", "run_fairness", "victim_schedule",
-    "CHAT_PROMPTS", "FLOOR_TEXT_WORDS", "MIXED_KINDS", "MODES", "SAMPLE_PHOTOS", "SCHEDULERS", "WORDS",
-    "WORKLOADS", "BenchConfig", "Record", "arrival_offsets", "build_run", "chat_request", "cli_main",
-    "compare", "config_dict", "config_from_args", "floor_text", "mixed_request", "overhead",
-    "parse_lanes", "parse_rates", "proc_cpu_s", "proc_peak_rss_mb", "request_kind", "run_bench",
-    "sample_images", "schedule", "text_request",
-]
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> object:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

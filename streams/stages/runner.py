@@ -27,19 +27,11 @@ from streams.lagmon import run_lag_monitor
 from streams.metrics import Metrics, serve
 from streams.security import client_kwargs
 from streams.stages import BASELINE_POOL, stage_names
-from streams.stages.assembler import install_assembler
 from streams.stages.encoder import EncoderStage
-from streams.stages.generator import install_generator
-from streams.stages.indexer import install_indexer
-from streams.stages.retrieve import install_retrieve
-from streams.stages.router import install_router
-from streams.stages.video import install_video_fanout
 from streams.topics import ensure_topics, topic_specs
 from workers import modalities
 from workers.encoders import EncoderFront, claim_resolver
-from workers.modalities.generic import generic_runner
 from workers.outputs import EncoderRunner
-from workers.retrieval.embed import TextEmbedder
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +39,19 @@ log = logging.getLogger(__name__)
 Installer = Callable[[faust.App, Settings, Metrics], None]
 Build = Callable[[Settings, Metrics], EncoderRunner]
 
-FANOUT_STAGES: dict[str, Installer] = {"video": install_video_fanout}
+def _lazy(where: str) -> Installer:
+    """The installer ``"module:function"``, imported when called: a worker imports its own
+    stage's module only (each import is part of its cold start, docs/autoscaling.md)."""
+    def install(app: faust.App, settings: Settings, metrics: Metrics) -> None:
+        import importlib
+
+        module, _, name = where.partition(":")
+        getattr(importlib.import_module(module), name)(app, settings, metrics)
+
+    return install
+
+
+FANOUT_STAGES: dict[str, Installer] = {"video": _lazy("streams.stages.video:install_video_fanout")}
 """Fan-out loops by modality: the stage of a modality whose spec fans out instead of encoding."""
 
 
@@ -60,12 +64,16 @@ def _encoder_installer(modality: str, build: Build) -> Installer:
 
 def _generic(settings: Settings, metrics: Metrics) -> EncoderRunner:
     # The no-routing baseline: claim checks, no reuse cache (its parts have no one model).
+    from workers.modalities.generic import generic_runner
+
     return EncoderFront(generic_runner(settings, metrics), claim_resolver(settings), None)
 
 
 def _router(app: faust.App, settings: Settings, metrics: Metrics) -> None:
     """The router, and the encoders ``router.colocate`` places in its process (each in its
     pool's consumer group)."""
+    from streams.stages.router import install_router
+
     encoders = []
     served = modalities.served(settings)
     for name in csv_items(settings.router.colocate):
@@ -86,8 +94,11 @@ def _router(app: faust.App, settings: Settings, metrics: Metrics) -> None:
     install_router(app, settings, metrics, encoders)
 
 
-def _text_embedder(settings: Settings, metrics: Metrics, stage: str) -> TextEmbedder:
-    """The text encoder ``encode.text`` serves, in this process (same model, version, cache)."""
+def _text_embedder(settings: Settings, metrics: Metrics, stage: str) -> Any:
+    """The text encoder ``encode.text`` serves, in this process (same model, version, cache):
+    a ``workers.retrieval.embed.TextEmbedder``."""
+    from workers.retrieval.embed import TextEmbedder
+
     spec = modalities.get("text")
     if spec is None or spec.runner is None:
         raise ValueError("the retrieval stages need the text modality's encoder")
@@ -95,15 +106,20 @@ def _text_embedder(settings: Settings, metrics: Metrics, stage: str) -> TextEmbe
 
 
 def _indexer(app: faust.App, settings: Settings, metrics: Metrics) -> None:
+    from streams.stages.indexer import install_indexer
+
     install_indexer(app, settings, metrics, _text_embedder(settings, metrics, "index"))
 
 
 def _retrieve(app: faust.App, settings: Settings, metrics: Metrics) -> None:
+    from streams.stages.retrieve import install_retrieve
+
     install_retrieve(app, settings, metrics, _text_embedder(settings, metrics, "retrieve"))
 
 
 def _installer(stage: str) -> Installer:
-    fixed = {"router": _router, "assembler": install_assembler, "generate": install_generator,
+    fixed = {"router": _router, "assembler": _lazy("streams.stages.assembler:install_assembler"),
+             "generate": _lazy("streams.stages.generator:install_generator"),
              "index": _indexer, "retrieve": _retrieve, BASELINE_POOL: _encoder_installer("any", _generic)}
     if stage in fixed:
         return fixed[stage]
