@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -43,8 +44,10 @@ def cmd_scale(args: argparse.Namespace, settings: Settings, repo_root: Path) -> 
         print(f"pool    {stage:<14} replicas={live.get(stage, 0)}  min={low} max={high}")
     for d in last_decisions(sup.dir / "autoscale.jsonl", args.last):
         held = "  (held)" if d.get("held") else ""
-        print(f"decided {d.get('stage', '?'):<14} {d.get('from')} -> {d.get('to')}  {d.get('reason')}, "
-              f"demand {d.get('demand')}{held}  at {d.get('at')}")
+        at = d.get("at")
+        when = time.strftime("%H:%M:%S", time.localtime(at)) if isinstance(at, (int, float)) else "?"
+        print(f"decided {when}  {d.get('stage', '?'):<14} {d.get('from')} -> {d.get('to')}  {d.get('reason')}, "
+              f"demand {d.get('demand')}{held}")
     return 0
 
 
