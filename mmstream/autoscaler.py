@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry, Counter as PromCounter, Gauge
 from redis.exceptions import RedisError
 
 from mmstream.k8s_scalers import pool_topics
-from mmstream.supervisor import AUTOSCALER, Supervisor
+from mmstream.supervisor import AUTOSCALER, SPARE, Supervisor
 from schemas.settings import Settings
 from streams import costs
 from streams.app import group_id
@@ -112,7 +112,7 @@ class _Metrics:
 class LocalScaler:
     def __init__(self, settings: Settings, supervisor: Supervisor | None = None) -> None:
         self.settings = settings
-        self.supervisor = supervisor or Supervisor(settings)
+        self.supervisor = supervisor or Supervisor(settings, spares=settings.autoscale.spare)
         a = settings.autoscale
         self.rules = rules(settings)
         self.policy = ScalePolicy(self.rules, up_window_s=a.up_window_s, down_window_s=a.down_window_s,
@@ -201,6 +201,8 @@ class LocalScaler:
 
     async def run(self, stop: asyncio.Event) -> None:
         interval = self.settings.autoscale.interval_s
+        if self.supervisor.spares:
+            await asyncio.to_thread(self.supervisor.ensure_spare)
         try:
             while not stop.is_set():
                 started = time.monotonic()
@@ -212,6 +214,8 @@ class LocalScaler:
         finally:
             if self._busy:
                 await asyncio.gather(*self._busy.values(), return_exceptions=True)
+            if self.supervisor.spares:  # nobody turns it into a replica any more
+                await asyncio.to_thread(self.supervisor.stop_beyond, SPARE, 0, 5.0)
             await self.reader.close()
             await self.redis.aclose()
 

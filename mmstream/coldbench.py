@@ -2,6 +2,7 @@
 its own (a unique topic prefix on the running broker and Redis: `mmstream up --infra-only`).
 
     python -m mmstream.coldbench --stages encode.text,encode.image,encode.audio,generate --runs 3 --out cold.json
+    python -m mmstream.coldbench ... --spare     # each replica from a warm spare, as the local scaler starts them
 
 For each stage and run: a replica is spawned the way the supervisor spawns one (a fresh
 process), a request that needs it is sent at the moment of the spawn, and three numbers are
@@ -66,7 +67,20 @@ def cold_start(port: int) -> dict[str, float]:
             if s.name == "mmstream_cold_start_seconds"}
 
 
+async def spare_ready(sup: Supervisor, timeout_s: float = 60.0) -> None:
+    """Until the warm spare has done its imports and waits on its FIFO."""
+    spare = await asyncio.to_thread(sup.ensure_spare)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if "waiting for a stage" in Path(spare.log_file).read_text(errors="replace")[-4000:]:
+            return
+        await asyncio.sleep(0.1)
+    raise TimeoutError("the warm spare did not get ready")
+
+
 async def one_run(sup: Supervisor, settings: Settings, stage: str) -> dict[str, Any]:
+    if sup.spares:
+        await spare_ready(sup)
     async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix) as client:
         w = sup.spawn_missing(stage, 1)[0]
         sent = time.monotonic()
@@ -100,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stages", default="encode.text,encode.image,encode.audio,generate")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--spare", action="store_true",
+                    help="start each replica from a warm spare (mmstream.standby), as the local scaler does")
     args = ap.parse_args(argv)
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     env = {**os.environ, "MMSTREAM_KAFKA_TOPIC_PREFIX": f"cold{uuid.uuid4().hex[:8]}",
@@ -108,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     asyncio.run(ensure_topics(settings.kafka.bootstrap, topic_specs(settings.kafka, settings.dlq)))
     sup = Supervisor(settings, env)
     sup.start({"router": 1, "assembler": 1, "encode.text": 1})
+    sup.spares = args.spare
     runs: list[dict[str, Any]] = []
     try:
         asyncio.run(wait_until_serving(settings.kafka.bootstrap, settings.kafka.topic_prefix, 180))
@@ -122,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
                 sup.spawn_missing("encode.text", 1)
     finally:
         sup.stop()
-    report = {"machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg()}, "runs": runs, "p50": summary(runs)}
+    report = {"machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg()}, "spare": args.spare, "runs": runs,
+              "p50": summary(runs)}
     print(json.dumps(report["p50"], indent=1))
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))

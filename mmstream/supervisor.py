@@ -27,6 +27,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from mmstream import standby
 from schemas.settings import Settings
 from streams.stages import stage_names
 from workers import modalities
@@ -107,11 +108,17 @@ class WorkersElsewhereError(ValueError):
         self.workers = workers
 
 
+SPARE = "spare"
+"""The warm spare's pid file name (``mmstream.standby``): a process with its imports done."""
+
+
 class Supervisor:
-    def __init__(self, settings: Settings, env: dict[str, str] | None = None) -> None:
+    def __init__(self, settings: Settings, env: dict[str, str] | None = None, spares: bool = False) -> None:
         self.settings = settings
         self.env = dict(os.environ if env is None else env)
         self.dir = settings.local.state_dir / "workers" / settings.kafka.topic_prefix
+        self.spares = spares
+        """Start new replicas from a warm spare (``mmstream.standby``) and keep one waiting."""
 
     def _pidfile(self, stage: str, replica: int) -> Path:
         return self.dir / f"{stage}-{replica}.json"
@@ -205,22 +212,53 @@ class Supervisor:
             port += 1
         return port
 
+    def _env(self, port: int) -> dict[str, str]:
+        # numpy's BLAS on one thread: a worker's matrix products are small (the retrieve
+        # stage's reuse lookup: 1024 x 384), and on a busy box OpenBLAS's own threads made one
+        # take 3.4 ms instead of 0.09 (docs/retrieval.md). Engines size their own threads.
+        return {"OPENBLAS_NUM_THREADS": "1", **self.env, "MMSTREAM_METRICS_PORT": str(port)}
+
+    def _popen(self, args: list[str], log_file: Path, env: dict[str, str]) -> subprocess.Popen:
+        with open(log_file, "ab") as log:
+            return subprocess.Popen([sys.executable, "-m", *args], stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+
     def _spawn(self, stage: str, replica: int) -> WorkerProc:
         log_file = self.dir / f"{stage}-{replica}.log"
         log_file.with_suffix(".port").unlink(missing_ok=True)
         port = self._next_port()
-        # numpy's BLAS on one thread: a worker's matrix products are small (the retrieve
-        # stage's reuse lookup: 1024 x 384), and on a busy box OpenBLAS's own threads made one
-        # take 3.4 ms instead of 0.09 (docs/retrieval.md). Engines size their own threads.
-        env = {"OPENBLAS_NUM_THREADS": "1", **self.env, "MMSTREAM_METRICS_PORT": str(port)}
-        with open(log_file, "ab") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "mmstream.cli", "worker", stage, "--replica", str(replica)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, start_new_session=True,
-            )
-        w = WorkerProc(stage, replica, proc.pid, str(log_file), time.time(), port, self.settings.kafka.bootstrap)
+        env = self._env(port)
+        spare = self._spare() if self.spares else None
+        if spare is not None and standby.handover(str(self._fifo()), stage, replica, str(log_file), env):
+            pid = spare.pid
+            self._pidfile(SPARE, 0).unlink(missing_ok=True)
+        else:
+            pid = self._popen(["mmstream.cli", "worker", stage, "--replica", str(replica)], log_file, env).pid
+        w = WorkerProc(stage, replica, pid, str(log_file), time.time(), port, self.settings.kafka.bootstrap)
         self._pidfile(stage, replica).write_text(json.dumps(asdict(w)))
+        if self.spares:
+            self.ensure_spare()
+        return w
+
+    def _fifo(self) -> Path:
+        return self.dir / f"{SPARE}.fifo"
+
+    def _spare(self) -> WorkerProc | None:
+        return next((w for w in self.workers() if w.stage == SPARE and w.alive), None)
+
+    def ensure_spare(self) -> WorkerProc:
+        """The live warm spare, started now if there is none."""
+        spare = self._spare()
+        if spare is not None:
+            return spare
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fifo = self._fifo()
+        fifo.unlink(missing_ok=True)
+        os.mkfifo(fifo, 0o600)
+        log_file = self.dir / f"{SPARE}-0.log"
+        proc = self._popen(["mmstream.standby", str(fifo)], log_file, self._env(0))
+        w = WorkerProc(SPARE, 0, proc.pid, str(log_file), time.time(), 0, self.settings.kafka.bootstrap)
+        self._pidfile(SPARE, 0).write_text(json.dumps(asdict(w)))
         return w
 
     def stop_one(self, w: WorkerProc, grace_s: float = 30.0, sig: int = signal.SIGTERM) -> None:

@@ -22,7 +22,7 @@ import faust
 from schemas.settings import Settings
 from schemas.settings_base import csv_items
 from streams.app import create_app, group_id
-from streams.health import process_started_at
+from streams.health import process_health
 from streams.lagmon import run_lag_monitor
 from streams.metrics import Metrics, serve
 from streams.security import client_kwargs
@@ -148,8 +148,8 @@ def port_file(settings: Settings, stage: str, replica: int) -> Any:
 def run_stage(settings: Settings, stage: str, replica: int = 0, loglevel: str = "info") -> None:
     """Load the modality plugins, create the topics, build the stage, serve its metrics and
     run it until SIGTERM/SIGINT."""
-    born = process_started_at()
-    log.info("%s[%d]: cold start: imports done %.2fs after fork", stage, replica, time.time() - born)
+    born = process_health().born_at  # the fork, or a warm spare's hand-over (mmstream.standby)
+    log.info("%s[%d]: cold start: imports done %.2fs after start", stage, replica, time.time() - born)
     modalities.load_plugins(settings.modalities.plugins)
     asyncio.run(ensure_topics(settings.kafka.bootstrap, topic_specs(settings.kafka, settings.dlq), settings.kafka.replication_factor,
                               client_kwargs(settings)))
@@ -158,10 +158,10 @@ def run_stage(settings: Settings, stage: str, replica: int = 0, loglevel: str = 
         run_lag_monitor(settings, settings.metrics.port, settings.metrics.lag_interval_s,
                         on_bound=lambda port: _write_port(settings, stage, replica, port))
         return
-    log.info("%s[%d]: cold start: topics checked %.2fs after fork", stage, replica, time.time() - born)
+    log.info("%s[%d]: cold start: topics checked %.2fs after start", stage, replica, time.time() - born)
     metrics = Metrics()
     app = build_stage(settings, stage, metrics, replica)
-    log.info("%s[%d]: cold start: engine loaded and warm %.2fs after fork", stage, replica, time.time() - born)
+    log.info("%s[%d]: cold start: engine loaded and warm %.2fs after start", stage, replica, time.time() - born)
     _write_port(settings, stage, replica, serve(settings.metrics.port, metrics.registry, settings.metrics.bind))
     worker = faust.Worker(app, loglevel=loglevel, quiet=True)
     worker.execute_from_commandline()

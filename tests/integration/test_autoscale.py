@@ -1,5 +1,6 @@
 """The local scaler on a real pipeline: an idle pool whose minimum is 0 stops, the first record
-for it wakes it, the request is answered, and the new replica reports its cold start."""
+for it wakes it (from the warm spare, which another spare then replaces), the request is
+answered, and the new replica reports its cold start."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mmstream.supervisor import AUTOSCALER
+from mmstream.supervisor import AUTOSCALER, SPARE
 from schemas.request import Modality, Part, Request
 from streams.client import Client, new_id
 from tests.integration.conftest import Pipeline, start_pipeline
@@ -57,6 +58,8 @@ async def test_an_idle_pool_scales_to_zero_and_its_first_record_wakes_it(infra):
         assert await until(lambda: not live(pipe, "encode.audio"), 90), "the idle audio pool never stopped"
         assert any(d["stage"] == "encode.audio" and d["to"] == 0 and d["reason"] == "idle" for d in decisions(pipe))
         assert len(live(pipe, "encode.text")) == 1  # its minimum: never below
+        (spare,) = await until(lambda: live(pipe, SPARE), 60)
+        assert await until(lambda: "waiting for a stage" in Path(spare.log_file).read_text(errors="replace"), 90)
 
         sent = time.monotonic()
         async with Client(pipe.bootstrap, pipe.prefix) as client:
@@ -71,13 +74,15 @@ async def test_an_idle_pool_scales_to_zero_and_its_first_record_wakes_it(infra):
         wake = [d for d in decisions(pipe) if d["stage"] == "encode.audio" and d["reason"] == "wake"]
         assert wake and wake[-1]["from"] == 0 and wake[-1]["to"] == 1
         (w,) = live(pipe, "encode.audio")
+        assert w.pid == spare.pid  # the warm spare became the replica...
+        assert await until(lambda: [s for s in live(pipe, SPARE) if s.pid != spare.pid], 30)  # ...and has a successor
         port = await until(lambda: w.metrics_port, 30)
         m = scrape(port)
         ready = m[("mmstream_cold_start_seconds", frozenset({("stage", "encode.audio"), ("phase", "ready")}))]
         first = m[("mmstream_cold_start_seconds", frozenset({("stage", "encode.audio"), ("phase", "first_answer")}))]
         assert 0 < ready <= first
         print(f"\nwoken pool: request answered {answered_s:.2f} s after it was sent; replica ready {ready:.2f} s "
-              f"after its fork, first answer {first:.2f} s")
+              f"after its start (fork or hand-over), first answer {first:.2f} s")
 
         (scaler,) = live(pipe, AUTOSCALER)
         sm = scrape(scaler.metrics_port)

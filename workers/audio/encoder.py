@@ -120,8 +120,8 @@ class AudioEncoder:
         first request. ``None``: none on the CPU, where a first pass measured no slower than
         the next (0.99 s against 0.85-0.90 s for whisper-base int8 on 2 cores) and two rounds
         only cost a cold start 2 s; one on CUDA, where the first pass sets kernels up."""
-        if n is None:
-            n = 0 if getattr(self.engine, "device", "cpu") == "cpu" else 1
+        if n is None:  # the device it resolved to ("auto" picks CUDA only when CTranslate2 sees a GPU)
+            n = 0 if str(self.engine.info.provider).startswith("cpu") else 1
         from faster_whisper.vad import get_vad_model
 
         get_vad_model()  # loads the VAD session once

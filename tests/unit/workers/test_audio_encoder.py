@@ -160,3 +160,16 @@ def test_real_vad_finds_no_speech_in_silence_tone_and_noise() -> None:
         np.random.default_rng(0).normal(0, 0.02, len(t)),
     ):
         assert audio.speech_segments(samples.astype(np.float32)) == []
+
+
+@pytest.mark.parametrize("provider,rounds", [("cpu/int8", 0), ("cuda/int8_float16", 1)])
+def test_warm_up_runs_the_engine_only_where_a_first_pass_costs_more(monkeypatch, provider, rounds) -> None:
+    import types
+
+    fake_vad(monkeypatch)
+    engine = FakeEngine()
+    engine.info = types.SimpleNamespace(provider=provider)
+    AudioEncoder(engine, embedding_dim=DIM).warmup()
+    assert engine.encoded_windows == rounds
+    AudioEncoder(engine, embedding_dim=DIM).warmup(2)  # asked for: always run
+    assert engine.encoded_windows == rounds + 2
