@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
+import signal
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -53,6 +55,8 @@ log = logging.getLogger(__name__)
 STAGE = "retrieve"
 TERMINAL_SEQ = 1  # seq 0 is the router's `accepted`
 DONE_RETENTION_MS = 600_000.0
+SNAPSHOT_WRITER_MAX_S = 600.0
+"""A snapshot writer still running after this is killed (100k passages take ~2 s to write)."""
 VECTORS_BATCH = 2000
 
 
@@ -157,12 +161,21 @@ class RetrieveStage(RecordStage):
             pending = self.core.snapshot_begin(self.snapshots)
         forked = time.monotonic() - started
         while pending.poll() is None:
+            if time.monotonic() - started > SNAPSHOT_WRITER_MAX_S and pending.pid is not None:
+                # a writer that hangs (a lock some thread held at the fork) must not stop every later
+                # snapshot: kill it; its result is then a failure and the collections stay dirty
+                log.warning("retrieve: the snapshot writer ran %.0fs; killing it", SNAPSHOT_WRITER_MAX_S)
+                try:
+                    os.kill(pending.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             await asyncio.sleep(0.05)
         if self.core.snapshot_finish(pending):
             log.info("retrieve: snapshot of %d collections in %.2fs (searches paused %.1f ms for the fork)",
                      len(pending.plan.named), time.monotonic() - started, forked * 1e3)
         else:
             log.warning("retrieve: the snapshot writer failed (exit status above); the last whole snapshot stays")
+
     def _note(self) -> None:
         s = self.core.stats()
         self.rmetrics.set_state(s["collections"], s["documents"], s["memory_bytes"], self.lag)
