@@ -26,6 +26,7 @@ Scheduler = Literal["continuous", "static"]
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN", "OAUTHBEARER"]
 Grouping = Literal["length", "fifo"]
+QueueOrder = Literal["fair", "arrival"]
 TASKS = ("embed", "generate", "retrieve")
 
 

@@ -10,7 +10,7 @@ import re
 from pydantic import field_validator, model_validator
 
 from schemas.request import MODALITY_NAME_RE
-from schemas.settings_base import (ENGINE_PRECISIONS, TASKS, EnginePrecision, GeneratorPrecision, Grouping, LmPrecision, Partitioner,
+from schemas.settings_base import (ENGINE_PRECISIONS, TASKS, EnginePrecision, GeneratorPrecision, Grouping, QueueOrder, LmPrecision, Partitioner,
                                    Scheduler, Section, csv_items, setting)
 
 
@@ -64,6 +64,10 @@ class EncoderSettings(Section):
         "ones) or fifo (arrival order, as a generic server). An engine that runs rows alone (int8 text) pads nothing "
         "and always takes them in arrival order."
     )
+    order: QueueOrder = setting(
+        "fair", "In which order a lane's queued items reach the engine: fair (tenants share engine time by predicted "
+        "cost, start-time fair queuing: one tenant's backlog cannot hold another's items behind it) or arrival."
+    )
     intra_op_threads: int = setting(
         1, "ONNX Runtime intra-op threads per engine; 0 lets the runtime choose (one per core). One is the measured "
         "best on a small box, where every stage, the broker and Redis share the cores (docs/capacity.md).", ge=0
@@ -116,8 +120,9 @@ class RouterSettings(Section):
         "it joins the modality's pool like any replica. Empty: every part goes through its encode topic."
     )
     colocate_max_queued_ms: float = setting(
-        25.0, "Predicted queued work (ms) past which the router's own encoder is passed over and a part goes "
-        "through its encode topic to the whole pool.", ge=0
+        25.0, "Predicted work (ms: queued ahead of a part plus the part's own) past which the router's own encoder "
+        "is passed over and the part goes through its encode topic to the whole pool (so a part costlier than this "
+        "never runs in the router's process).", ge=0
     )
 
     @field_validator("served_tasks")

@@ -4,9 +4,11 @@
 A job taken in process skips a broker hop each way of its trip to the pool: at light load
 that hop is most of what the pipeline adds to a request. It is taken while the encoder has
 room (``room``: jobs it may still hold) and the predicted engine work ahead of it in its
-lane is at most ``max_queued_ms``; past that, it goes through the encode topic to the whole
-pool, so a busy router's encoder never becomes the queue the pool would have drained. rt
-goes ahead of bulk: an rt job waits for the rt work queued, a bulk job for all of it.
+lane plus its own is at most ``max_queued_ms``; past that, it goes through the encode topic
+to the whole pool, so a busy router's encoder never becomes the queue the pool would have
+drained, and a costly part (a long text) never runs in the process that routes every
+tenant's requests. rt goes ahead of bulk: an rt job waits for the rt work queued, a bulk
+job for all of it.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def take_local(offers: Sequence[Offer], queued_rt_ms: float, queued_bulk_ms: flo
     taken: list[bool] = []
     for offer in offers:
         lane = "bulk" if offer.lane == "bulk" else "rt"
-        if room <= 0 or queued[lane] > max_queued_ms:
+        if room <= 0 or queued[lane] + offer.cost_ms > max_queued_ms:
             taken.append(False)
             continue
         taken.append(True)

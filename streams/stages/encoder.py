@@ -9,7 +9,9 @@ Three hands work at once, so the engine never waits for I/O:
   are answered at once, misses are queued by lane with their real cost (tokens);
 - the engine thread, which runs the batch the pure ``MicroBatcher`` picks (rt first,
   length-aware, its budget in milliseconds predicted by a ``BatchCostModel`` that learns
-  from every batch). Its outputs are handed to the producer without waiting: the next
+  from every batch) from each lane's queue in tenant-fair order (``FairOrder``: tenants
+  share engine time by predicted cost, so one tenant's backlog never holds another's
+  items behind it). Its outputs are handed to the producer without waiting: the next
   batch starts while the broker acknowledges the last one; the job records are finished
   (committable) once their outputs are acknowledged.
 
@@ -51,6 +53,7 @@ from streams.load import merge_item_costs
 from streams.metrics import Metrics
 from streams.policies.batching import Batch, BatchLimits, MicroBatcher, Pending, Wait
 from streams.policies.cost_model import BatchCostModel, Observation
+from streams.policies.fair_order import FairOrder
 from streams.policies.placement import Offer, take_local
 from streams.produce import Out, out_map
 from streams.runtime.stage import RecordStage
@@ -86,6 +89,8 @@ class Held:
     record: ConsumerRecord | Local
     key: str | None
     """Its reuse-cache key (None: not cached)."""
+    order: tuple[float, int] = (0.0, 0)
+    """Its place in its lane's queue (``FairOrder.tag``)."""
 
 
 class EncoderStage(RecordStage):
@@ -110,7 +115,9 @@ class EncoderStage(RecordStage):
                         grouping=e.grouping if padded else "fifo"),
             batch_cost=lambda cs: self.model.batch_ms(cs))
         self.max_wait_s = e.max_wait_ms / 1000.0
-        self.queues: dict[str, list[Pending[Held]]] = {"rt": [], "bulk": []}
+        self.fair = e.order == "fair"
+        self.order: dict[str, FairOrder[Pending[Held]]] = {lane: FairOrder(key=_order_key) for lane in ("rt", "bulk")}
+        self.queues: dict[str, list[Pending[Held]]] = {lane: o.items for lane, o in self.order.items()}
         self.held = 0
         self.max_queue = e.max_queue
         self.paused = False
@@ -226,7 +233,7 @@ class EncoderStage(RecordStage):
                 done.append(Held(item, record, item.key))
             else:
                 lane = record.lane if isinstance(record, Local) else "bulk" if record.topic in self.bulk_topics else "rt"
-                self.queues[lane].append(Pending(Held(item, record, item.key), item.length, now))
+                self._enqueue(lane, item, record, now)
         if ran is not None and done:
             outputs, ran_lengths, started, finished = ran
             results = [o for o, item in zip(outputs, ready) if not isinstance(item, (Exception, Encoded))]
@@ -234,6 +241,13 @@ class EncoderStage(RecordStage):
         for lane, q in self.queues.items():
             self.metrics.set_queue_depth(self.stage, lane, len(q))
         self.wake.set()
+
+    def _enqueue(self, lane: str, item: Prepared, record: ConsumerRecord | Local, now: float) -> None:
+        """Queue a prepared job at its place in its lane: by tenant and predicted cost
+        (``encoder.order=fair``), or last (``arrival``)."""
+        order = self.order[lane]
+        tag = order.tag(item.job.tenant, self.model.per_item_ms(item.length)) if self.fair else order.tag("", 0.0)
+        order.push(Pending(Held(item, record, item.key, tag), item.length, now))
 
     async def _looked_up(self, items: list[Any], lookup: Any) -> list[Any]:
         """What the cache lookup beside a direct run found (``items`` as they were when it
@@ -357,6 +371,7 @@ class EncoderStage(RecordStage):
         chosen = {id(p) for p in batch.items}
         queue = self.queues[batch.lane]
         queue[:] = [p for p in queue if id(p) not in chosen]
+        self.order[batch.lane].taken([p.item.order for p in batch.items])
         self.metrics.set_queue_depth(self.stage, batch.lane, len(queue))
         now = now_ms()
         live = [p.item for p in batch.items if p.item.prepared.job.deadline_at_ms > now]
@@ -462,6 +477,10 @@ class EncoderStage(RecordStage):
                     published_identity = True
             except Exception as exc:  # best effort: the router keeps its last numbers
                 log.debug("%s: load report failed: %r", self.stage, exc)
+
+
+def _order_key(p: Pending[Held]) -> tuple[float, int]:
+    return p.item.order
 
 
 def _deadline_error() -> WireError:

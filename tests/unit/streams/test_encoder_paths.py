@@ -153,3 +153,21 @@ async def test_jobs_handed_over_in_process_are_answered_through_the_routers_send
     assert by_id["r7"]["embedding"] is not None and by_id["r8"]["error"]["code"] == "deadline_exceeded"
     assert not stage.io.answers and stage.held == 0  # no record of their own; nothing left held
     assert stage.take_local([(_job("busy", 9), 1.0, sent.append)], max_queued_ms=-1.0) == [False]
+
+
+@pytest.mark.parametrize("fair", [True, False], ids=["fair", "arrival"])
+async def test_a_tenants_backlog_does_not_hold_another_tenants_job_behind_it(stage, fair) -> None:
+    stage.fair = fair
+    stage.gate.clear()
+    await stage.handle([_record(_job("first", 0), 0)])
+    await _until(lambda: stage.direct_ms > 0, "a direct run")
+    flood = [_record(dataclasses.replace(_job(f"a{i:02d}" * 20, i), tenant="a"), i) for i in range(1, 11)]
+    await stage.handle(flood)
+    await stage.handle([_record(dataclasses.replace(_job("b", 11), tenant="b"), 11)])
+    await _until(lambda: len(stage.queues["rt"]) == 11, "all queued")
+    stage.gate.set()
+    loop_task = asyncio.create_task(stage._batches_forever())  # noqa: SLF001 - started once all are queued
+    await _until(lambda: len(stage.io.answers) == 12, "all answered")
+    order = [x for batch in stage.ran[1:] for x in batch]
+    assert order.index("b") == (1 if fair else 10)  # behind one of A's, or behind all ten
+    loop_task.cancel()

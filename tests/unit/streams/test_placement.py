@@ -8,7 +8,11 @@ from streams.policies.placement import Offer, take_local
 
 def test_an_idle_encoder_takes_jobs_until_the_queued_work_passes_the_bound() -> None:
     offers = [Offer("rt", 10.0)] * 5
-    assert take_local(offers, 0.0, 0.0, room=100, max_queued_ms=25.0) == [True, True, True, False, False]
+    assert take_local(offers, 0.0, 0.0, room=100, max_queued_ms=25.0) == [True, True, False, False, False]
+
+
+def test_a_part_costlier_than_the_bound_never_runs_in_the_routers_process() -> None:
+    assert take_local([Offer("rt", 80.0), Offer("rt", 5.0)], 0.0, 0.0, room=100, max_queued_ms=25.0) == [False, True]
 
 
 def test_a_busy_encoder_takes_nothing_and_a_full_one_neither() -> None:
@@ -19,10 +23,10 @@ def test_a_busy_encoder_takes_nothing_and_a_full_one_neither() -> None:
 
 def test_rt_waits_only_for_rt_and_bulk_for_everything() -> None:
     # 20 ms of bulk queued: an rt job goes ahead of it, a bulk job waits behind it.
-    assert take_local([Offer("bulk", 10.0), Offer("rt", 10.0)], 0.0, 20.0, room=10, max_queued_ms=25.0) == [True, True]
-    assert take_local([Offer("bulk", 10.0), Offer("bulk", 1.0)], 0.0, 20.0, room=10, max_queued_ms=25.0) == [True, False]
+    assert take_local([Offer("bulk", 5.0), Offer("rt", 10.0)], 0.0, 20.0, room=10, max_queued_ms=25.0) == [True, True]
+    assert take_local([Offer("bulk", 5.0), Offer("bulk", 1.0)], 0.0, 20.0, room=10, max_queued_ms=25.0) == [True, False]
     # rt taken first counts against bulk too (it runs before them).
-    assert take_local([Offer("rt", 30.0), Offer("bulk", 1.0)], 0.0, 0.0, room=10, max_queued_ms=25.0) == [True, False]
+    assert take_local([Offer("rt", 20.0), Offer("bulk", 10.0)], 0.0, 0.0, room=10, max_queued_ms=25.0) == [True, False]
 
 
 @given(st.lists(st.tuples(st.sampled_from(["rt", "bulk"]), st.floats(0, 50)), max_size=30),
@@ -34,7 +38,7 @@ def test_taken_jobs_never_exceed_the_room_or_start_past_the_bound(jobs, rt, bulk
     ahead = {"rt": rt, "bulk": bulk + rt}
     for offer, took in zip(offers, taken):
         if took:
-            assert ahead[offer.lane] <= bound
+            assert ahead[offer.lane] + offer.cost_ms <= bound
             ahead["bulk"] += offer.cost_ms
             if offer.lane == "rt":
                 ahead["rt"] += offer.cost_ms
