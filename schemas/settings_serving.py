@@ -154,6 +154,10 @@ class CacheSettings(Section):
         True, "Answer identical embed requests (same tenant, content and models) from the stored answer at the router."
     )
     ttl_result_s: int = setting(600, "How long a whole answer stays reusable.", ge=1)
+    whole_result_max_bytes: int = setting(
+        65_536, "Largest request (text characters and inline bytes, all parts) the router keys a whole answer for; "
+        "bigger ones are not looked up (their parts are still reused at the encoders).", ge=0
+    )
     timeout_ms: float = setting(50.0, "Redis socket timeout: past it a lookup counts as a miss and a failure.", gt=0)
     breaker_failures: int = setting(3, "Consecutive Redis failures that open the breaker (cache bypassed).", ge=1)
     breaker_cooldown_s: float = setting(10.0, "How long the breaker stays open before one trial call.", ge=0)

@@ -202,12 +202,19 @@ class Router:
         # The client's timestamp, believed only within [started - max age, started].
         client_sent = min(started, max(record_ts_ms, started - self.settings.router.max_record_age_ms)) \
             if record_ts_ms else started
+        # The whole-answer lookup is the last await: from the quota to the reservation of
+        # what it sends (load.note_sent, quotas.note_sent) nothing yields, so the records of
+        # one poll, routed concurrently, cannot all be admitted on the same queued work.
+        key = self._result_key(req)
+        stored = await self.results.get(key) if key is not None else None
         shed = self._quota(req, started, sum(ref_bytes.values()))
         if shed is not None:
             err = WireError(ErrorCode.OVERLOADED, shed.message, None, shed.retry_after_ms)
             event = Event(req.id, EventKind.ERROR, 0, now_ms(), error=err.to_wire())
             return Routed([self._verdict(req.id, req.tenant, str(req.lane), req.reply_to, [event], digest)], "error",
                           str(err.code), lane=str(req.lane), admission="reject", shed=(req.tenant, shed.reason))
+        if stored is not None:
+            return self._answer_from_cache(req, stored, client_sent, started, digest)
         decision = self._admit(req)
         if isinstance(decision, Reject):
             if decision.code == ErrorCode.OVERLOADED:  # kept out: the others keep to their fair share
@@ -216,11 +223,6 @@ class Router:
             event = Event(req.id, EventKind.ERROR, 0, now_ms(), error=err.to_wire())
             return Routed([self._verdict(req.id, req.tenant, str(req.lane), req.reply_to, [event], digest)], "error",
                           str(err.code), lane=str(req.lane), admission="reject")
-        key = self._result_key(req)
-        if key is not None:
-            stored = await self.results.get(key)
-            if stored is not None:
-                return self._answer_from_cache(req, stored, client_sent, started, digest)
         plan = split_request(
             req, topics=self.topics, partitions=self.settings.kafka.partitions, partitioner=self.partitioner,
             result_key=key,
@@ -250,8 +252,13 @@ class Router:
 
     def _result_key(self, req: Any) -> str | None:
         """The whole-result key of an embed request whose parts all have content here and a
-        published model; None when it cannot be cached."""
+        published model, at most ``cache.whole_result_max_bytes`` of it; None when it cannot
+        be cached (a bigger request is rarely sent twice, and hashing it would cost the
+        router for every copy a flood sends, shed or not)."""
         if self.results is None or str(req.task) != "embed" or not self.settings.cache.whole_result:
+            return None
+        size = sum(len(p.text) if p.text is not None else len(p.data or b"") for p in req.parts)
+        if size > self.settings.cache.whole_result_max_bytes:
             return None
         parts = []
         for p in req.parts:

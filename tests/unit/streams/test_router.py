@@ -297,3 +297,53 @@ def test_one_tenants_garbage_parks_in_the_dlq_only_within_its_budget():
     assert routed[-1].outs == []
     other = asyncio.run(r.handle(b"\xc1\xc1", [], 1000.0, "test", tenant="calm"))
     assert other.outcome == "dlq" and len(other.outs) == 1  # another tenant's budget is its own
+
+
+class _SlowResults:
+    """A whole-answer store that yields on every lookup, as Redis does."""
+
+    async def get(self, key):
+        await asyncio.sleep(0)
+        return None
+
+
+def test_the_records_of_one_poll_are_not_all_admitted_on_the_same_queued_work():
+    """A poll's records are routed concurrently; each one's admission and the reservation of
+    what it sends happen with no await between, so a burst sees the work the ones before it
+    reserved, not the same stale number."""
+    settings = Settings.from_env({env_name("admission", "max_queued_ms_rt"): "100"})
+
+    async def exists(topic):
+        return False
+
+    r = Router(settings, exists, results=_SlowResults())
+    r.models["text"] = "minilm/1/int8"  # published: every request is looked up (an await)
+    text = " ".join(f"w{i}" for i in range(400))  # 256 tokens' worth each
+    cost = r._part_cost(type("P", (), {"modality": "text", "text": text, "data": None})())  # noqa: SLF001
+
+    async def burst():
+        return await asyncio.gather(*(r.handle(pack({"id": f"b{i}", "parts": [{"modality": "text", "text": text}]}),
+                                               [], None, "t") for i in range(30)))
+
+    routed = asyncio.run(burst())
+    admitted = sum(1 for x in routed if x.outcome == "ok")
+    assert 1 <= admitted <= 100 / cost + 1 < 30
+
+
+def test_a_request_over_the_whole_answer_bound_is_not_hashed_or_looked_up():
+    asked = []
+
+    class Results:
+        async def get(self, key):
+            asked.append(key)
+
+    settings = Settings.from_env({env_name("cache", "whole_result_max_bytes"): "1000"})
+
+    async def exists(topic):
+        return False
+
+    r = Router(settings, exists, results=Results())
+    r.models["text"] = "minilm/1/int8"
+    for i, n in enumerate((999, 1001)):
+        asyncio.run(r.handle(pack({"id": f"s{i}", "parts": [{"modality": "text", "text": "x" * n}]}), [], None, "t"))
+    assert len(asked) == 1
