@@ -23,7 +23,10 @@ parts of a request in order), which finishes the ingress record once every one o
 with the broker.
 
 Intake is bounded: past ``max_queue`` jobs held (preparing, queued or running) the stage's
-topics are paused until it is back under three quarters of that. A few times a second the
+topics are paused until it is back under three quarters of that, and no poll takes more than
+the room left. Bulk jobs may hold at most half of it (``BULK_SHARE``): a flood of bulk
+work cannot fill the stage and leave rt records waiting in the topic, where no fair order
+reaches them. A few times a second the
 stage reports its queued work (ms, per partition) and what one more item costs it, for the
 router's admission (``streams.load``).
 """
@@ -64,6 +67,8 @@ from workers.redisconn import connect_async
 log = logging.getLogger(__name__)
 
 REPORT_S = 0.25
+BULK_SHARE = 0.5
+"""Largest share of ``max_queue`` bulk jobs may hold; the rest is always rt's."""
 MIN_BATCHING_GAIN = 0.1
 TEXT_LENGTHS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 ROWS_ALONE_BATCH_MS = 10.0
@@ -119,6 +124,7 @@ class EncoderStage(RecordStage):
         self.order: dict[str, FairOrder[Pending[Held]]] = {lane: FairOrder(key=_order_key) for lane in ("rt", "bulk")}
         self.queues: dict[str, list[Pending[Held]]] = {lane: o.items for lane, o in self.order.items()}
         self.held = 0
+        self.held_bulk = 0
         self.max_queue = e.max_queue
         self.paused = False
         self.wake = asyncio.Event()
@@ -153,6 +159,7 @@ class EncoderStage(RecordStage):
         if not jobs:
             return
         self.held += len(jobs)
+        self.held_bulk += sum(1 for _, r in jobs if self._lane(r) == "bulk")
         self._flow()
         self._prepare(jobs)
         self.io.hold(r for _, r in jobs)
@@ -177,6 +184,7 @@ class EncoderStage(RecordStage):
             jobs.append((job, Local("bulk" if job.lane == "bulk" else "rt", send)))
         if jobs:
             self.held += len(jobs)
+            self.held_bulk += sum(1 for _, r in jobs if self._lane(r) == "bulk")
             self._flow()
             self._prepare(jobs)
         return taken
@@ -232,8 +240,7 @@ class EncoderStage(RecordStage):
             elif ran is not None:
                 done.append(Held(item, record, item.key))
             else:
-                lane = record.lane if isinstance(record, Local) else "bulk" if record.topic in self.bulk_topics else "rt"
-                self._enqueue(lane, item, record, now)
+                self._enqueue(self._lane(record), item, record, now)
         if ran is not None and done:
             outputs, ran_lengths, started, finished = ran
             results = [o for o, item in zip(outputs, ready) if not isinstance(item, (Exception, Encoded))]
@@ -241,6 +248,11 @@ class EncoderStage(RecordStage):
         for lane, q in self.queues.items():
             self.metrics.set_queue_depth(self.stage, lane, len(q))
         self.wake.set()
+
+    def _lane(self, record: ConsumerRecord | Local) -> str:
+        if isinstance(record, Local):
+            return record.lane
+        return "bulk" if record.topic in self.bulk_topics else "rt"
 
     def _enqueue(self, lane: str, item: Prepared, record: ConsumerRecord | Local, now: float) -> None:
         """Queue a prepared job at its place in its lane: by tenant and predicted cost
@@ -307,6 +319,8 @@ class EncoderStage(RecordStage):
         else:
             self.io.deliver([out], [record])
         self.held -= 1
+        if self._lane(record) == "bulk":
+            self.held_bulk -= 1
         self._flow()
 
     def _flow(self) -> None:
@@ -322,7 +336,13 @@ class EncoderStage(RecordStage):
             self.bulk_paused = False  # the loop re-applies the rt-first gate
 
     def should_take_bulk(self) -> bool:
-        return not self.paused and self.backlog_rt() <= self.rt_backlog_records and not self.queues["rt"]
+        return (not self.paused and self.held_bulk < self.max_queue * BULK_SHARE
+                and self.backlog_rt() <= self.rt_backlog_records and not self.queues["rt"])
+
+    def poll_budget(self) -> int | None:
+        """No poll takes more than the room left (at least one: the topics are paused, not
+        the poll, when it is full)."""
+        return max(1, self.max_queue - self.held)
 
     # -- the engine ----------------------------------------------------------------------
 

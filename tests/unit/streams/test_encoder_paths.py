@@ -171,3 +171,24 @@ async def test_a_tenants_backlog_does_not_hold_another_tenants_job_behind_it(sta
     order = [x for batch in stage.ran[1:] for x in batch]
     assert order.index("b") == (1 if fair else 10)  # behind one of A's, or behind all ten
     loop_task.cancel()
+
+
+async def test_bulk_holds_at_most_half_the_stage_and_a_poll_never_takes_more_than_the_room(stage) -> None:
+    stage.max_queue = 8
+    stage.gate.clear()  # nothing finishes meanwhile
+    bulk = []
+    for i in range(4):
+        job = dataclasses.replace(_job(f"bulk{i}", i), lane="bulk")
+        value = pack(job.to_wire())
+        bulk.append(ConsumerRecord(f"{PREFIX}.encode.text.bulk", 0, i, 0, 0, None, value, None, 0, len(value), []))
+    assert stage.should_take_bulk() and stage.poll_budget() == 8
+    await stage.handle(bulk[:3])
+    assert stage.should_take_bulk() and stage.poll_budget() == 5
+    await stage.handle(bulk[3:])
+    assert not stage.should_take_bulk()  # half of the stage is bulk's: the rest stays rt's
+    assert stage.poll_budget() == 4 and not stage.paused
+    loop_task = asyncio.create_task(stage._batches_forever())  # noqa: SLF001
+    stage.gate.set()
+    await _until(lambda: stage.held == 0, "all answered")
+    assert stage.held_bulk == 0 and stage.should_take_bulk()
+    loop_task.cancel()
