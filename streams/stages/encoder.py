@@ -60,6 +60,7 @@ from streams.policies.fair_order import FairOrder
 from streams.policies.placement import Offer, take_local
 from streams.produce import Out, out_map
 from streams.runtime.stage import RecordStage
+from workers import modalities
 from workers.calibration import CalibrationCache
 from workers.outputs import Encoded, EncoderRunner, Prepared
 from workers.redisconn import connect_async
@@ -135,6 +136,9 @@ class EncoderStage(RecordStage):
         """Predicted ms of the polled batch the engine thread prepares and runs directly (``_prepare``)."""
         self.preparing = 0
         """Polled batches on the prep thread now."""
+        self.preparing_ms = {"rt": 0.0, "bulk": 0.0}
+        """Predicted ms of the jobs being prepared, by lane (from their size, before tokenizing):
+        work that is already this replica's, so placement and the load report count it."""
         self.replica = f"{self.stage}/{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.redis = connect_async(settings.redis.url, settings.redis.tls_ca, socket_timeout=0.2,
                                    socket_connect_timeout=0.2)
@@ -193,7 +197,8 @@ class EncoderStage(RecordStage):
         """Predicted engine time ahead of a new job of ``lane``: the batch running, the rt
         queue, and for bulk the bulk queue too (rt goes first)."""
         lanes = ("rt",) if lane == "rt" else ("rt", "bulk")
-        return self.running_ms + self.direct_ms + sum(self.model.per_item_ms(p.cost) for q in lanes for p in self.queues[q])
+        return (self.running_ms + self.direct_ms + sum(self.preparing_ms[q] for q in lanes)
+                + sum(self.model.per_item_ms(p.cost) for q in lanes for p in self.queues[q]))
 
     def _prepare(self, jobs: list[tuple[EncodeJob, ConsumerRecord | Local]]) -> None:
         """Prep thread: bytes, preprocessing and the cache lookup for one polled batch, started
@@ -203,16 +208,31 @@ class EncoderStage(RecordStage):
         thread hand-offs fewer, which is most of what an idle stage adds to a request."""
         loop = asyncio.get_running_loop()
         direct = self._engine_idle()
+        estimate = {"rt": 0.0, "bulk": 0.0}
+        for job, record in jobs:
+            estimate[self._lane(record)] += self.model.per_item_ms(self._length_before_prep(job))
         if direct:
-            self.direct_ms = max(0.001, self.model.per_item_ms(self.lengths[len(self.lengths) // 2]) * len(jobs))
+            self.direct_ms = max(0.001, estimate["rt"] + estimate["bulk"])
             work = loop.run_in_executor(self.engine, self._prepare_and_run, [j for j, _ in jobs])
         else:
             self.preparing += 1
+            for lane, ms in estimate.items():
+                self.preparing_ms[lane] += ms
             work = loop.run_in_executor(self.prep, self.runner.prepare_many, [j for j, _ in jobs])
-        asyncio.ensure_future(self._prepared(jobs, work, direct))
+        asyncio.ensure_future(self._prepared(jobs, work, direct, estimate))
+
+    def _length_before_prep(self, job: EncodeJob) -> float:
+        """A job's length as its size says before it is prepared (tokens of a text, as the
+        router prices it, capped at the longest length this engine runs)."""
+        if not self.runner.variable_length:
+            return 1.0
+        spec = modalities.get(self._modality(job))
+        size = len(job.text) if job.text is not None else len(job.data or b"")
+        units = spec.units(size, self.settings.video.max_frames) if spec is not None else self.lengths[-1]
+        return float(min(self.lengths[-1], max(1.0, units)))
 
     async def _prepared(self, jobs: list[tuple[EncodeJob, ConsumerRecord | Local]], work: asyncio.Future,
-                        direct: bool) -> None:
+                        direct: bool, estimate: dict[str, float]) -> None:
         """Back on the loop: answer what needs no engine, queue the rest (or answer the batch
         the engine thread ran directly)."""
         ran: tuple[list[Any], list[float], float, float] | None = None
@@ -228,6 +248,8 @@ class EncoderStage(RecordStage):
                     ready = await work
                 finally:
                     self.preparing -= 1
+                    for lane, ms in estimate.items():
+                        self.preparing_ms[lane] = max(0.0, self.preparing_ms[lane] - ms)
         except Exception as exc:  # the runner isolates items; this is a bug
             log.exception("%s: preparing %d jobs failed", self.stage, len(jobs))
             ready, ran = [exc] * len(jobs), None
@@ -479,6 +501,8 @@ class EncoderStage(RecordStage):
         typical = self.model.per_item_ms(self.lengths[len(self.lengths) // 2])
         for lane, topics in (("rt", self.rt_topics), ("bulk", self.bulk_topics)):
             lanes[lane] += sum(self.io.backlog(t) for t in topics) * typical
+        lanes["rt"] += self.preparing_ms["rt"]
+        lanes["bulk"] += self.preparing_ms["bulk"]
         queued_rt = self.running_ms + self.direct_ms + lanes["rt"]
         return {"stage": self.stage, "at": now_ms(), "queued_ms": round(queued_rt + lanes["bulk"], 3),
                 "queued_rt_ms": round(queued_rt, 3),

@@ -192,3 +192,22 @@ async def test_bulk_holds_at_most_half_the_stage_and_a_poll_never_takes_more_tha
     await _until(lambda: stage.held == 0, "all answered")
     assert stage.held_bulk == 0 and stage.should_take_bulk()
     loop_task.cancel()
+
+
+async def test_jobs_being_prepared_count_as_queued_work_for_placement_and_the_report(stage) -> None:
+    stage.gate.clear()
+    await stage.handle([_record(_job("first", 0), 0)])  # the engine is busy from here
+    await _until(lambda: stage.direct_ms > 0, "a direct run")
+    prep_gate = threading.Event()
+    prepare_many = stage.runner.prepare_many
+    stage.runner.prepare_many = lambda jobs: (prep_gate.wait(10), prepare_many(jobs))[1]
+    before = stage.queued_ms("rt")
+    await stage.handle([_record(_job("x" * 3000, i), i) for i in range(1, 4)])  # long texts, still tokenizing
+    assert stage.queued_ms("rt") - before == pytest.approx(3 * stage.model.per_item_ms(256))
+    assert stage.report()["queued_rt_ms"] >= stage.queued_ms("rt") - 1e-6
+    prep_gate.set()
+    loop_task = asyncio.create_task(stage._batches_forever())  # noqa: SLF001
+    stage.gate.set()
+    await _until(lambda: stage.held == 0, "all answered")
+    assert stage.preparing_ms == {"rt": 0.0, "bulk": 0.0}
+    loop_task.cancel()
