@@ -10,7 +10,11 @@ one stale number.
 
 ``wait_ms(stage, lane)`` is what a new part would wait: the least-loaded replica's queue (the
 partitioner sends the part there) — for ``rt``, only the rt work queued there and the batch
-running (an encoder serves rt before bulk); for ``bulk``, all of it. ``item_ms(stage, length)`` is what the part itself
+running (an encoder serves rt before bulk); for ``bulk``, all of it. An encoder that serves
+its rt queue in tenant-fair order (``streams.policies.fair_order``) also reports each
+tenant's share of it; then ``wait_ms(stage, "rt", tenant, own)`` is what that tenant's new
+part waits (``fair_wait_ms``): its own tenant's queue, and from every other tenant at most
+as much again plus the part, not the other tenants' whole backlog. ``item_ms(stage, length)`` is what the part itself
 costs. Reports older than ``stale_ms`` are ignored (a replica gone, Redis away): with none
 left, a stage counts as idle and the encoders' own deadline checks remain.
 """
@@ -34,6 +38,11 @@ class Report:
     """Topic -> partition -> ms queued from it."""
     item_ms: list[tuple[float, float]]
     """(length, ms one item of that length costs), sorted by length."""
+    tenants_rt: dict[str, float] | None = None
+    """Tenant -> ms of rt work queued for it (the largest ``MAX_REPORTED_TENANTS``); None: the
+    replica serves in arrival order."""
+    rest_rt: tuple[float, int] = (0.0, 0)
+    """(ms, tenants) of the rt work of the tenants not named in ``tenants_rt``."""
 
     @classmethod
     def from_map(cls, key: str, m: Mapping[str, Any]) -> "Report":
@@ -41,8 +50,13 @@ class Report:
         for tp, ms in (m.get("partitions") or {}).items():
             topic, _, p = str(tp).rpartition(":")
             parts.setdefault(topic, {})[int(p)] = float(ms)
+        tenants = m.get("tenants_rt")
+        rest = m.get("rest_rt") or (0.0, 0)
         return cls(stage=str(m["stage"]), replica=key, at_ms=float(m["at"]), queued_ms=float(m["queued_ms"]),
-                   queued_rt_ms=float(m.get("queued_rt_ms", m["queued_ms"])), partitions=parts, item_ms=sorted((float(k), float(v)) for k, v in (m.get("item_ms") or {}).items()))
+                   queued_rt_ms=float(m.get("queued_rt_ms", m["queued_ms"])), partitions=parts,
+                   item_ms=sorted((float(k), float(v)) for k, v in (m.get("item_ms") or {}).items()),
+                   tenants_rt=None if tenants is None else {str(k): float(v) for k, v in dict(tenants).items()},
+                   rest_rt=(float(rest[0]), int(rest[1])))
 
     def cost(self, length: float) -> float | None:
         if not self.item_ms:
@@ -58,6 +72,7 @@ class Sent:
     topic: str
     partition: int
     ms: float
+    tenant: str = ""
 
 
 @dataclass
@@ -82,8 +97,8 @@ class LoadView:
         oldest = min((r.at_ms for r in fresh.values()), default=now_ms - self.stale_ms)
         self.sent = [x for x in self.sent if x.at_ms > oldest - self.fetch_lag_ms]
 
-    def note_sent(self, topic: str, partition: int | None, ms: float, now_ms: float) -> None:
-        self.sent.append(Sent(now_ms, topic, -1 if partition is None else partition, ms))
+    def note_sent(self, topic: str, partition: int | None, ms: float, now_ms: float, tenant: str = "") -> None:
+        self.sent.append(Sent(now_ms, topic, -1 if partition is None else partition, ms, tenant))
 
     @property
     def sent_ms(self) -> dict[str, dict[int, float]]:
@@ -94,23 +109,35 @@ class LoadView:
             by[x.partition] = by.get(x.partition, 0.0) + x.ms
         return out
 
-    def _sent_since(self, report: Report | None, counted: Any) -> float:
+    def _sent_since(self, report: Report | None, counted: Any) -> list[Sent]:
         since = -float("inf") if report is None else report.at_ms - self.fetch_lag_ms
         mine = None if report is None else {(t, p) for t, by in report.partitions.items() for p in by}
-        return sum(x.ms for x in self.sent if x.at_ms > since and counted(x.topic)
-                   and (mine is None or (x.topic, x.partition) in mine or x.partition < 0))
+        return [x for x in self.sent if x.at_ms > since and counted(x.topic)
+                and (mine is None or (x.topic, x.partition) in mine or x.partition < 0)]
 
     def _replicas(self, stage: str) -> list[Report]:
         return [r for r in self.reports.values() if r.stage == stage]
 
-    def wait_ms(self, stage: str, lane: str = "bulk") -> float:
+    def wait_ms(self, stage: str, lane: str = "bulk", tenant: str | None = None, own_ms: float = 0.0) -> float:
+        """What a new part of ``lane`` waits at ``stage``; with ``tenant`` (rt), by fair order
+        where the replica reports its tenants (``own_ms``: what the part itself costs)."""
         def counted(topic: str) -> bool:
             return _stage_of(topic) == stage and (lane != "rt" or topic.endswith(".rt"))
 
         replicas = self._replicas(stage)
         if not replicas:
-            return self._sent_since(None, counted)
-        return min((r.queued_rt_ms if lane == "rt" else r.queued_ms) + self._sent_since(r, counted) for r in replicas)
+            return sum(x.ms for x in self._sent_since(None, counted))
+        return min(self._replica_wait(r, self._sent_since(r, counted), lane, tenant, own_ms) for r in replicas)
+
+    @staticmethod
+    def _replica_wait(r: Report, sent: list[Sent], lane: str, tenant: str | None, own_ms: float) -> float:
+        if lane != "rt" or tenant is None or r.tenants_rt is None:
+            return (r.queued_rt_ms if lane == "rt" else r.queued_ms) + sum(x.ms for x in sent)
+        tenants = dict(r.tenants_rt)
+        for x in sent:
+            tenants[x.tenant] = tenants.get(x.tenant, 0.0) + x.ms
+        base = max(0.0, r.queued_rt_ms - sum(r.tenants_rt.values()) - r.rest_rt[0])
+        return fair_wait_ms(base, tenants, r.rest_rt, tenant, own_ms)
 
     def item_ms(self, stage: str, length: float) -> float | None:
         """What one item of ``length`` costs at ``stage``, from its freshest report; None
@@ -121,10 +148,13 @@ class LoadView:
                 return cost
         return None
 
-    def queued_ms(self, lane: str = "bulk") -> dict[str, float]:
-        """Stage -> what a new ``lane`` part would wait there (ms)."""
+    def queued_ms(self, lane: str = "bulk", tenant: str | None = None,
+                  own_ms: Mapping[str, float] | None = None) -> dict[str, float]:
+        """Stage -> what a new ``lane`` part (of ``tenant``, costing ``own_ms[stage]``) would
+        wait there (ms)."""
         stages = {r.stage for r in self.reports.values()} | {_stage_of(t) for t in self.sent_ms}
-        return {s: self.wait_ms(s, lane) for s in stages}
+        own = own_ms or {}
+        return {s: self.wait_ms(s, lane, tenant, own.get(s, 0.0)) for s in stages}
 
     @property
     def total_ms(self) -> float:
@@ -143,6 +173,31 @@ class LoadView:
                 if p >= 0:
                     out.setdefault(topic, {})[p] = out.get(topic, {}).get(p, 0.0) + ms
         return out
+
+
+MAX_REPORTED_TENANTS = 32
+
+
+def tenant_shares(queued: Mapping[str, float]) -> dict[str, Any]:
+    """A report's ``tenants_rt`` (the ``MAX_REPORTED_TENANTS`` largest) and ``rest_rt``."""
+    ranked = sorted(queued.items(), key=lambda kv: -kv[1])
+    named, rest = ranked[:MAX_REPORTED_TENANTS], ranked[MAX_REPORTED_TENANTS:]
+    return {"tenants_rt": {t: round(ms, 3) for t, ms in named},
+            "rest_rt": [round(sum(ms for _, ms in rest), 3), len(rest)]}
+
+
+def fair_wait_ms(base_ms: float, tenants: Mapping[str, float], rest: tuple[float, int], tenant: str,
+                 own_ms: float) -> float:
+    """What a new item of ``tenant`` costing ``own_ms`` waits at an engine that serves
+    tenants in fair order (``streams.policies.fair_order``), ``base_ms`` (the batch running,
+    work not yet sorted) aside: its own tenant's queued work, and from each other tenant at
+    most as much as that plus the item (each gets its turn meanwhile, no more). The tenants
+    not named (``rest``: their ms and count) are counted the same way, each at most that."""
+    mine = tenants.get(tenant, 0.0)
+    cap = mine + own_ms
+    others = sum(min(ms, cap) for t, ms in tenants.items() if t != tenant)
+    others += min(rest[0], rest[1] * cap)
+    return base_ms + mine + others
 
 
 def _stage_of(topic: str) -> str:

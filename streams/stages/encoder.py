@@ -52,7 +52,7 @@ from schemas.settings import Settings
 from schemas.tensor import to_wire
 from schemas.trace import Span, now_ms
 from streams import costs
-from streams.load import merge_item_costs
+from streams.load import merge_item_costs, tenant_shares
 from streams.metrics import Metrics
 from streams.policies.batching import Batch, BatchLimits, MicroBatcher, Pending, Wait
 from streams.policies.cost_model import BatchCostModel, Observation
@@ -490,10 +490,14 @@ class EncoderStage(RecordStage):
         """What this replica holds and what one more item costs it (see ``streams.load``)."""
         parts: dict[str, float] = {}
         lanes = {"rt": 0.0, "bulk": 0.0}
+        tenants_rt: dict[str, float] = {}
         for lane, q in self.queues.items():
             for p in q:
                 ms = self.model.per_item_ms(p.cost)
                 lanes[lane] += ms
+                if lane == "rt":
+                    tenant = p.item.prepared.job.tenant
+                    tenants_rt[tenant] = tenants_rt.get(tenant, 0.0) + ms
                 if isinstance(p.item.record, Local):
                     continue  # on no partition: the lane's total counts it
                 key = f"{p.item.record.topic}:{p.item.record.partition}"
@@ -504,10 +508,13 @@ class EncoderStage(RecordStage):
         lanes["rt"] += self.preparing_ms["rt"]
         lanes["bulk"] += self.preparing_ms["bulk"]
         queued_rt = self.running_ms + self.direct_ms + lanes["rt"]
-        return {"stage": self.stage, "at": now_ms(), "queued_ms": round(queued_rt + lanes["bulk"], 3),
-                "queued_rt_ms": round(queued_rt, 3),
-                "partitions": {k: round(v, 3) for k, v in parts.items()},
-                "item_ms": merge_item_costs((length, self.model.per_item_ms(length)) for length in self.lengths)}
+        out = {"stage": self.stage, "at": now_ms(), "queued_ms": round(queued_rt + lanes["bulk"], 3),
+               "queued_rt_ms": round(queued_rt, 3),
+               "partitions": {k: round(v, 3) for k, v in parts.items()},
+               "item_ms": merge_item_costs((length, self.model.per_item_ms(length)) for length in self.lengths)}
+        if self.fair:  # what each tenant's rt work is: a new rt item waits by fair order, not behind all of it
+            out.update(tenant_shares(tenants_rt))
+        return out
 
     async def _report_forever(self) -> None:
         prefix = self.settings.kafka.topic_prefix

@@ -242,7 +242,7 @@ class Router:
                      for j in plan.jobs)
         outs += [j.out for j in jobs]
         for j in jobs:
-            self.load.note_sent(j.job.topic, j.job.partition, j.cost_ms, m.accepted_at_ms)
+            self.load.note_sent(j.job.topic, j.job.partition, j.cost_ms, m.accepted_at_ms, req.tenant)
         wait = decision.predicted_wait_ms if isinstance(decision, Admit) else 0.0
         self.quotas.note_sent(req.tenant, sum(j.cost_ms for j in jobs) + self._generate_cost(req), started, wait)
         modalities = set(m.modalities)
@@ -362,8 +362,8 @@ class Router:
             stage, ms = found
             stages[stage] = stages.get(stage, 0.0) + ms
         deadline = req.deadline_ms or self.settings.limits.default_deadline_ms
-        return admit(lane=str(req.lane), stages=stages, queued_ms=self.load.queued_ms(str(req.lane)), deadline_ms=deadline,
-                     limits=self.admission)
+        queued = self.load.queued_ms(str(req.lane), tenant=req.tenant, own_ms=stages)
+        return admit(lane=str(req.lane), stages=stages, queued_ms=queued, deadline_ms=deadline, limits=self.admission)
 
     def _verdict(self, rid: str, tenant: Any, lane: str, reply_to: str | None, events: list[Event],
                  digest: str | None) -> Out:

@@ -46,3 +46,33 @@ def test_rt_waits_only_behind_rt_work_and_the_running_batch() -> None:
     assert view.wait_ms("encode.text", "rt") == 50.0 and view.wait_ms("encode.text", "bulk") == 900.0
     view.note_sent("mm.encode.text.bulk", 0, 100.0, 1010.0)
     assert view.wait_ms("encode.text", "rt") == 50.0 and view.wait_ms("encode.text", "bulk") == 1000.0
+
+
+def fair_report(at, running, tenants, rest=(0.0, 0)):
+    r = report("encode.text", at, running + sum(tenants.values()) + rest[0], {}, {"16": 1.0})
+    r["queued_rt_ms"] = running + sum(tenants.values()) + rest[0]
+    r["tenants_rt"], r["rest_rt"] = dict(tenants), list(rest)
+    return r
+
+
+def test_with_fair_order_a_tenant_waits_for_its_own_work_and_a_turn_of_each_other_not_their_backlog() -> None:
+    view = LoadView()
+    view.update_reports({"encode.text/a": fair_report(1000.0, 20.0, {"abuser": 9000.0, "small": 3.0})}, now_ms=1000.0)
+    assert view.wait_ms("encode.text", "rt") == 9023.0  # no tenant named: the whole queue, as before
+    assert view.wait_ms("encode.text", "rt", "victim", 5.0) == 20.0 + 5.0 + 3.0  # one turn of the abuser, small's 3
+    assert view.wait_ms("encode.text", "rt", "abuser", 5.0) == 20.0 + 9000.0 + 3.0  # behind its own backlog
+    view.note_sent("mm.encode.text.rt", -1, 100.0, 1010.0, "victim")  # the router's own, not yet in a report
+    assert view.wait_ms("encode.text", "rt", "victim", 5.0) == 20.0 + 100.0 + 105.0 + 3.0
+    assert view.queued_ms("rt", "victim", {"encode.text": 5.0}) == {"encode.text": 228.0}
+    assert view.wait_ms("encode.text", "bulk", "victim", 5.0) == 9123.0  # bulk waits behind every rt
+
+
+def test_tenants_past_the_reported_ones_count_one_turn_each() -> None:
+    from streams.load import MAX_REPORTED_TENANTS, fair_wait_ms, tenant_shares
+
+    queued = {f"t{i}": float(i + 1) for i in range(MAX_REPORTED_TENANTS + 8)}
+    shares = tenant_shares(queued)
+    assert len(shares["tenants_rt"]) == MAX_REPORTED_TENANTS and shares["rest_rt"] == [sum(range(1, 9)), 8]
+    exact = fair_wait_ms(0.0, queued, (0.0, 0), "new", 2.0)
+    approx = fair_wait_ms(0.0, shares["tenants_rt"], tuple(shares["rest_rt"]), "new", 2.0)
+    assert approx >= exact  # never under what fair order gives
