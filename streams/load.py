@@ -43,6 +43,8 @@ class Report:
     replica serves in arrival order."""
     rest_rt: tuple[float, int] = (0.0, 0)
     """(ms, tenants) of the rt work of the tenants not named in ``tenants_rt``."""
+    assigned: frozenset[tuple[str, int]] | None = None
+    """The (topic, partition)s the replica reads; None: not reported (then those it holds work from)."""
 
     @classmethod
     def from_map(cls, key: str, m: Mapping[str, Any]) -> "Report":
@@ -51,12 +53,14 @@ class Report:
             topic, _, p = str(tp).rpartition(":")
             parts.setdefault(topic, {})[int(p)] = float(ms)
         tenants = m.get("tenants_rt")
+        assigned = m.get("assigned")
         rest = m.get("rest_rt") or (0.0, 0)
         return cls(stage=str(m["stage"]), replica=key, at_ms=float(m["at"]), queued_ms=float(m["queued_ms"]),
                    queued_rt_ms=float(m.get("queued_rt_ms", m["queued_ms"])), partitions=parts,
                    item_ms=sorted((float(k), float(v)) for k, v in (m.get("item_ms") or {}).items()),
                    tenants_rt=None if tenants is None else {str(k): float(v) for k, v in dict(tenants).items()},
-                   rest_rt=(float(rest[0]), int(rest[1])))
+                   rest_rt=(float(rest[0]), int(rest[1])),
+                   assigned=None if assigned is None else frozenset(_topic_partition(x) for x in assigned))
 
     def cost(self, length: float) -> float | None:
         if not self.item_ms:
@@ -111,7 +115,9 @@ class LoadView:
 
     def _sent_since(self, report: Report | None, counted: Any) -> list[Sent]:
         since = -float("inf") if report is None else report.at_ms - self.fetch_lag_ms
-        mine = None if report is None else {(t, p) for t, by in report.partitions.items() for p in by}
+        # What it reads: sends to a partition it holds no work from yet are its too.
+        mine = None if report is None else report.assigned if report.assigned is not None else \
+            {(t, p) for t, by in report.partitions.items() for p in by}
         return [x for x in self.sent if x.at_ms > since and counted(x.topic)
                 and (mine is None or (x.topic, x.partition) in mine or x.partition < 0)]
 
@@ -173,6 +179,11 @@ class LoadView:
                 if p >= 0:
                     out.setdefault(topic, {})[p] = out.get(topic, {}).get(p, 0.0) + ms
         return out
+
+
+def _topic_partition(s: Any) -> tuple[str, int]:
+    topic, _, p = str(s).rpartition(":")
+    return topic, int(p)
 
 
 MAX_REPORTED_TENANTS = 32

@@ -511,6 +511,7 @@ class EncoderStage(RecordStage):
         out = {"stage": self.stage, "at": now_ms(), "queued_ms": round(queued_rt + lanes["bulk"], 3),
                "queued_rt_ms": round(queued_rt, 3),
                "partitions": {k: round(v, 3) for k, v in parts.items()},
+               "assigned": sorted(f"{tp.topic}:{tp.partition}" for tp in self.io.assignment()),
                "item_ms": merge_item_costs((length, self.model.per_item_ms(length)) for length in self.lengths)}
         if self.fair:  # what each tenant's rt work is: a new rt item waits by fair order, not behind all of it
             out.update(tenant_shares(tenants_rt))

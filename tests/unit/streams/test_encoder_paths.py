@@ -53,6 +53,9 @@ class Recorder:
     def backlog(self, topic):
         return 0
 
+    def assignment(self):
+        return set()
+
 
 class DictCache:
     def __init__(self, store=None):

@@ -76,3 +76,16 @@ def test_tenants_past_the_reported_ones_count_one_turn_each() -> None:
     exact = fair_wait_ms(0.0, queued, (0.0, 0), "new", 2.0)
     approx = fair_wait_ms(0.0, shares["tenants_rt"], tuple(shares["rest_rt"]), "new", 2.0)
     assert approx >= exact  # never under what fair order gives
+
+
+def test_what_was_sent_to_a_partition_counts_for_the_replica_reading_it_even_with_nothing_queued_from_it() -> None:
+    view = LoadView()
+    a = report("encode.text", 1000.0, 0.0, {}, {"16": 1.0})
+    a["assigned"] = ["mm.encode.text.rt:0", "mm.encode.text.rt:1"]
+    b = report("encode.text", 1000.0, 50.0, {"mm.encode.text.rt:2": 50.0}, {"16": 1.0})
+    b["assigned"] = ["mm.encode.text.rt:2", "mm.encode.text.rt:3"]
+    view.update_reports({"encode.text/a": a, "encode.text/b": b}, now_ms=1000.0)
+    view.note_sent("mm.encode.text.rt", 0, 400.0, 1010.0)
+    assert view.wait_ms("encode.text", "rt") == 50.0  # b is now the least loaded: a holds the 400 sent to it
+    view.note_sent("mm.encode.text.rt", 3, 400.0, 1010.0)
+    assert view.wait_ms("encode.text", "rt") == 400.0
