@@ -119,10 +119,19 @@ class RouterSettings(Section):
         "parts skip the broker hop to the pool while that encoder has room (see colocate_max_queued_ms), and "
         "it joins the modality's pool like any replica. Empty: every part goes through its encode topic."
     )
+    colocate_pool: bool = setting(
+        True, "The router's own encoders also join their modality's pool and read its topics like any replica "
+        "(a deployment with no such pool is served by the routers alone). Off: they take only the router's "
+        "hand-overs, so no part of another request (another tenant's long text, from the topic) is encoded in the "
+        "process that routes every request; the pool must then be deployed."
+    )
     colocate_max_queued_ms: float = setting(
-        25.0, "Predicted work (ms: queued ahead of a part plus the part's own) past which the router's own encoder "
-        "is passed over and the part goes through its encode topic to the whole pool (so a part costlier than this "
-        "never runs in the router's process).", ge=0
+        25.0, "Predicted work (ms) queued ahead of a part past which the router's own encoder is passed over and "
+        "the part goes through its encode topic to the whole pool; 0: only while that encoder is idle.", ge=0
+    )
+    colocate_max_part_ms: float = setting(
+        25.0, "Predicted engine time (ms) of one part past which it never runs in the router's own encoder (a long "
+        "text goes to the pool, not into the process that routes every tenant's requests).", ge=0
     )
 
     @field_validator("served_tasks")

@@ -214,8 +214,9 @@ class StageIO:
 
     def backlog(self, topic: str) -> int:
         """Records of ``topic`` on this consumer's partitions not yet returned by ``poll``:
-        known locally from the last fetch (no broker round trip)."""
-        assert self.consumer is not None
+        known locally from the last fetch (no broker round trip); none before ``start``."""
+        if self.consumer is None:
+            return 0
         total = 0
         for tp in self.consumer.assignment():
             if tp.topic != topic:
@@ -227,13 +228,15 @@ class StageIO:
         return total
 
     def pause(self, topic: str) -> None:
-        assert self.consumer is not None
+        if self.consumer is None:  # not started (or a stage without intake): nothing to pause
+            return
         self.consumer.pause(*[tp for tp in self.consumer.assignment() if tp.topic == topic])
 
     def resume(self, topic: str) -> None:
         """Resume ``topic``'s partitions, except those still being taken over (a stage that
         pauses and resumes for its own flow control must not let their records in early)."""
-        assert self.consumer is not None
+        if self.consumer is None:
+            return
         self.consumer.resume(*[tp for tp in self.consumer.assignment()
                                if tp.topic == topic and tp not in self._taking_over])
 

@@ -78,13 +78,16 @@ class RecordStage(mode.Service):
 
     def __init__(self, app: faust.App, settings: Settings, rt_topics: Sequence[str], bulk_topics: Sequence[str],
                  rt_backlog_records: int | None = None, pattern: str | None = None, group_id: str | None = None,
-                 **kwargs: Any) -> None:
+                 intake: bool = True, **kwargs: Any) -> None:
         self.app = app
         self.settings = settings
         self.names = TopicNames(settings.kafka.topic_prefix)
         self.rt_topics = list(rt_topics)
         self.bulk_topics = list(bulk_topics)
         self.pattern = pattern
+        self.intake = intake
+        """Whether the stage reads its topics; off, it joins no group and polls nothing (a stage
+        fed only in process, like a router's own encoder that takes only its hand-overs)."""
         self.rt_backlog_records = (settings.admission.rt_backlog_records if rt_backlog_records is None
                                    else rt_backlog_records)
         self.bulk_paused = False
@@ -162,10 +165,12 @@ class RecordStage(mode.Service):
     # -- the loop --------------------------------------------------------------------------
 
     async def on_start(self) -> None:
-        await self.io.start()
+        if self.intake:
+            await self.io.start()
 
     async def on_started(self) -> None:
-        self.supervise("poll", self._poll_forever)
+        if self.intake:
+            self.supervise("poll", self._poll_forever)
 
     def supervise(self, name: str, factory: Callable[[], Awaitable[None]]) -> None:
         """Run ``factory()`` until the stage stops, starting it again whenever it raises."""

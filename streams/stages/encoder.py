@@ -16,7 +16,8 @@ Three hands work at once, so the engine never waits for I/O:
   (committable) once their outputs are acknowledged.
 
 A co-located router (``router.colocate``: this stage in the router's process) hands jobs
-over with ``take_local`` instead of through the encode topic while this replica has room:
+over with ``take_local`` instead of through the encode topic while this replica has room
+(with ``router.colocate_pool`` off it takes only those, reads no topic and reports no load):
 they skip a broker hop, are queued and batched like the rest, and their outputs go back
 through the router's own producer (after the request's manifest, so the assembler sees the
 parts of a request in order), which finishes the ingress record once every one of them is
@@ -101,10 +102,10 @@ class Held:
 
 class EncoderStage(RecordStage):
     def __init__(self, app: faust.App, settings: Settings, metrics: Metrics, modality: str, runner: EncoderRunner,
-                 wire_dtype: str = "float16", group_id: str | None = None) -> None:
+                 wire_dtype: str = "float16", group_id: str | None = None, intake: bool = True) -> None:
         names_prefix = settings.kafka.topic_prefix
         super().__init__(app, settings, [f"{names_prefix}.encode.{modality}.rt"], [f"{names_prefix}.encode.{modality}.bulk"],
-                         group_id=group_id)
+                         group_id=group_id, intake=intake)
         e = settings.encoder
         self.stage = f"encode.{modality}"
         self.modality = modality
@@ -169,14 +170,14 @@ class EncoderStage(RecordStage):
         self.io.hold(r for _, r in jobs)
 
     def take_local(self, offers: list[tuple[EncodeJob, float, Callable[[Out], None]]],
-                   max_queued_ms: float) -> list[bool]:
+                   max_queued_ms: float, max_part_ms: float) -> list[bool]:
         """Jobs of a co-located router, each with its predicted ms and where its output goes:
         per job, whether this replica took it (else it goes through the encode topic). Taken
-        while fewer than ``max_queue`` jobs are held and the predicted work queued ahead of it
-        in its lane is at most ``max_queued_ms``."""
+        while fewer than ``max_queue`` jobs are held, the predicted work queued ahead of it in
+        its lane is at most ``max_queued_ms`` and its own at most ``max_part_ms``."""
         room = 0 if self.paused else self.max_queue - self.held
         taken = take_local([Offer(job.lane, ms) for job, ms, _ in offers], self.queued_ms("rt"),
-                           self.queued_ms("bulk"), room, max_queued_ms)
+                           self.queued_ms("bulk"), room, max_queued_ms, max_part_ms)
         jobs: list[tuple[EncodeJob, ConsumerRecord | Local]] = []
         now = now_ms()
         for (job, _, send), took in zip(offers, taken):
@@ -522,6 +523,8 @@ class EncoderStage(RecordStage):
         published_identity = False
         while not self.should_stop:
             await asyncio.sleep(REPORT_S)
+            if not self.intake:  # no pool replica: the router sees its queue directly (placement)
+                continue
             try:
                 await costs.publish_load(self.redis, prefix, self.replica, self.report())
                 if not published_identity and self.runner.identity:

@@ -459,7 +459,8 @@ class RouterStage(RecordStage):
             encoder = self.colocated[offers[0][1].job.topic]
             try:
                 taken = encoder.take_local([(j.job.job, j.cost_ms, send) for _, j, send in offers],
-                                           self.settings.router.colocate_max_queued_ms)
+                                           self.settings.router.colocate_max_queued_ms,
+                                           self.settings.router.colocate_max_part_ms)
             except Exception:  # a bug there costs the hop, never the jobs
                 log.exception("router: handing %d jobs to %s failed; sending them through its topic",
                               len(offers), encoder.stage)
@@ -551,7 +552,8 @@ class RouterStage(RecordStage):
 def install_router(app: faust.App, settings: Settings, metrics: Metrics,
                    colocated: list["EncoderStage"] | None = None) -> None:
     """The router on ``app``, with the encoders placed in its process (``router.colocate``),
-    each serving its own topics too and taking the router's jobs over while it has room."""
+    each taking the router's jobs over while it has room (and serving its own topics too,
+    unless ``router.colocate_pool`` is off)."""
     topics: dict[str, EncoderStage] = {}
     for encoder in colocated or []:
         encoder.install()

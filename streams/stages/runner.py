@@ -71,7 +71,7 @@ def _generic(settings: Settings, metrics: Metrics) -> EncoderRunner:
 
 def _router(app: faust.App, settings: Settings, metrics: Metrics) -> None:
     """The router, and the encoders ``router.colocate`` places in its process (each in its
-    pool's consumer group)."""
+    pool's consumer group, unless ``router.colocate_pool`` is off)."""
     from streams.stages.router import install_router
 
     encoders = []
@@ -90,7 +90,8 @@ def _router(app: faust.App, settings: Settings, metrics: Metrics) -> None:
                           "their topic to the %s pool", name, spec.stage)
             continue
         encoders.append(EncoderStage(app, settings, metrics, spec.name, runner,
-                                     group_id=group_id(settings.kafka.topic_prefix, spec.stage)))
+                                     group_id=group_id(settings.kafka.topic_prefix, spec.stage),
+                                     intake=settings.router.colocate_pool))
     install_router(app, settings, metrics, encoders)
 
 

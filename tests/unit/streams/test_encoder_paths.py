@@ -149,13 +149,13 @@ async def test_jobs_handed_over_in_process_are_answered_through_the_routers_send
     sent: list[dict] = []
     expired = dataclasses.replace(_job("expired", 8), deadline_at_ms=1.0)
     taken = stage.take_local([(_job("local", 7), 1.0, lambda out: sent.append(unpack(out.value))),
-                              (expired, 1.0, lambda out: sent.append(unpack(out.value)))], max_queued_ms=25.0)
+                              (expired, 1.0, lambda out: sent.append(unpack(out.value)))], max_queued_ms=25.0, max_part_ms=25.0)
     assert taken == [True, True]
     await _until(lambda: len(sent) == 2, "both answered")
     by_id = {a["id"]: a for a in sent}
     assert by_id["r7"]["embedding"] is not None and by_id["r8"]["error"]["code"] == "deadline_exceeded"
     assert not stage.io.answers and stage.held == 0  # no record of their own; nothing left held
-    assert stage.take_local([(_job("busy", 9), 1.0, sent.append)], max_queued_ms=-1.0) == [False]
+    assert stage.take_local([(_job("busy", 9), 1.0, sent.append)], max_queued_ms=-1.0, max_part_ms=25.0) == [False]
 
 
 @pytest.mark.parametrize("fair", [True, False], ids=["fair", "arrival"])
