@@ -6,6 +6,7 @@ from pathlib import Path
 
 import yaml
 
+from mmstream.localstack.kafka import FAILOVER_PROPERTIES
 from schemas.settings import LocalSettings
 from streams.stages import stage_names
 
@@ -21,14 +22,14 @@ def native_broker_settings() -> dict[str, str]:
         if line and not line.startswith("#"):
             key, _, value = line.partition("=")
             props[key] = value
-    return props
+    return props | FAILOVER_PROPERTIES  # appended to every native broker's properties
 
 
 def test_broker_image_is_the_native_version():
     assert SERVICES["kafka"]["image"] == f"apache/kafka:{LocalSettings().kafka_version}"
 
 
-def test_broker_settings_match_server_properties():
+def test_broker_settings_match_the_native_brokers():
     env = SERVICES["kafka"]["environment"]
     compose = {k[len("KAFKA_"):].lower().replace("_", "."): str(v) for k, v in env.items()}
     native = native_broker_settings()
