@@ -1,12 +1,11 @@
-"""The encoder stage's two ways to a job's answer, without Kafka (a recorder stands in for
-``StageIO``; the runner is ``EncoderFront`` over a counting engine and a dict for the cache):
+"""The encode stage as glue around its ``EncoderCore`` (the core's own paths are in
+``test_encoder_core.py``), without Kafka: a recorder stands in for ``StageIO``; the runner is
+``EncoderFront`` over a counting engine and a dict for the cache.
 
-- idle (nothing queued, running or being prepared, and company worth nothing), the engine
-  thread prepares and runs a polled batch in one call while the prep thread asks the cache;
-- otherwise the prep thread prepares and looks up, and the batch loop runs what missed.
-
-Either way each job is answered once, through its record or, for a job a co-located router
-handed over, through the router's ``send``; and nothing is held afterwards."""
+Each job is answered once, through its record (delivered with that record's offset) or, for
+a job a co-located router handed over, through the router's ``send``; an undecodable record
+is dead-lettered alone; intake is bounded (bulk holds at most half the stage, no poll takes
+more than the room left); the load report counts what the core holds."""
 
 from __future__ import annotations
 
@@ -42,7 +41,7 @@ class Recorder:
 
     def deliver(self, outs, inputs=(), epoch=None):
         for o in outs:
-            self.answers.append((unpack(o.value), [r.offset for r in inputs]))
+            self.answers.append((o.topic, unpack(o.value) if o.topic != f"{PREFIX}.dlq" else {}, [r.offset for r in inputs]))
 
     def pause(self, topic):
         pass
@@ -118,30 +117,17 @@ async def _until(cond, what: str) -> None:
     raise AssertionError(f"never: {what}")
 
 
-async def test_an_idle_encoder_runs_a_polled_batch_directly_and_a_cache_hit_found_meanwhile_wins(stage) -> None:
-    assert stage._engine_idle()  # noqa: SLF001
-    await stage.handle([_record(_job("fresh", 1), 10), _record(_job("cached", 2), 11)])
-    await _until(lambda: len(stage.io.answers) == 2, "both answered")
-    assert stage.ran == [["fresh", "cached"]]  # one engine call, the hit computed too (the engine was idle)
-    by_id = {a["id"]: (a, offsets) for a, offsets in stage.io.answers}
-    assert by_id["r1"][0]["cache"] == "miss" and by_id["r1"][1] == [10]
-    assert by_id["r2"][0]["cache"] == "hit" and by_id["r2"][1] == [11]  # the cached answer, not the recomputed one
-    assert stage.held == 0 and stage._engine_idle()  # noqa: SLF001
-    await _until(lambda: "k:fresh" in stage.cache.store, "the miss stored")
-
-
-async def test_a_busy_engine_queues_jobs_for_the_batch_loop_and_each_is_answered_once(stage) -> None:
-    loop_task = asyncio.create_task(stage._batches_forever())  # noqa: SLF001 - the batch loop, without Kafka
-    stage.gate.clear()  # the first direct run blocks in the engine
-    await stage.handle([_record(_job("first", 1), 1)])
-    await _until(lambda: stage.direct_ms > 0, "a direct run")
-    await stage.handle([_record(_job("second", 2), 2), _record(_job("third", 3), 3)])
-    assert not stage._engine_idle()  # noqa: SLF001
-    stage.gate.set()
+async def test_each_record_is_answered_once_with_its_offset_and_a_bad_one_is_dead_lettered_alone(stage) -> None:
+    loop_task = asyncio.create_task(stage.core.run(lambda: False))
+    bad = ConsumerRecord(f"{PREFIX}.encode.text.rt", 0, 12, 0, 0, None, b"\xc1 not msgpack", None, 0, 14, [])
+    await stage.handle([_record(_job("fresh", 1), 10), _record(_job("cached", 2), 11), bad])
     await _until(lambda: len(stage.io.answers) == 3, "all three answered")
-    assert stage.ran[0] == ["first"] and sorted(x for batch in stage.ran[1:] for x in batch) == ["second", "third"]
-    assert sorted(o for _, offsets in stage.io.answers for o in offsets) == [1, 2, 3]
-    assert stage.held == 0
+    by_offset = {offsets[0]: (topic, a) for topic, a, offsets in stage.io.answers}
+    assert by_offset[12][0] == f"{PREFIX}.dlq"
+    assert by_offset[10] == (f"{PREFIX}.encoded.rt", by_offset[10][1]) and by_offset[10][1]["cache"] == "miss"
+    assert by_offset[11][1]["cache"] == "hit" and by_offset[11][1]["id"] == "r2"
+    assert by_offset[10][1]["trace"][-1][0] == "encode.text"  # the stage's span, from the core's timings
+    assert stage.core.held == 0
     loop_task.cancel()
 
 
@@ -154,26 +140,8 @@ async def test_jobs_handed_over_in_process_are_answered_through_the_routers_send
     await _until(lambda: len(sent) == 2, "both answered")
     by_id = {a["id"]: a for a in sent}
     assert by_id["r7"]["embedding"] is not None and by_id["r8"]["error"]["code"] == "deadline_exceeded"
-    assert not stage.io.answers and stage.held == 0  # no record of their own; nothing left held
+    assert not stage.io.answers and stage.core.held == 0  # no record of their own; nothing left held
     assert stage.take_local([(_job("busy", 9), 1.0, sent.append)], max_queued_ms=-1.0, max_part_ms=25.0) == [False]
-
-
-@pytest.mark.parametrize("fair", [True, False], ids=["fair", "arrival"])
-async def test_a_tenants_backlog_does_not_hold_another_tenants_job_behind_it(stage, fair) -> None:
-    stage.fair = fair
-    stage.gate.clear()
-    await stage.handle([_record(_job("first", 0), 0)])
-    await _until(lambda: stage.direct_ms > 0, "a direct run")
-    flood = [_record(dataclasses.replace(_job(f"a{i:02d}" * 20, i), tenant="a"), i) for i in range(1, 11)]
-    await stage.handle(flood)
-    await stage.handle([_record(dataclasses.replace(_job("b", 11), tenant="b"), 11)])
-    await _until(lambda: len(stage.queues["rt"]) == 11, "all queued")
-    stage.gate.set()
-    loop_task = asyncio.create_task(stage._batches_forever())  # noqa: SLF001 - started once all are queued
-    await _until(lambda: len(stage.io.answers) == 12, "all answered")
-    order = [x for batch in stage.ran[1:] for x in batch]
-    assert order.index("b") == (1 if fair else 10)  # behind one of A's, or behind all ten
-    loop_task.cancel()
 
 
 async def test_bulk_holds_at_most_half_the_stage_and_a_poll_never_takes_more_than_the_room(stage) -> None:
@@ -190,27 +158,42 @@ async def test_bulk_holds_at_most_half_the_stage_and_a_poll_never_takes_more_tha
     await stage.handle(bulk[3:])
     assert not stage.should_take_bulk()  # half of the stage is bulk's: the rest stays rt's
     assert stage.poll_budget() == 4 and not stage.paused
-    loop_task = asyncio.create_task(stage._batches_forever())  # noqa: SLF001
+    loop_task = asyncio.create_task(stage.core.run(lambda: False))
     stage.gate.set()
-    await _until(lambda: stage.held == 0, "all answered")
-    assert stage.held_bulk == 0 and stage.should_take_bulk()
+    await _until(lambda: stage.core.held == 0, "all answered")
+    assert stage.core.held_bulk == 0 and stage.should_take_bulk()
     loop_task.cancel()
 
 
-async def test_jobs_being_prepared_count_as_queued_work_for_placement_and_the_report(stage) -> None:
+async def test_a_full_stage_pauses_its_topics_and_resumes_under_three_quarters(stage) -> None:
+    paused: set[str] = set()
+    stage.io.pause, stage.io.resume = paused.add, paused.discard
+    stage.max_queue = 4
+    stage.gate.clear()
+    await stage.handle([_record(_job(f"j{i}", i), i) for i in range(4)])
+    assert stage.paused and set(paused) == {f"{PREFIX}.encode.text.rt", f"{PREFIX}.encode.text.bulk"}
+    loop_task = asyncio.create_task(stage.core.run(lambda: False))
+    stage.gate.set()
+    await _until(lambda: stage.core.held == 0, "all answered")
+    assert not stage.paused and not paused
+    loop_task.cancel()
+
+
+async def test_the_load_report_counts_what_the_core_holds_and_is_preparing(stage) -> None:
     stage.gate.clear()
     await stage.handle([_record(_job("first", 0), 0)])  # the engine is busy from here
-    await _until(lambda: stage.direct_ms > 0, "a direct run")
+    await _until(lambda: stage.core.direct_ms > 0, "a direct run")
     prep_gate = threading.Event()
     prepare_many = stage.runner.prepare_many
     stage.runner.prepare_many = lambda jobs: (prep_gate.wait(10), prepare_many(jobs))[1]
-    before = stage.queued_ms("rt")
     await stage.handle([_record(_job("x" * 3000, i), i) for i in range(1, 4)])  # long texts, still tokenizing
-    assert stage.queued_ms("rt") - before == pytest.approx(3 * stage.model.per_item_ms(256))
-    assert stage.report()["queued_rt_ms"] >= stage.queued_ms("rt") - 1e-6
+    assert stage.report()["queued_rt_ms"] >= stage.queued_ms("rt") - 1e-6 > 0
     prep_gate.set()
-    loop_task = asyncio.create_task(stage._batches_forever())  # noqa: SLF001
+    await _until(lambda: len(stage.core.queues["rt"]) == 3, "queued")
+    report, each = stage.report(), stage.core.model.per_item_ms(3000)  # the prepared length: 3000 here
+    assert report["partitions"] == {f"{PREFIX}.encode.text.rt:0": pytest.approx(3 * each, abs=0.01)}
+    assert report["queued_rt_ms"] >= 3 * each and report["tenants_rt"] == {"t": pytest.approx(3 * each, abs=0.01)}
+    loop_task = asyncio.create_task(stage.core.run(lambda: False))
     stage.gate.set()
-    await _until(lambda: stage.held == 0, "all answered")
-    assert stage.preparing_ms == {"rt": 0.0, "bulk": 0.0}
+    await _until(lambda: stage.core.held == 0, "all answered")
     loop_task.cancel()

@@ -1,0 +1,399 @@
+"""The encoder core: one modality's jobs in, one answer per job out, with the engine kept busy.
+
+It knows no Kafka; the encode stage (``streams.stages.encoder``) is the glue around it, as
+the generator stage is around the ``GenerationCore``. Jobs come in with ``submit`` (a
+co-located router's too, as placement decides), each with an ``origin`` the core never looks into and
+hands back with the job's ``EncodeAnswer`` through ``on_answer``. One task runs ``step`` in
+a loop (``run``); two threads do the slow work, so the event loop that holds every queue
+never waits for it:
+
+- the prep thread fetches claim-checked bytes, does the CPU work before the model and asks
+  the reuse cache (one MGET per submitted batch): hits and refusals are answered at once,
+  misses are queued by lane with their real cost (tokens);
+- the engine thread runs the batch the pure ``MicroBatcher`` picks (rt first, length-aware,
+  its budget in ms predicted by a ``BatchCostModel`` that learns from every batch) from each
+  lane's queue in tenant-fair order (``FairOrder``: one tenant's backlog never holds
+  another's items behind it).
+
+The direct path: while the engine is idle (nothing queued, running or being prepared, company
+worth nothing) the engine thread prepares and runs a submitted batch in one call while the
+prep thread asks the cache: two hand-offs fewer, most of what an idle stage adds.
+
+Every job submitted is answered exactly once: its output, its error (refused, failed in the
+engine, or past its deadline: such work never reaches the engine), or a cache hit. ``held``
+counts jobs between ``submit`` and their answer; bounding intake on it is the caller's.
+
+It shares the ``GenerationCore``'s shape (opaque keys in, one engine thread, a cost model
+learned from measured service predicting the next job's wait), not code: their policies
+differ (a micro-batcher over whole jobs, a step scheduler over sequences).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Protocol
+
+from schemas.errors import ErrorCode, WireError
+from schemas.jobs import EncodeJob
+from schemas.settings_serving import EncoderSettings
+from schemas.trace import now_ms
+from streams.policies.batching import Batch, BatchLimits, MicroBatcher, Pending, Wait
+from streams.policies.cost_model import BatchCostModel, Observation
+from streams.policies.fair_order import FairOrder
+from workers import modalities
+from workers.calibration import CalibrationCache
+from workers.outputs import Encoded, EncoderRunner, Prepared
+
+log = logging.getLogger(__name__)
+
+LANES = ("rt", "bulk")
+MIN_BATCHING_GAIN = 0.1
+TEXT_LENGTHS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+# Engine ms one batch may take when the engine runs its rows alone: company saves it nothing
+# and every row waits for the end of its batch, so batches stay short and in arrival order.
+ROWS_ALONE_BATCH_MS = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class EncodeAnswer:
+    """One job's end: its engine output (``Encoded``, ``cache`` set when the reuse cache was
+    asked) or the error to answer it with."""
+
+    job: EncodeJob
+    origin: Any
+    """What the caller submitted it with."""
+    lane: str
+    result: Encoded | Exception
+    span: tuple[float, float] | None
+    """(started, finished) wall ms of its engine call (for a cache hit or a refusal: the
+    moment it was answered twice); None past its deadline."""
+
+
+class EncoderObserver(Protocol):
+    """What the core reports while it runs (to the stage's metrics)."""
+
+    def queue_depth(self, lane: str, depth: int) -> None: ...  # items of ``lane`` queued now
+
+    def batch(self, answers: list[EncodeAnswer], started: float, finished: float) -> None: ...  # one engine call
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """A prepared job waiting for the engine, at ``order`` in its lane (``FairOrder.tag``)."""
+
+    prepared: Prepared
+    origin: Any
+    lane: str
+    order: tuple[float, int] = (0.0, 0)
+
+
+class EncoderCore:
+    """``runner``: the modality's compute (``workers.encoders.EncoderFront``); ``limits``:
+    the encoder settings; ``modality``: the pool's (``any`` serves several);
+    ``on_answer``: called on the event loop with each job's answer, exactly once per job."""
+
+    def __init__(self, runner: EncoderRunner, limits: EncoderSettings, modality: str,
+                 on_answer: Callable[[EncodeAnswer], None], observer: EncoderObserver | None = None,
+                 max_frames: int = 1) -> None:
+        self.runner, self.limits, self.modality = runner, limits, modality
+        self.on_answer, self.max_frames = on_answer, max_frames
+        self.observer: EncoderObserver = observer or _Unobserved()
+        self.lengths = TEXT_LENGTHS if runner.variable_length else (1,)
+        self.model = BatchCostModel(runner.cost_prior, max_batch_size=limits.max_batch_size,
+                                    max_batch_ms=limits.max_batch_ms, rows_alone=runner.rows_alone)
+        padded = runner.variable_length and not runner.rows_alone  # only padded batches gain from grouping
+        self.batcher: MicroBatcher[_Held] = MicroBatcher(
+            BatchLimits(limits.max_batch_size, limits.max_wait_ms / 1000.0,
+                        min(limits.max_batch_ms, ROWS_ALONE_BATCH_MS) if runner.rows_alone else limits.max_batch_ms,
+                        grouping=limits.grouping if padded else "fifo"),
+            batch_cost=lambda cs: self.model.batch_ms(cs))
+        self.fair = limits.order == "fair"
+        self.order: dict[str, FairOrder[Pending[_Held]]] = {lane: FairOrder(key=_order_key) for lane in LANES}
+        self.queues: dict[str, list[Pending[_Held]]] = {lane: o.items for lane, o in self.order.items()}
+        self.held = self.held_bulk = 0  # jobs submitted, not yet answered (all, and bulk's)
+        self.running_ms = 0.0  # predicted ms of the batch the engine thread runs now
+        self.direct_ms = 0.0  # ... of the submitted batch it prepares and runs directly
+        self.preparing = 0  # submitted batches on the prep thread now
+        # Predicted ms of the jobs being prepared, by lane, from their size before tokenizing:
+        # already this core's work, so ``queued_ms`` counts it.
+        self.preparing_ms = {lane: 0.0 for lane in LANES}
+        self.wake = asyncio.Event()
+        self.engine = ThreadPoolExecutor(1, thread_name_prefix=f"engine-{modality}")
+        self.prep = ThreadPoolExecutor(1, thread_name_prefix=f"prep-{modality}")
+
+    # -- intake ---------------------------------------------------------------------------
+
+    def submit(self, jobs: list[tuple[EncodeJob, str, Any]]) -> None:
+        """Take ``(job, lane, origin)`` triples: a job already past its deadline is answered
+        at once (``deadline_exceeded``), the rest are prepared and queued (or run directly).
+        Call on the event loop; never raises for one job."""
+        now = now_ms()
+        live: list[tuple[EncodeJob, str, Any]] = []
+        for job, lane, origin in jobs:
+            self.held += 1
+            self.held_bulk += lane == "bulk"
+            if job.deadline_at_ms <= now:
+                self._answer(EncodeAnswer(job, origin, lane, deadline_error(), None))
+            else:
+                live.append((job, lane, origin))
+        if live:
+            self._prepare(live)
+
+    def queued_ms(self, lane: str) -> float:
+        """Predicted engine time ahead of a new job of ``lane``: the batch running, the rt
+        queue, and for bulk the bulk queue too (rt goes first)."""
+        lanes = ("rt",) if lane == "rt" else LANES
+        return (self.running_ms + self.direct_ms + sum(self.preparing_ms[q] for q in lanes)
+                + sum(self.model.per_item_ms(p.cost) for q in lanes for p in self.queues[q]))
+
+    def queued(self) -> Iterator[tuple[str, str, Any, float]]:
+        """(lane, tenant, origin, predicted ms) of every job queued for the engine."""
+        for lane, q in self.queues.items():
+            for p in q:
+                yield lane, p.item.prepared.job.tenant, p.item.origin, self.model.per_item_ms(p.cost)
+
+    def item_costs(self) -> Iterator[tuple[float, float]]:
+        """(length, predicted ms of one more item of it) over the lengths this engine runs."""
+        return ((length, self.model.per_item_ms(length)) for length in self.lengths)
+
+    def typical_ms(self) -> float:
+        """Predicted ms of one item of a middling length (what an unread record is priced at)."""
+        return self.model.per_item_ms(self.lengths[len(self.lengths) // 2])
+
+    def engine_idle(self) -> bool:  # the direct path's condition
+        return (self.direct_ms == 0.0 and self.running_ms == 0.0 and self.preparing == 0
+                and not self.queues["rt"] and not self.queues["bulk"] and self._wait_s() == 0.0)
+
+    def _prepare(self, jobs: list[tuple[EncodeJob, str, Any]]) -> None:
+        """Start preparing one submitted batch: on the prep thread, or, when the engine is
+        idle, prepared and run in one call on the engine thread (the module docstring)."""
+        loop = asyncio.get_running_loop()
+        direct = self.engine_idle()
+        estimate = {lane: 0.0 for lane in LANES}
+        for job, lane, _ in jobs:
+            estimate[lane] += self.model.per_item_ms(self._length_before_prep(job))
+        if direct:
+            self.direct_ms = max(0.001, estimate["rt"] + estimate["bulk"])
+            work = loop.run_in_executor(self.engine, self._prepare_and_run, [j for j, _, _ in jobs])
+        else:
+            self.preparing += 1
+            for lane, ms in estimate.items():
+                self.preparing_ms[lane] += ms
+            work = loop.run_in_executor(self.prep, self.runner.prepare_many, [j for j, _, _ in jobs])
+        asyncio.ensure_future(self._prepared(jobs, work, direct, estimate))
+
+    def _length_before_prep(self, job: EncodeJob) -> float:
+        """A job's length from its size (as the router prices it), capped at the longest run."""
+        if not self.runner.variable_length:
+            return 1.0
+        spec = modalities.get(self._modality(job))
+        size = len(job.text) if job.text is not None else len(job.data or b"")
+        units = spec.units(size, self.max_frames) if spec is not None else self.lengths[-1]
+        return float(min(self.lengths[-1], max(1.0, units)))
+
+    def _modality(self, job: EncodeJob) -> str:
+        return job.modality if self.modality == "any" else self.modality
+
+    async def _prepared(self, jobs: list[tuple[EncodeJob, str, Any]], work: asyncio.Future, direct: bool,
+                        estimate: dict[str, float]) -> None:
+        """Back on the loop: answer what needs no engine, queue the rest (or answer the batch
+        the engine thread ran directly)."""
+        ran: tuple[list[Any], list[float], float, float] | None = None
+        try:
+            if direct:
+                try:
+                    items, lookup, ran = await work
+                finally:
+                    self.direct_ms = 0.0
+                ready = await self._looked_up(items, lookup)
+            else:
+                try:
+                    ready = await work
+                finally:
+                    self.preparing -= 1
+                    for lane, ms in estimate.items():
+                        self.preparing_ms[lane] = max(0.0, self.preparing_ms[lane] - ms)
+        except Exception as exc:  # the runner isolates items; this is a bug
+            log.exception("encode.%s: preparing %d jobs failed", self.modality, len(jobs))
+            ready, ran = [exc] * len(jobs), None
+        now, at = time.monotonic(), now_ms()
+        done: list[_Held] = []
+        for (job, lane, origin), item in zip(jobs, ready):
+            if isinstance(item, (Exception, Encoded)):  # refused, or a reuse-cache hit: answered here
+                self._answer(EncodeAnswer(job, origin, lane, item, (at, at)))
+            elif ran is not None:
+                done.append(_Held(item, origin, lane))
+            else:
+                self._enqueue(lane, item, origin, now)
+        if ran is not None and done:
+            outputs, ran_lengths, started, finished = ran
+            results = [o for o, item in zip(outputs, ready) if not isinstance(item, (Exception, Encoded))]
+            self._answer_batch(done, results, started, finished, ran_lengths)
+        self._report_depths()
+        self.wake.set()
+
+    def _enqueue(self, lane: str, item: Prepared, origin: Any, now: float) -> None:
+        """Queue a job by tenant and predicted cost (``order=fair``), or last (``arrival``)."""
+        order = self.order[lane]
+        tag = order.tag(item.job.tenant, self.model.per_item_ms(item.length)) if self.fair else order.tag("", 0.0)
+        order.push(Pending(_Held(item, origin, lane, tag), item.length, now))
+
+    async def _looked_up(self, items: list[Any], lookup: Any) -> list[Any]:
+        """What the lookup beside a direct run found (``items`` if it failed: that costs only time)."""
+        if lookup is None:
+            return items
+        try:
+            return await asyncio.wrap_future(lookup)
+        except Exception:  # the runner isolates cache trouble; this is a bug: answer what ran
+            log.exception("encode.%s: cache lookup failed", self.modality)
+            return items
+
+    def _prepare_and_run(self, jobs: list[EncodeJob]) -> tuple[list[Any], Any, tuple[list[Any], list[float], float, float] | None]:
+        """Engine thread, engine idle: prepare ``jobs`` and run them while the prep thread asks
+        the cache (a hit it finds wins; a miss claimed elsewhere is computed here anyway).
+        Returns per job its exception or ``Prepared``, the lookup's future (None: nothing to
+        look up), and (per job the output or None, the lengths run, started, finished)."""
+        items = self.runner.prepare_items(jobs)
+        todo = [i for i, item in enumerate(items) if not isinstance(item, Exception)]
+        if not todo:
+            return items, None, None
+        lookup = self.prep.submit(self.runner.lookup, items, False)
+        results, started, finished = self._timed_run([items[i] for i in todo])
+        outputs: list[Any] = [None] * len(items)
+        for i, r in zip(todo, results):
+            outputs[i] = r
+        return items, lookup, (outputs, [items[i].length for i in todo], started, finished)
+
+    def _timed_run(self, items: list[Any]) -> tuple[list[Any], float, float]:
+        """Engine thread: one engine call, timed where it runs; one output or exception per item."""
+        started = now_ms()
+        try:
+            results = self.runner.run(items)
+        except Exception as exc:  # the runner isolates items; this is a bug
+            log.exception("encode.%s: engine call failed", self.modality)
+            results = [exc] * len(items)
+        if len(results) != len(items):
+            log.error("encode.%s: engine returned %d outputs for %d inputs", self.modality, len(results), len(items))
+            results = [RuntimeError("engine returned a wrong number of outputs")] * len(items)
+        return results, started, now_ms()
+
+    # -- the engine -----------------------------------------------------------------------
+
+    async def calibrate(self, cache: CalibrationCache, intra_op_threads: int, max_age_s: float) -> str:
+        """Fit the batch cost model to timings of this engine: another replica's on this
+        machine when young enough, else timed now on the engine thread. Returns which."""
+        timed = cache.load(self.runner.identity, intra_op_threads, max_age_s)
+        source = "reused from this machine"
+        if timed is None:
+            timed = await asyncio.get_running_loop().run_in_executor(self.engine, self.runner.calibrate)
+            cache.store(self.runner.identity, intra_op_threads, timed)
+            source = "timed"
+        self.model.calibrate([Observation(int(n), length, ms) for n, length, ms in timed])
+        return source
+
+    async def step(self) -> Batch[Any] | Wait | None:
+        """Run the next batch the batcher picks, if one is due. Returns the batch it ran, or
+        when the next one is due with no new arrival (``Wait``), or None: nothing queued."""
+        decision = self.batcher.next_batch(self.queues["rt"], self.queues["bulk"], time.monotonic(), self._wait_s())
+        if isinstance(decision, Batch):
+            await self._run(decision)
+        return decision
+
+    async def run(self, should_stop: Callable[[], bool]) -> None:
+        """``step`` until ``should_stop()``, sleeping until a batch is due or work arrives."""
+        while not should_stop():
+            self.wake.clear()
+            try:
+                decision = await self.step()
+            except Exception:
+                log.exception("encode.%s: batch failed", self.modality)
+                await asyncio.sleep(0.01)  # a bug that repeats must not spin the loop
+                continue
+            if isinstance(decision, Batch):
+                continue
+            timeout = None if decision is None else max(0.0, decision.until - time.monotonic())
+            try:
+                await asyncio.wait_for(self.wake.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+
+    def _wait_s(self) -> float:
+        """How long an item waits for company: the setting where batches of the typical length
+        are cheaper per item (by MIN_BATCHING_GAIN, as the cost model learned); else 0."""
+        typical = self.lengths[len(self.lengths) // 2]
+        return self.limits.max_wait_ms / 1000.0 if self.model.batching_gain(typical) >= MIN_BATCHING_GAIN else 0.0
+
+    async def _run(self, batch: Batch[_Held]) -> None:
+        chosen = {id(p) for p in batch.items}
+        queue = self.queues[batch.lane]
+        queue[:] = [p for p in queue if id(p) not in chosen]
+        self.order[batch.lane].taken([p.item.order for p in batch.items])
+        self._report_depths()
+        now = now_ms()
+        live = [p.item for p in batch.items if p.item.prepared.job.deadline_at_ms > now]
+        for p in batch.items:
+            if p.item.prepared.job.deadline_at_ms <= now:
+                self._answer(EncodeAnswer(p.item.prepared.job, p.item.origin, p.item.lane, deadline_error(), None))
+        if not live:
+            return
+        self.running_ms = max(0.001, self.model.batch_ms([h.prepared.length for h in live]))
+        try:
+            results, started, finished = await asyncio.get_running_loop().run_in_executor(
+                self.engine, self._timed_run, [h.prepared for h in live])
+        except Exception as exc:  # the executor itself failed; a bug
+            log.exception("encode.%s: engine call failed", self.modality)
+            results, started, finished = [exc] * len(live), now_ms(), now_ms()
+        finally:
+            self.running_ms = 0.0
+        self._answer_batch(live, results, started, finished)
+
+    def _answer_batch(self, live: list[_Held], results: list[Any], started: float, finished: float,
+                      ran_lengths: list[float] | None = None) -> None:
+        """Answer one engine run's jobs, then account for it (the cost model, the observer;
+        ``ran_lengths``: what the engine ran, when more than ``live``) and store its misses."""
+        writes, answers = [], []
+        for h, r in zip(live, results):
+            if isinstance(r, Encoded) and h.prepared.key is not None:
+                writes.append((h.prepared.key, r))
+                r = Encoded(r.embedding, r.extras, cache="miss")
+            answer = EncodeAnswer(h.prepared.job, h.origin, h.lane, r, (started, finished))
+            answers.append(answer)
+            self._answer(answer)
+        try:  # after the answers: accounting must never cost them
+            self.model.observe_batch([h.prepared.length for h in live] if ran_lengths is None else ran_lengths,
+                                     finished - started)
+            self.observer.batch(answers, started, finished)
+        except Exception:
+            log.exception("encode.%s: accounting for a batch of %d failed", self.modality, len(live))
+        if writes:
+            asyncio.get_running_loop().run_in_executor(self.prep, self.runner.store, writes)
+
+    def _answer(self, answer: EncodeAnswer) -> None:
+        self.held -= 1
+        self.held_bulk -= answer.lane == "bulk"
+        try:
+            self.on_answer(answer)
+        except Exception:  # the caller's bug must not stop the answers after it
+            log.exception("encode.%s: answering %s part %d failed", self.modality, answer.job.id, answer.job.part)
+
+    def _report_depths(self) -> None:
+        for lane, q in self.queues.items():
+            self.observer.queue_depth(lane, len(q))
+
+
+class _Unobserved:
+    def queue_depth(self, lane: str, depth: int) -> None: ...
+
+    def batch(self, answers: list[EncodeAnswer], started: float, finished: float) -> None: ...
+
+
+def _order_key(p: Pending[_Held]) -> tuple[float, int]:
+    return p.item.order
+
+
+def deadline_error() -> WireError:
+    return WireError(ErrorCode.DEADLINE_EXCEEDED, "the part reached its encoder after the request's deadline")

@@ -1,0 +1,208 @@
+"""The encoder core alone: no Kafka, no Faust, no metrics. The runner is ``EncoderFront`` over
+a counting engine (gated, so a test decides when a batch finishes) and a dict for the reuse
+cache; answers are collected from ``on_answer``.
+
+What it holds: every submitted job is answered exactly once, by the direct path (idle
+engine) or through the queues and ``step``; a cache hit never reaches the engine; work past
+its deadline never does either; a tenant's backlog does not hold another tenant's job behind
+it in fair order; jobs being prepared count as queued work."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+
+from schemas.jobs import EncodeJob
+from schemas.settings_serving import EncoderSettings
+from schemas.trace import now_ms
+from streams.cores.encoder import EncodeAnswer, EncoderCore
+from workers.cache import CacheFront, pack_output
+from workers.encoders import EncoderFront, Runner
+from workers.outputs import Encoded, Prepared
+
+
+class DictCache:
+    def __init__(self, store=None):
+        self.store = dict(store or {})
+
+    def lookup_or_claim(self, keys, hold_ms):
+        return [self.store.get(k, True) for k in keys]
+
+    def get_many(self, keys):
+        return [self.store.get(k) for k in keys]
+
+    def set_many(self, items):
+        self.store.update(items)
+        return True
+
+
+class Quiet:
+    def cache_lookup(self, modality, result):
+        pass
+
+
+class Harness:
+    """A core over a gated engine: ``ran`` lists each engine call's texts; ``answers`` each answer."""
+
+    def __init__(self, order: str = "fair", max_wait_ms: float = 4.0) -> None:
+        self.ran: list[list[str]] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.answers: list[EncodeAnswer] = []
+        self.cache = DictCache({"k:cached": pack_output(np.ones(4, dtype=np.float32), {}, "float16")})
+
+        def prepare(job):
+            if job.text == "refuse":
+                raise ValueError("refused by preprocessing")
+            return Prepared(job, float(len(job.text)), job.text, content=job.text.encode())
+
+        def run(items):
+            self.gate.wait(10)
+            self.ran.append([i.data for i in items])
+            return [np.full(4, len(i.data), dtype=np.float32) for i in items]
+
+        front = EncoderFront(Runner(prepare, run, rows_alone=True, variable_length=True), None,
+                             CacheFront(self.cache, Quiet(), "text"), key_of=lambda job, content: f"k:{content.decode()}")
+        self.core = EncoderCore(front, EncoderSettings(order=order, max_wait_ms=max_wait_ms), "text", self.answers.append)
+
+    def by_id(self) -> dict[str, EncodeAnswer]:
+        return {a.job.id: a for a in self.answers}
+
+
+def _job(text: str, i: int, **kw) -> EncodeJob:
+    fields = dict(id=f"r{i}", part=0, n_parts=1, modality="text", lane="rt", tenant="t", deadline_at_ms=1e18,
+                  sent_at_ms=0, text=text)
+    fields.update(kw)
+    return EncodeJob(**fields)
+
+
+def _submit(core: EncoderCore, *jobs: EncodeJob) -> None:
+    core.submit([(j, "bulk" if j.lane == "bulk" else "rt", f"origin-{j.id}") for j in jobs])
+
+
+async def _until(cond, what: str) -> None:
+    for _ in range(500):
+        if cond():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never: {what}")
+
+
+async def test_an_idle_core_runs_a_submitted_batch_directly_and_a_cache_hit_found_meanwhile_wins() -> None:
+    h = Harness()
+    assert h.core.engine_idle()
+    _submit(h.core, _job("fresh", 1), _job("cached", 2))
+    await _until(lambda: len(h.answers) == 2, "both answered")
+    assert h.ran == [["fresh", "cached"]]  # one engine call, the hit computed too (the engine was idle)
+    got = h.by_id()
+    assert got["r1"].result.cache == "miss" and got["r1"].origin == "origin-r1" and got["r1"].span is not None
+    assert got["r2"].result.cache == "hit"  # the cached answer, not the recomputed one
+    assert h.core.held == 0 and h.core.engine_idle()
+    await _until(lambda: "k:fresh" in h.cache.store, "the miss stored")
+
+
+async def test_a_busy_engine_queues_jobs_for_step_and_each_is_answered_once() -> None:
+    h = Harness()
+    h.gate.clear()  # the first direct run blocks in the engine
+    _submit(h.core, _job("first", 1))
+    await _until(lambda: h.core.direct_ms > 0, "a direct run")
+    _submit(h.core, _job("second", 2), _job("third", 3), _job("cached", 4), _job("refuse", 5))
+    assert not h.core.engine_idle()
+    await _until(lambda: len(h.answers) == 2, "the hit and the refusal answered without the engine")
+    assert {a.job.id for a in h.answers} == {"r4", "r5"} and isinstance(h.by_id()["r5"].result, Exception)
+    runner = asyncio.create_task(h.core.run(lambda: False))
+    h.gate.set()
+    await _until(lambda: len(h.answers) == 5, "all five answered")
+    assert h.ran[0] == ["first"] and sorted(x for batch in h.ran[1:] for x in batch) == ["second", "third"]
+    assert sorted(a.job.id for a in h.answers) == ["r1", "r2", "r3", "r4", "r5"]
+    assert h.core.held == 0 and h.core.queued_ms("bulk") == 0.0
+    runner.cancel()
+
+
+async def test_work_past_its_deadline_is_answered_and_never_reaches_the_engine() -> None:
+    h = Harness()
+    _submit(h.core, _job("late", 1, deadline_at_ms=1.0))
+    assert h.by_id()["r1"].result.code == "deadline_exceeded" and h.by_id()["r1"].span is None
+    h.gate.clear()
+    _submit(h.core, _job("first", 2))
+    await _until(lambda: h.core.direct_ms > 0, "a direct run")
+    soon = _job("expires-in-queue", 3, deadline_at_ms=now_ms() + 150)
+    _submit(h.core, soon)
+    await _until(lambda: len(h.core.queues["rt"]) == 1, "queued")
+    await asyncio.sleep(0.2)  # its deadline passes while it waits behind the running batch
+    runner = asyncio.create_task(h.core.run(lambda: False))
+    h.gate.set()
+    await _until(lambda: len(h.answers) == 3, "all answered")
+    assert h.by_id()["r3"].result.code == "deadline_exceeded"
+    assert h.ran == [["first"]] and h.core.held == 0
+    runner.cancel()
+
+
+@pytest.mark.parametrize("order", ["fair", "arrival"])
+async def test_a_tenants_backlog_does_not_hold_another_tenants_job_behind_it(order) -> None:
+    h = Harness(order=order)
+    h.gate.clear()
+    _submit(h.core, _job("first", 0))
+    await _until(lambda: h.core.direct_ms > 0, "a direct run")
+    _submit(h.core, *[_job(f"a{i:02d}" * 20, i, tenant="a") for i in range(1, 11)])
+    _submit(h.core, _job("b", 11, tenant="b"))
+    await _until(lambda: len(h.core.queues["rt"]) == 11, "all queued")
+    h.gate.set()
+    runner = asyncio.create_task(h.core.run(lambda: False))  # started once all are queued
+    await _until(lambda: len(h.answers) == 12, "all answered")
+    order_run = [x for batch in h.ran[1:] for x in batch]
+    assert order_run.index("b") == (1 if order == "fair" else 10)  # behind one of A's, or behind all ten
+    runner.cancel()
+
+
+async def test_jobs_being_prepared_count_as_queued_work() -> None:
+    h = Harness()
+    h.gate.clear()
+    _submit(h.core, _job("first", 0))  # the engine is busy from here
+    await _until(lambda: h.core.direct_ms > 0, "a direct run")
+    prep_gate = threading.Event()
+    prepare_many = h.core.runner.prepare_many
+    h.core.runner.prepare_many = lambda jobs: (prep_gate.wait(10), prepare_many(jobs))[1]
+    before = h.core.queued_ms("rt")
+    _submit(h.core, *[_job("x" * 3000, i) for i in range(1, 4)])  # long texts, still tokenizing
+    assert h.core.queued_ms("rt") - before == pytest.approx(3 * h.core.model.per_item_ms(256))
+    assert h.core.queued_ms("bulk") >= h.core.queued_ms("rt")
+    prep_gate.set()
+    runner = asyncio.create_task(h.core.run(lambda: False))
+    h.gate.set()
+    await _until(lambda: h.core.held == 0, "all answered")
+    assert h.core.preparing_ms == {"rt": 0.0, "bulk": 0.0}
+    runner.cancel()
+
+
+@hsettings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(["rt", "bulk"]), st.sampled_from(["short", "a longer text", "cached",
+                                                                              "refuse", "late"]),
+                          st.sampled_from(["t1", "t2"])), min_size=1, max_size=24),
+       st.lists(st.integers(1, 6), min_size=1, max_size=6))
+def test_every_submitted_job_is_answered_exactly_once(jobs, chunks) -> None:
+    async def scenario() -> None:
+        h = Harness()
+        runner = asyncio.create_task(h.core.run(lambda: False))
+        built = [_job("x" if text == "late" else text, i, lane=lane, tenant=tenant,
+                      deadline_at_ms=1.0 if text == "late" else 1e18) for i, (lane, text, tenant) in enumerate(jobs)]
+        at = 0
+        for n in (chunks * len(built))[: len(built)]:
+            if at >= len(built):
+                break
+            _submit(h.core, *built[at: at + n])
+            at += n
+            await asyncio.sleep(0)
+        await _until(lambda: h.core.held == 0, "nothing held")
+        runner.cancel()
+        assert sorted(a.job.id for a in h.answers) == sorted(j.id for j in built)
+        assert h.core.held_bulk == 0 and not h.core.queues["rt"] and not h.core.queues["bulk"]
+        for a in h.answers:
+            assert isinstance(a.result, (Encoded, Exception))
+
+    asyncio.run(scenario())
+
