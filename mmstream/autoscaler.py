@@ -1,9 +1,9 @@
 """The local scaler: the ``autoscale`` worker that `mmstream up --autoscale` starts.
 
 Every ``autoscale.interval_s`` it reads each pool's consumer lag on its shared topics from the
-broker (``streams.lagmon``; the same group and topics KEDA's triggers name; a tenant's own
+broker (``streams.observe.lagmon``; the same group and topics KEDA's triggers name; a tenant's own
 ingress topics are not counted) and the queued work its replicas report through Redis
-(``streams.costs``), counts the live replicas from the supervisor's pid files, asks the pure
+(``streams.stores.load_reports``), counts the live replicas from the supervisor's pid files, asks the pure
 ``streams.policies.autoscale.ScalePolicy`` what to change and has the ``Supervisor`` start or
 stop replicas. Each decision, applied or held, is a line of JSON in
 ``<state_dir>/workers/<prefix>/autoscale.jsonl`` (`mmstream scale` prints them), a log line
@@ -35,14 +35,14 @@ from redis.exceptions import RedisError
 from mmstream.k8s_scalers import pool_topics
 from mmstream.supervisor import AUTOSCALER, SPARE, Supervisor
 from schemas.settings import Settings
-from streams import costs
+from streams.stores import load_reports
 from streams.app import group_id
-from streams.health import WorkerHealth
-from streams.lagmon import LagReader, LagRow
-from streams.metrics import serve
+from streams.observe.health import WorkerHealth
+from streams.observe.lagmon import LagReader, LagRow
+from streams.observe.metrics import serve
 from streams.policies.autoscale import Decision, PoolRule, PoolSignal, ScalePolicy
-from streams.security import client_kwargs
-from streams.topics import TopicNames
+from streams.connection import client_kwargs
+from schemas.topics import TopicNames
 from workers.redisconn import connect_async
 
 log = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ class LocalScaler:
 
     async def _loads(self) -> dict[str, dict[str, Any]] | None:
         try:
-            return await costs.read_loads(self.redis, self.settings.kafka.topic_prefix)
+            return await load_reports.read_loads(self.redis, self.settings.kafka.topic_prefix)
         except (RedisError, OSError) as exc:
             log.warning("autoscale: load reports not read this tick: %r", exc)
             return None

@@ -27,7 +27,7 @@ from mmstream.bench.config import WORKLOADS
 from mmstream.lever_names import LEVERS
 from mmstream.report import ReportError
 from schemas.settings import Settings, SettingsError
-from streams.client import ClientError
+from streams.sdk.client import ClientError
 from streams.stages import stage_names
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

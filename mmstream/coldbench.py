@@ -32,7 +32,7 @@ from mmstream.samples import photo, video
 from mmstream.supervisor import Supervisor
 from schemas.request import Modality, Params, Part, Request, Task
 from schemas.settings import Settings
-from streams.client import Client, new_id, wait_until_serving
+from streams.sdk.client import Client, new_id, wait_until_serving
 from streams.topics import ensure_topics, topic_specs
 
 

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from schemas.request import COLLECTION_RE, TENANT_RE
 from schemas.settings import Settings
-from streams.security import client_kwargs
+from streams.connection import client_kwargs
 from streams.topics import collection_spec, ensure_topics
 
 

@@ -21,9 +21,9 @@ from mmstream.tenants import TenantError, add_tenant, check_name, properties_tex
 from schemas.codec import JSON
 from schemas.request import Lane, Modality, Part, Request, Task
 from schemas.settings import Settings, describe, redact
-from streams.client import Client, new_id, wait_until_serving
-from streams.security import KafkaSecurity, client_kwargs
-from streams.retry import RetryConfig
+from streams.sdk.client import Client, new_id, wait_until_serving
+from streams.connection import KafkaSecurity, client_kwargs
+from streams.sdk.retry import RetryConfig
 from streams.stages import stage_names
 from streams.topics import ensure_topics, topic_specs
 from workers import modalities

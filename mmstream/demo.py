@@ -11,8 +11,8 @@ from mmstream.console import latency_table
 from schemas.request import Lane, Modality, Params, Part, Request, Task
 from schemas.settings import Settings
 from schemas.tensor import from_wire
-from streams.client import Client, new_id
-from streams.security import KafkaSecurity
+from streams.sdk.client import Client, new_id
+from streams.connection import KafkaSecurity
 
 TEXTS = [
     "A cat sleeps on a sunny windowsill.",

@@ -2,7 +2,7 @@
 `mmstream status`.
 
 The workers publish ``mmstream_engine_info`` (model, version, precision, provider, backend
-per stage: ``streams.metrics``); this reads it back, so status shows the provider that
+per stage: ``streams.observe.metrics``); this reads it back, so status shows the provider that
 actually runs (CUDA after a TensorRT failure, fp32 after a refused fp16) without asking the
 worker anything else. ``summary`` is pure; ``scrape`` does the one HTTP call.
 """

@@ -15,7 +15,7 @@ from typing import Any
 
 from schemas.settings import Settings
 from streams.app import group_id
-from streams.topics import LANES, TopicNames
+from schemas.topics import LANES, TopicNames
 
 
 def pool_topics(names: TopicNames, stage: str) -> dict[str, str]:

@@ -18,8 +18,8 @@ from mmstream.lever_names import LEVERS
 from mmstream.supervisor import Supervisor
 from schemas.request import Task
 from schemas.settings import Settings
-from streams.client import wait_until_serving
-from streams.security import KafkaSecurity, client_kwargs
+from streams.sdk.client import wait_until_serving
+from streams.connection import KafkaSecurity, client_kwargs
 from streams.topics import ensure_topics, topic_specs
 
 

@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
     import mmstream.cli  # noqa: F401
     import streams.stages.encoder  # noqa: F401
     import streams.stages.runner  # noqa: F401
-    from streams.health import process_health
+    from streams.observe.health import process_health
 
     print(f"standby: imports done, waiting for a stage on {fifo}", flush=True)
     with open(fifo, "rb") as f:  # blocks until the supervisor opens it for writing

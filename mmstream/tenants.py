@@ -37,9 +37,10 @@ from aiokafka.errors import KafkaError
 from mmstream.kafka_admin import AclBinding, create_acls, set_scram_password, set_user_quotas
 from mmstream.localstack.secure import BROKER_USER
 from schemas.settings import Settings
-from streams.security import REDIS_URL_KEY, KafkaSecurity, client_kwargs, format_properties
-from streams.tenancy import tenant_docs_prefix, valid_tenant
-from streams.topics import LANES, TopicNames, ensure_topics, tenant_topic_specs
+from streams.connection import REDIS_URL_KEY, KafkaSecurity, client_kwargs, format_properties
+from schemas.topics import tenant_docs_prefix, valid_tenant
+from schemas.topics import LANES, TopicNames
+from streams.topics import ensure_topics, tenant_topic_specs
 
 
 LOGIN_WAIT_S = 30.0

@@ -1,6 +1,6 @@
 """`mmstream top`: a live view of the running pipeline, refreshed every second.
 
-Per topic: consumer lag (``streams.lagmon``) and the in and out rates, from the deltas of
+Per topic: consumer lag (``streams.observe.lagmon``) and the in and out rates, from the deltas of
 end offsets (records written) and committed offsets (records done) between two frames.
 Per stage: p50/p95 queue and service time, batch size and items per second, estimated
 from the histograms on each worker's /metrics (ports from the supervisor's pid files) the
@@ -24,8 +24,8 @@ from typing import Any, Iterable
 
 from mmstream.supervisor import Supervisor
 from schemas.settings import Settings
-from streams.lagmon import LagReader, LagRow
-from streams.security import client_kwargs
+from streams.observe.lagmon import LagReader, LagRow
+from streams.connection import client_kwargs
 
 QUEUE = "mmstream_stage_queue_seconds"
 SERVICE = "mmstream_stage_service_seconds"

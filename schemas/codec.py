@@ -1,4 +1,4 @@
-"""Bytes <-> maps. Agents read raw bytes and call these explicitly, so a poison message is
+"""Bytes <-> maps. Stages read raw bytes and call these explicitly, so a poison message is
 handled by our code (sent to the DLQ with its reason), never by a framework deserializer."""
 
 from __future__ import annotations

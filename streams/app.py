@@ -15,14 +15,16 @@ while it is neither stopping nor crashed, live unless it crashed. The records it
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import faust
 from faust.app.base import BootStrategy
+from faust.auth import OAuthCredentials, SASLCredentials, SSLCredentials
 
 from schemas.settings import Settings
-from streams.health import WorkerHealth, process_health
-from streams.security import KafkaSecurity
-from streams.topics import TopicNames
+from schemas.topics import TopicNames
+from streams.connection import FileTokenProvider, KafkaSecurity
+from streams.observe.health import WorkerHealth, process_health
 
 
 
@@ -63,7 +65,7 @@ def create_app(settings: Settings, stage: str, replica: int = 0, health: WorkerH
         logging_config=None,
         # Faust's own clients are off (BootStrategy below); should it still open one, it
         # authenticates as the pipeline's service principal like every other client.
-        broker_credentials=KafkaSecurity.from_settings(k).faust_credentials(),
+        broker_credentials=faust_credentials(KafkaSecurity.from_settings(k)),
     )
     app.boot_strategy = BootStrategy(app, enable_kafka_consumer=False, enable_kafka_producer=False,
                                      enable_web=False, enable_sensors=False)
@@ -87,3 +89,16 @@ def watch_health(app: faust.App, stage: str, health: WorkerHealth) -> None:
 
 def topic_names(settings: Settings) -> TopicNames:
     return TopicNames(settings.kafka.topic_prefix)
+
+
+def faust_credentials(security: KafkaSecurity) -> Any:
+    """Faust's ``broker_credentials`` for ``security`` (None for PLAINTEXT)."""
+    if security.protocol == "PLAINTEXT":
+        return None
+    if not security.sasl:
+        return SSLCredentials(security.ssl_context())
+    if security.mechanism == "OAUTHBEARER":
+        return OAuthCredentials(oauth_cb=FileTokenProvider(security.oauth_token_file),
+                                ssl_context=security.ssl_context())
+    return SASLCredentials(username=security.username, password=security.password,
+                           ssl_context=security.ssl_context(), mechanism=security.mechanism)

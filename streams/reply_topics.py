@@ -15,7 +15,7 @@ from typing import Any, Awaitable, Callable
 from aiokafka.admin import AIOKafkaAdminClient
 
 from schemas.errors import ErrorCode, WireError
-from streams.topics import TopicNames
+from schemas.topics import TopicNames
 
 
 class ReplyTopics:

@@ -15,7 +15,8 @@ one per run so they never see each other's records):
     <p>.dlq                       undecodable input, with its original headers
 
 With an authenticating broker (``KafkaSettings.authenticated``) each tenant also has its
-own ingress and reply topics (``streams.tenancy``), created by `mmstream tenant add`.
+own ingress and reply topics (named in ``schemas.topics``, the one source of topic
+names), created by `mmstream tenant add`.
 
 Every other ``<p>.*`` topic is internal: written by the pipeline's service principal only,
 never a valid ``reply_to`` (``is_internal``).
@@ -30,25 +31,15 @@ set when a topic is created; an existing one keeps its own (``kafka-configs --al
 
 from __future__ import annotations
 
-import functools
 import logging
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.request import Lane
 from schemas.settings import DlqSettings, KafkaSettings
-from schemas.request import COLLECTION_RE
-from schemas.request import TENANT_RE as REQUEST_TENANT_RE
-from streams.tenancy import TENANT_RE, tenant_docs, tenant_ingress, tenant_results
+from schemas.topics import ANY, LANES, TopicNames, tenant_docs
 from workers import modalities
 
 log = logging.getLogger(__name__)
-
-LANES = (Lane.RT, Lane.BULK)
-ANY = "any"
-"""The shared encode topic of the no-routing baseline (one generic pool for every modality)."""
-
 
 DONE_RETENTION_MS = 3_600_000
 """How long the done markers stay: past the longest deadline a request can be replayed for."""
@@ -60,114 +51,6 @@ class TopicSpec:
     partitions: int
     purpose: str
     config: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class TopicNames:
-    prefix: str
-
-    def ingress(self, lane: Lane | str) -> str:
-        return f"{self.prefix}.ingress.{lane}"
-
-    def encode(self, modality: str, lane: Lane | str) -> str:
-        return f"{self.prefix}.encode.{modality}.{lane}"
-
-    def encoded(self, lane: Lane | str) -> str:
-        return f"{self.prefix}.encoded.{lane}"
-
-    def generate(self, lane: Lane | str) -> str:
-        return f"{self.prefix}.generate.{lane}"
-
-    def retrieve(self, lane: Lane | str) -> str:
-        return f"{self.prefix}.retrieve.{lane}"
-
-    @property
-    def vectors(self) -> str:
-        return f"{self.prefix}.vectors"
-
-    def docs(self, tenant: str, collection: str) -> str:
-        return tenant_docs(self.prefix, tenant, collection)
-
-    def docs_pattern(self) -> str:
-        """A regular expression matching every tenant's collection topics."""
-        return rf"^{re.escape(self.prefix)}\.docs\..+$"
-
-    def parse_docs(self, topic: str) -> tuple[str, str] | None:
-        """(tenant, collection) of a collection topic, None for any other topic or a name
-        whose tenant or collection is not a valid one."""
-        head = f"{self.prefix}.docs."
-        if not topic.startswith(head):
-            return None
-        tenant, dot, collection = topic[len(head):].rpartition(".")
-        if not dot or not REQUEST_TENANT_RE.fullmatch(tenant) or not COLLECTION_RE.fullmatch(collection):
-            return None
-        return tenant, collection
-
-    @property
-    def results(self) -> str:
-        return f"{self.prefix}.results"
-
-    @property
-    def dlq(self) -> str:
-        return f"{self.prefix}.dlq"
-
-    def tenant_ingress(self, lane: Lane | str, tenant: str) -> str:
-        return tenant_ingress(self.prefix, str(lane), tenant)
-
-    def tenant_results(self, tenant: str) -> str:
-        return tenant_results(self.prefix, tenant)
-
-    def ingress_pattern(self) -> str:
-        """A regular expression matching the shared ingress topics and every tenant's."""
-        return _ingress_pattern(self.prefix)
-
-    def parse_ingress(self, topic: str) -> tuple[str, str | None] | None:
-        """(lane, tenant) of an ingress topic (tenant None for a shared one); None for any
-        other topic. Called per record and per assigned partition: the pattern is compiled once."""
-        m = _ingress_re(self.prefix).fullmatch(topic)
-        if m is None:
-            return None
-        return m.group(1), (m.group(2)[1:] if m.group(2) else None)
-
-    def in_reply_namespace(self, topic: str, tenant: str) -> bool:
-        """Whether ``topic`` is ``<p>.results.<tenant>`` or under ``<p>.results.<tenant>.``."""
-        own = self.tenant_results(tenant)
-        return topic == own or topic.startswith(own + ".")
-
-    def is_internal(self, topic: str) -> bool:
-        """A topic no client may have answers written to: every ``<p>.*`` topic but the reply
-        topics (``<p>.results`` and ``<p>.results.*``), Faust's ``<p>-*`` topics, changelogs,
-        and Kafka's own ``__*`` topics."""
-        if topic.startswith("__") or topic.endswith("-changelog") or topic.startswith(f"{self.prefix}-"):
-            return True
-        if topic.startswith(f"{self.prefix}."):
-            return not (topic == self.results or topic.startswith(self.results + "."))
-        return False
-
-    @property
-    def assembler_done(self) -> str:
-        """Requests the assembler answered (compacted; partitioned like the encoded topics)."""
-        return f"{self.prefix}.assembler.done"
-
-    @property
-    def retrieve_done(self) -> str:
-        """Searches the retrieve stage answered or forwarded (compacted; partitioned like its input)."""
-        return f"{self.prefix}.retrieve.done"
-
-    @property
-    def generator_done(self) -> str:
-        """Generations the generator finished (compacted; partitioned like the generate topics)."""
-        return f"{self.prefix}.generator.done"
-
-
-def _ingress_pattern(prefix: str) -> str:
-    lanes = "|".join(str(lane) for lane in LANES)
-    return rf"^{re.escape(prefix)}\.ingress\.({lanes})(\.{TENANT_RE})?$"
-
-
-@functools.lru_cache(maxsize=16)
-def _ingress_re(prefix: str) -> re.Pattern[str]:
-    return re.compile(_ingress_pattern(prefix))
 
 
 def _big(kafka: KafkaSettings) -> dict[str, str]:
@@ -233,7 +116,7 @@ def collection_spec(kafka: KafkaSettings, tenant: str, collection: str, partitio
 async def ensure_topics(bootstrap: str, specs: list[TopicSpec], replication_factor: int = 1,
                         client_kwargs: dict[str, Any] | None = None) -> list[str]:
     """Create the topics that do not exist yet; return the names created. ``client_kwargs``:
-    the admin client's security options (``streams.security.client_kwargs``).
+    the admin client's security options (``streams.connection.client_kwargs``).
 
     Existing topics are left alone; one with a different partition count is logged, since
     changing it would move keys between partitions.

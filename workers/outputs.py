@@ -2,7 +2,7 @@
 
 ``Encoded`` is one part's encoder output. ``Observer`` is the little that compute reports
 while it runs (which engine serves and which variants it refused, how each cache lookup went); the streaming layer's
-``streams.metrics.Metrics`` is one, so compute never imports the metrics it feeds.
+``streams.observe.metrics.Metrics`` is one, so compute never imports the metrics it feeds.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ loop; the container and codecs from an allow-list, opened without FFmpeg's probi
 ``workers.media``), samples up to ``max_frames`` frames at ``fps``, and cuts them into chunks of
 ``frames_per_chunk``. Each chunk becomes an encode job on the IMAGE topic (so N image
 replicas encode one video's chunks in parallel); a header part tells the assembler how
-many chunk results to pool into the video's embedding (streams/pooling.py).
+many chunk results to pool into the video's embedding (streams/policies/pooling.py).
 
 Frames travel as raw RGB, 256x256, uint8 (``FRAMES_MIME``): the image encoder's own
 resize-and-crop then takes the same centre 224x224 it takes from a photo.

@@ -32,9 +32,9 @@ from mmstream.bench.run import _pipeline_record, _workers, proc_cpu_s, send_and_
 from mmstream.monolith import Engines
 from schemas.request import Request, claim_prefix
 from schemas.settings import Settings
-from streams import costs
-from streams.client import Client, new_id
-from streams.security import KafkaSecurity
+from streams.stores import load_reports
+from streams.sdk.client import Client, new_id
+from streams.connection import KafkaSecurity
 from workers.redisconn import connect_async
 
 log = logging.getLogger(__name__)
@@ -148,7 +148,7 @@ class _Sampler:
             t = time.monotonic() - self._t0
             rss = {name: mb for name, pid in self.workers if (mb := proc_rss_mb(pid)) is not None}
             self.rss.append((t, self.phase, rss))
-            reports = await costs.read_loads(self.redis, self.prefix)
+            reports = await load_reports.read_loads(self.redis, self.prefix)
             self.loads.append((t, self.phase, {name: {"queued_ms": float(r.get("queued_ms", 0.0)),
                                                       "queued_rt_ms": float(r.get("queued_rt_ms", 0.0))}
                                                for name, r in reports.items() if isinstance(r, dict)}))

@@ -31,8 +31,8 @@ from mmstream.levers import own_pipeline
 from mmstream.stats import summary
 from schemas.request import Lane, Modality, Params, Part, Request, Task
 from schemas.settings import Settings
-from streams.client import Client, new_id
-from streams.security import KafkaSecurity, client_kwargs
+from streams.sdk.client import Client, new_id
+from streams.connection import KafkaSecurity, client_kwargs
 from streams.topics import collection_spec, ensure_topics
 from workers.retrieval import corpus as C
 

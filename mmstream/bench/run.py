@@ -33,8 +33,8 @@ from mmstream.stats import summary
 from mmstream.supervisor import AUTOSCALER, Supervisor
 from schemas.request import Lane, Request
 from schemas.settings import Settings
-from streams.client import Client, Submission, new_id
-from streams.security import KafkaSecurity
+from streams.sdk.client import Client, Submission, new_id
+from streams.connection import KafkaSecurity
 from streams.policies.batching import BatchLimits
 
 log = logging.getLogger(__name__)

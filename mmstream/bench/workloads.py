@@ -19,7 +19,7 @@ from typing import Sequence
 from mmstream import samples
 from mmstream.bench.config import BenchConfig
 from schemas.request import Lane, Modality, Params, Part, Request, Task
-from streams.client import new_id
+from streams.sdk.client import new_id
 
 WORDS = ("stream partition consumer latency model image token batch queue cache request encoder "
          "pipeline broker replica offset video audio text embedding vector kafka worker stage").split()

@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from mmstream.supervisor import Supervisor
 from schemas.codec import unpack
 from schemas.events import Event
-from streams.topic_reader import read_to_end
+from streams.observe.topic_reader import read_to_end
 
 
 @dataclass
@@ -92,7 +92,7 @@ def wire_violations(wire: Wire, ids: list[str], allowed_errors: tuple[str, ...])
 
 async def group_lag(bootstrap: str, prefix: str, security: Mapping[str, Any] | None = None) -> dict[str, int]:
     """Uncommitted records per consumer group of the pipeline (``<prefix>-<stage>``);
-    ``security``: the clients' options (``streams.security.client_kwargs``)."""
+    ``security``: the clients' options (``streams.connection.client_kwargs``)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **dict(security or {}))
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, **dict(security or {}))
     await admin.start()

@@ -34,7 +34,7 @@ class Targets:
     """The runner's client: ``slow_reader`` pauses its reply consumer."""
     leader_topic: str | None = None
     security: dict[str, Any] = field(default_factory=dict)
-    """The clients' options (``streams.security.client_kwargs``) for the admin calls here."""
+    """The clients' options (``streams.connection.client_kwargs``) for the admin calls here."""
 
 
 async def apply(fault: Fault, t: Targets) -> str:

@@ -27,9 +27,10 @@ from mmstream.chaos.infra import OwnKafka, OwnRedis, Toxiproxy, free_port, toxip
 from mmstream.chaos.scenario import Scenario
 from mmstream.supervisor import Supervisor
 from schemas.settings import Settings
-from streams.client import Client, wait_until_serving
-from streams.security import KafkaSecurity, client_kwargs
-from streams.topics import TopicNames, ensure_topics, topic_specs
+from streams.sdk.client import Client, wait_until_serving
+from streams.connection import KafkaSecurity, client_kwargs
+from schemas.topics import TopicNames
+from streams.topics import ensure_topics, topic_specs
 
 log = logging.getLogger(__name__)
 

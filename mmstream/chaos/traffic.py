@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from mmstream import samples
 from mmstream.chaos.scenario import Scenario
 from schemas.request import Lane, Modality, Params, Part, Request, Task
-from streams.client import Client, Submission
+from streams.sdk.client import Client, Submission
 
 INLINE_LIMIT_BYTES = 16 * 1024
 """Smaller than every sample image: media travels by claim check."""

@@ -31,7 +31,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from mmstream.chaos.checks import p99
 from schemas.settings import Settings
-from streams.security import client_kwargs
+from streams.connection import client_kwargs
 
 
 async def measure(bootstrap: str, n: int = 200, security: dict[str, Any] | None = None, gap_s: float = 0.0,

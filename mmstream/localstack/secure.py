@@ -32,7 +32,7 @@ from mmstream.localstack import procs
 from mmstream.localstack.kafka import LocalKafka
 from mmstream.localstack.procs import LocalStackError
 from schemas.settings import LocalSettings
-from streams.security import KafkaSecurity
+from streams.connection import KafkaSecurity
 
 SERVICE_USER = "mmstream"
 """The pipeline's service principal (``User:mmstream``): a super user of the local broker."""

@@ -3,7 +3,7 @@ a decision out; the router measures, asks, and carries the decision out.
 
 The router knows, per encode stage, what a new part would wait (``queued_ms``: the queued
 engine work the stage's replicas report, plus what the router sent since — see
-``streams.load``) and what each part of the request costs there (its length's cost from
+``streams.policies.load``) and what each part of the request costs there (its length's cost from
 the same reports, or its modality's default before any report). A request is admitted when
 every stage it needs is under that lane's limit; bulk's limit is lower than rt's, so bulk is
 shed first, with ``overloaded`` and how long to wait (``retry_after_ms``: the time the

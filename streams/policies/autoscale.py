@@ -2,7 +2,7 @@
 
 Every ``interval_s`` the scaler hands ``ScalePolicy.decide`` one ``PoolSignal`` per pool:
 the replicas alive, the consumer lag per lane (read from the broker) and the engine work the
-replicas report queued (predicted ms, ``streams.load``). Per pool:
+replicas report queued (predicted ms, ``streams.policies.load``). Per pool:
 
 - **demand** is the replicas that signal needs: ``ceil(max(lag[lane] / lag_per_replica[lane],
   queued_ms / target_queued_ms))``; 0 with no lag and nothing queued.

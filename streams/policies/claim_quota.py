@@ -1,4 +1,4 @@
-"""What a sweep of the stored claim checks does, per tenant (pure; ``streams.claim_sweep``
+"""What a sweep of the stored claim checks does, per tenant (pure; ``streams.stores.claim_sweep``
 reads Redis and applies it).
 
 A tenant's Redis user may SET any value under its own prefix (``mm:claim:<tenant>:*``); Redis

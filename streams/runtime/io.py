@@ -43,7 +43,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import KafkaConnectionError, KafkaError
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 
-from streams.produce import Out
+from streams.runtime.produce import Out
 from streams.runtime.fence import FencedError, Lease, ProducerGate, watch_coordinator
 from streams.runtime.offsets import OffsetTracker
 

@@ -26,7 +26,7 @@ import msgpack
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from streams.produce import Out
+from streams.runtime.produce import Out
 from streams.runtime.replies import BrokerReader
 
 log = logging.getLogger(__name__)

@@ -45,11 +45,11 @@ from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
 from schemas.settings import Settings
-from streams.health import process_health
-from streams.produce import Out, dead_letter
+from streams.observe.health import process_health
+from streams.runtime.produce import Out, dead_letter
 from streams.runtime.io import IOSettings, StageIO
-from streams.security import client_kwargs
-from streams.topics import TopicNames
+from streams.connection import client_kwargs
+from schemas.topics import TopicNames
 
 __all__ = ["RecordStage", "client_kwargs", "io_settings"]
 

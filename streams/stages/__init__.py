@@ -1,4 +1,5 @@
-"""The pipeline's stages: each one a Faust app with its agents, run by ``runner.run_stage``.
+"""The pipeline's stages: each one a record loop (``streams.runtime.stage.RecordStage``) on a
+Faust app that hosts its services, run by ``runner.run_stage``.
 
 This package's own module is only the list of stage names, so tools can name stages
 without importing Faust: the fixed stages plus one ``encode.<name>`` per registered

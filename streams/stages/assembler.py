@@ -3,7 +3,7 @@ embed request — sent exactly once.
 
 It reads the encoded topics (keyed ``<tenant>/<id>``, so one partition holds all of a
 request): manifests from the router, encoded parts from the encoders, and the router's
-verdicts (a rejection or a whole cached answer). ``streams.assembly.step`` is the pure state
+verdicts (a rejection or a whole cached answer). ``streams.policies.assembly.step`` is the pure state
 machine; this module keeps its state in memory, per request key (a tenant's id is its own:
 the same id from two tenants is two requests), and carries its decisions out:
 
@@ -23,7 +23,7 @@ then the records it is about to replay, and looks on their reply topics for even
 sent (an answer whose marker had not landed when the last owner died); the replay then
 rebuilds the state of the requests still open and sends only what was never sent.
 
-Trust and bounds: a part counts only with its request's nonce (``streams.assembly``); parts
+Trust and bounds: a part counts only with its request's nonce (``streams.policies.assembly``); parts
 that come before their manifest ("orphans": forged or stale, since a request's manifest
 precedes its parts on the partition) are held at most ``orphan_ttl_ms`` and at most
 ``max_orphans`` requests' worth at a time (the oldest are dropped first), and never answered;
@@ -52,12 +52,13 @@ from schemas.events import Event, EventKind
 from schemas.jobs import DeadlineTick, EncodedPart, Manifest, RetrieveJob, Verdict, fan_in_from_wire, request_key
 from schemas.request import TENANT_RE
 from schemas.settings import Settings
+from schemas.topics import TopicNames
 from schemas.trace import now_ms
-from streams.assembly import Assembly, AssemblyPolicy, Step, reused_id, same_record, step
-from streams.lifecycle import RequestStatus
-from streams.metrics import Metrics, request_modality
-from streams.produce import Out, out_map
-from streams.result_cache import ResultCache
+from streams.policies.assembly import Assembly, AssemblyPolicy, Step, reused_id, same_record, step
+from streams.policies.lifecycle import RequestStatus
+from streams.observe.metrics import Metrics, request_modality
+from streams.runtime.produce import Out, out_map
+from streams.stores.result_cache import ResultCache
 from streams.runtime.recovery import done_marker, recover
 from streams.runtime.stage import RecordStage
 
@@ -122,8 +123,8 @@ class AssemblerStage(RecordStage):
     stage = "assemble"
 
     def __init__(self, app: faust.App, settings: Settings, metrics: Metrics) -> None:
-        names_prefix = settings.kafka.topic_prefix
-        super().__init__(app, settings, [f"{names_prefix}.encoded.rt"], [f"{names_prefix}.encoded.bulk"])
+        names = TopicNames(settings.kafka.topic_prefix)
+        super().__init__(app, settings, [names.encoded("rt")], [names.encoded("bulk")])
         a = settings.assembler
         self.metrics = metrics
         self.policy = AssemblyPolicy(retention_ms=float(a.retention_ms), orphan_ttl_ms=float(a.orphan_ttl_ms))

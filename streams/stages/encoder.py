@@ -21,7 +21,7 @@ the room left (the runtime's ``poll_budget``). Bulk jobs may hold at most half o
 (``BULK_SHARE``): a flood of bulk work cannot fill the stage and leave rt records waiting in
 the topic, where no fair order reaches them. A few times a second the stage reports its
 queued work (ms, per partition) and what one more item costs it, for the router's admission
-(``streams.load``).
+(``streams.policies.load``).
 """
 
 from __future__ import annotations
@@ -41,13 +41,14 @@ from schemas.errors import ErrorCode, WireError
 from schemas.jobs import EncodedPart, EncodeJob, request_key
 from schemas.settings import Settings
 from schemas.tensor import to_wire
+from schemas.topics import TopicNames
 from schemas.trace import Span, now_ms
-from streams import costs
+from streams.stores import load_reports
 from streams.cores.encoder import EncodeAnswer, EncoderCore
-from streams.load import merge_item_costs, tenant_shares
-from streams.metrics import Metrics
+from streams.policies.load import merge_item_costs, tenant_shares
+from streams.observe.metrics import Metrics
 from streams.policies.placement import Offer, take_local
-from streams.produce import Out, out_map
+from streams.runtime.produce import Out, out_map
 from streams.runtime.stage import RecordStage
 from workers.calibration import CalibrationCache
 from workers.outputs import Encoded, EncoderRunner
@@ -71,8 +72,8 @@ class Local:
 class EncoderStage(RecordStage):
     def __init__(self, app: faust.App, settings: Settings, metrics: Metrics, modality: str, runner: EncoderRunner,
                  wire_dtype: str = "float16", group_id: str | None = None, intake: bool = True) -> None:
-        names_prefix = settings.kafka.topic_prefix
-        super().__init__(app, settings, [f"{names_prefix}.encode.{modality}.rt"], [f"{names_prefix}.encode.{modality}.bulk"],
+        names = TopicNames(settings.kafka.topic_prefix)
+        super().__init__(app, settings, [names.encode(modality, "rt")], [names.encode(modality, "bulk")],
                          group_id=group_id, intake=intake)
         self.stage = f"encode.{modality}"
         self.modality = modality
@@ -205,7 +206,7 @@ class EncoderStage(RecordStage):
     # -- load reports --------------------------------------------------------------------
 
     def report(self) -> dict[str, Any]:
-        """What this replica holds and what one more item costs it (see ``streams.load``)."""
+        """What this replica holds and what one more item costs it (see ``streams.policies.load``)."""
         core = self.core
         parts: dict[str, float] = {}
         lanes = {"rt": 0.0, "bulk": 0.0}
@@ -239,9 +240,9 @@ class EncoderStage(RecordStage):
             if not self.intake:  # no pool replica: the router sees its queue directly (placement)
                 continue
             try:
-                await costs.publish_load(self.redis, prefix, self.replica, self.report())
+                await load_reports.publish_load(self.redis, prefix, self.replica, self.report())
                 if not published_identity and self.runner.identity:
-                    await costs.publish_identity(self.redis, prefix, self.modality, self.runner.identity)
+                    await load_reports.publish_identity(self.redis, prefix, self.modality, self.runner.identity)
                     published_identity = True
             except Exception as exc:  # best effort: the router keeps its last numbers
                 log.debug("%s: load report failed: %r", self.stage, exc)

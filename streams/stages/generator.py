@@ -34,10 +34,10 @@ from schemas.settings import Settings
 from schemas.trace import now_ms
 from streams.app import topic_names
 from streams.cores.generation import GenerationCore, GenerationRequest, GenerationUpdate, calibrate
-from streams.metrics import Metrics
+from streams.observe.metrics import Metrics
 from streams.policies.gen_admission import PredictionCalibration, retry_after_ms, ttft_bound_ms
 from streams.policies.scheduler import ContinuousBatchScheduler, SchedulerLimits, StaticBatchScheduler
-from streams.produce import Out, out_map
+from streams.runtime.produce import Out, out_map
 from streams.runtime.recovery import done_marker, recover
 from streams.runtime.stage import RecordStage
 from workers import modalities

@@ -34,9 +34,9 @@ from schemas.errors import WireError
 from schemas.settings import Settings
 from schemas.tensor import to_wire
 from streams.app import topic_names
-from streams.metrics import Metrics
-from streams.metrics_retrieval import RetrievalMetrics
-from streams.produce import Out
+from streams.observe.metrics import Metrics
+from streams.observe.metrics_retrieval import RetrievalMetrics
+from streams.runtime.produce import Out
 from streams.runtime.stage import RecordStage
 from workers.retrieval.embed import TextEmbedder
 

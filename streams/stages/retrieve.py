@@ -44,9 +44,9 @@ from schemas.tensor import from_wire
 from schemas.trace import now_ms
 from streams.app import topic_names
 from streams.cores.retrieval import Answer, CoreLimits, RetrievalCore, UnknownCollection
-from streams.metrics import Metrics
-from streams.metrics_retrieval import RetrievalMetrics
-from streams.produce import Out, out_map
+from streams.observe.metrics import Metrics
+from streams.observe.metrics_retrieval import RetrievalMetrics
+from streams.runtime.produce import Out, out_map
 from streams.runtime.recovery import done_marker, recover
 from streams.runtime.stage import RecordStage
 from workers.retrieval.embed import TextEmbedder

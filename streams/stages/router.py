@@ -1,7 +1,7 @@
 """The router stage: decode raw ingress bytes, validate, admit, split into per-part encode jobs;
-and its Faust agent (``install_router``), thin glue around ``Router.handle``.
+and its record loop (``install_router``), thin glue around ``Router.handle``.
 
-Everything a message can do wrong ends here as an answer, never as a crashed agent:
+Everything a message can do wrong ends here as an answer, never as a crashed stage:
 undecodable bytes go to the DLQ with their original headers and the reason; a decodable
 request that breaks the schema gets an ``error`` event when its id can be read (else DLQ).
 
@@ -55,22 +55,22 @@ from schemas.jobs import Verdict, request_key
 from schemas.request import TENANT_RE, Limits, peek_reply, validate_request
 from schemas.settings import Settings, parse_overrides
 from schemas.trace import now_ms
-from streams import claim_sweep, costs
-from streams.load import LoadView
-from streams.metrics import Metrics
+from streams.stores import claim_sweep, load_reports
+from streams.policies.load import LoadView
+from streams.observe.metrics import Metrics
 from streams.policies.budget import KeyedBudget
 from streams.policies.admission import AdmissionLimits, Admit, Backpressure, Reject, admit
 from streams.policies.gen_admission import estimate_prompt_tokens, price_generate_ms
 from streams.policies.partitioning import Partitioner
 from streams.policies.quota import QuotaLimits, Shed, TenantLabels, TenantQuotas
-from streams.produce import Out, dead_letter, out_map
+from streams.runtime.produce import Out, dead_letter, out_map
 from streams.reply_topics import ReplyTopics, TopicCache
-from streams.result_cache import ResultCache
-from streams.split import RoutedJob, split_request
+from streams.stores.result_cache import ResultCache
+from streams.policies.split import RoutedJob, split_request
 from streams.runtime.io import Joint
 from streams.runtime.stage import RecordStage, bounded
-from streams.security import client_kwargs
-from streams.topics import TopicNames
+from streams.connection import client_kwargs
+from schemas.topics import TopicNames
 from workers import modalities
 from workers.cache_keys import content_digest, result_key
 from workers.claims import ClaimSizer
@@ -142,9 +142,9 @@ class Router:
         self.load = load if load is not None else LoadView()
         self.partitioner = Partitioner(settings.router.partitioner)
         self.results = results
-        """A ResultCache (streams/result_cache.py), or None: no whole-result reuse."""
+        """A ResultCache (streams/stores/result_cache.py), or None: no whole-result reuse."""
         self.models: dict[str, str] = {}
-        """modality -> model identity, as the encoders publish them (refreshed by the agent)."""
+        """modality -> model identity, as the encoders publish them (refreshed by the stage)."""
         a = settings.admission
         self.admission = AdmissionLimits(a.max_queued_ms_rt, a.max_queued_ms_bulk) if a.enabled else None
         self.lane_limit_ms = {"rt": a.max_queued_ms_rt, "bulk": a.max_queued_ms_bulk}
@@ -531,8 +531,8 @@ class RouterStage(RecordStage):
         prefix = self.settings.kafka.topic_prefix
         while not self.should_stop:
             try:
-                self.load.update_reports(await costs.read_loads(self.redis, prefix), now_ms())
-                self.router.models = await costs.read_identities(self.redis, prefix)
+                self.load.update_reports(await load_reports.read_loads(self.redis, prefix), now_ms())
+                self.router.models = await load_reports.read_identities(self.redis, prefix)
                 self.router.partitioner.refresh(self.load.partition_ms)
             except Exception as exc:  # keep the last estimate; admission must not stop routing
                 log.warning("router: could not read the encoders' load: %r", exc)

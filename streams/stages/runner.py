@@ -22,10 +22,10 @@ import faust
 from schemas.settings import Settings
 from schemas.settings_base import csv_items
 from streams.app import create_app, group_id
-from streams.health import process_health
-from streams.lagmon import run_lag_monitor
-from streams.metrics import Metrics, serve
-from streams.security import client_kwargs
+from streams.observe.health import process_health
+from streams.observe.lagmon import run_lag_monitor
+from streams.observe.metrics import Metrics, serve
+from streams.connection import client_kwargs
 from streams.stages import BASELINE_POOL, stage_names
 from streams.stages.encoder import EncoderStage
 from streams.topics import ensure_topics, topic_specs
@@ -135,7 +135,7 @@ def _installer(stage: str) -> Installer:
 
 
 def build_stage(settings: Settings, stage: str, metrics: Metrics, replica: int = 0) -> faust.App:
-    """The Faust app of ``stage`` with its agents installed (and its engine warm)."""
+    """The Faust app of ``stage`` with its record loops installed (and its engine warm)."""
     install = _installer(stage)
     app = create_app(settings, stage, replica)
     install(app, settings, metrics)

@@ -25,11 +25,11 @@ from schemas.jobs import EncodedPart, EncodeJob, request_key
 from schemas.settings import Settings
 from schemas.trace import Span, now_ms
 from streams.app import topic_names
-from streams.metrics import Metrics
+from streams.observe.metrics import Metrics
 from streams.policies.fair_queue import FairQueue
-from streams.produce import Out, out_map
+from streams.runtime.produce import Out, out_map
 from streams.runtime.stage import RecordStage
-from streams.split import spread_partitions
+from streams.policies.split import spread_partitions
 from workers import modalities
 from workers.encoders import claim_resolver
 from workers.video import FRAMES_MIME, chunk_frames, decode_video, extract_audio_wav

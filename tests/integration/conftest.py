@@ -67,7 +67,7 @@ def start_pipeline(infra: Settings, replicas: dict[str, int], **extra_env: str) 
 
 
 async def wait_ready(pipe: Pipeline, timeout_s: float = 180.0) -> None:
-    from streams.client import wait_until_serving
+    from streams.sdk.client import wait_until_serving
 
     await wait_until_serving(pipe.bootstrap, pipe.prefix, timeout_s)
 

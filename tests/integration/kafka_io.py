@@ -8,7 +8,7 @@ from collections import defaultdict
 
 from schemas.codec import unpack
 from schemas.events import Event
-from streams.topic_reader import read_to_end
+from streams.observe.topic_reader import read_to_end
 
 __all__ = ["read_to_end", "terminal_events"]
 

@@ -19,7 +19,7 @@ from aiokafka import AIOKafkaProducer
 from mmstream.samples import photo, video
 from schemas.codec import ERROR_HEADER, SOURCE_HEADER
 from schemas.request import Modality, Part, Request
-from streams.client import Client, new_id
+from streams.sdk.client import Client, new_id
 from tests.integration.conftest import start_pipeline
 from tests.integration.kafka_io import read_to_end
 from workers.claims import ClaimResolver

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from schemas.request import Lane, Modality, Part, Request
-from streams.client import Client, new_id
+from streams.sdk.client import Client, new_id
 from tests.integration.conftest import start_pipeline
 
 pytestmark = pytest.mark.integration

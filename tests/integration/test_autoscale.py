@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mmstream.supervisor import AUTOSCALER, SPARE
 from schemas.request import Modality, Part, Request
-from streams.client import Client, new_id
+from streams.sdk.client import Client, new_id
 from tests.integration.conftest import Pipeline, start_pipeline
 from tests.integration.test_audio_pipeline import silence_wav
 

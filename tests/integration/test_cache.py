@@ -13,7 +13,7 @@ import pytest
 
 from mmstream.samples import photo
 from schemas.request import Modality, Part, Request
-from streams.client import Client, new_id
+from streams.sdk.client import Client, new_id
 from workers.cache import EncoderCache
 from tests.integration.conftest import start_pipeline
 

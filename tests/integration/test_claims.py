@@ -8,7 +8,7 @@ import redis
 
 from mmstream.samples import photo, video
 from schemas.request import Modality, Part, Request
-from streams.client import Client, new_id
+from streams.sdk.client import Client, new_id
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ import pytest
 
 from schemas.request import Modality, Params, Part, Request, Task
 from schemas.tensor import from_wire
-from streams.client import Client, new_id
+from streams.sdk.client import Client, new_id
 from tests.integration.conftest import start_pipeline
 from tests.integration.doc_modality import write_plugin
 from workers import modalities

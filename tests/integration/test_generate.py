@@ -7,7 +7,7 @@ import pytest
 
 from mmstream.samples import photo
 from schemas.request import Modality, Params, Part, Request, Task
-from streams.client import Client, new_id
+from streams.sdk.client import Client, new_id
 from tests.integration.conftest import start_pipeline
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,7 @@ import pytest
 
 from schemas.request import Modality, Part, Request
 from schemas.tensor import from_wire
-from streams.client import Client, new_id
+from streams.sdk.client import Client, new_id
 from tests.integration.conftest import start_pipeline
 
 pytestmark = pytest.mark.integration

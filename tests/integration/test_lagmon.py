@@ -12,8 +12,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.settings import Settings
-from streams.lagmon import LagMonitor, measure_lag
-from streams.metrics import Metrics
+from streams.observe.lagmon import LagMonitor, measure_lag
+from streams.observe.metrics import Metrics
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.request import Modality, Part, Request
-from streams.client import Client, new_id
+from streams.sdk.client import Client, new_id
 
 pytestmark = pytest.mark.integration
 

@@ -6,7 +6,7 @@ import pytest
 
 from mmstream.samples import photo, video
 from schemas.request import Modality, Part, Request
-from streams.client import Client, new_id
+from streams.sdk.client import Client, new_id
 from tests.integration.conftest import start_pipeline
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,7 @@ import pytest
 from schemas.codec import ERROR_HEADER, JSON, MSGPACK, pack
 from schemas.request import Modality, Part, Request
 from schemas.tensor import from_wire
-from streams.client import Client, new_id
+from streams.sdk.client import Client, new_id
 from tests.integration.kafka_io import read_to_end, terminal_events
 from workers.models.gates import GATES
 

@@ -14,8 +14,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from schemas.request import Modality, Part, Request
 from streams.app import group_id
-from streams.client import Client, new_id
-from streams.lagmon import _group_fields
+from streams.sdk.client import Client, new_id
+from streams.observe.lagmon import _group_fields
 from tests.integration.conftest import start_pipeline, wait_ready
 
 pytestmark = pytest.mark.integration

@@ -29,7 +29,7 @@ import pytest
 
 from mmstream.localstack.secure import SecureKafka
 from mmstream.supervisor import Supervisor
-from streams.security import read_redis_url
+from streams.connection import read_redis_url
 from schemas.settings import Settings
 from tests.integration.conftest import free_ports
 

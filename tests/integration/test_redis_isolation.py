@@ -20,7 +20,7 @@ import redis
 from mmstream import localstack
 from schemas.request import claim_key
 from schemas.settings import Settings
-from streams import claim_sweep
+from streams.stores import claim_sweep
 from tests.integration.conftest import free_ports
 from workers.redisconn import connect_async
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from schemas.request import Modality, Params, Part, Request, Task
-from streams.client import Client, new_id
-from streams.topic_reader import read_to_end
+from streams.sdk.client import Client, new_id
+from streams.observe.topic_reader import read_to_end
 from streams.topics import collection_spec, ensure_topics
 from tests.integration.conftest import start_pipeline
 

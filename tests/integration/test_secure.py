@@ -38,9 +38,10 @@ from schemas.codec import JSON, unpack
 from schemas.events import Event
 from schemas.request import Modality, Part, Request
 from schemas.settings import LocalSettings, Settings
-from streams.client import Client, new_id
-from streams.security import KafkaSecurity, client_kwargs, parse_properties, read_properties
-from streams.topics import TopicNames, collection_spec, ensure_topics, topic_specs
+from streams.sdk.client import Client, new_id
+from streams.connection import KafkaSecurity, client_kwargs, parse_properties, read_properties
+from schemas.topics import TopicNames
+from streams.topics import collection_spec, ensure_topics, topic_specs
 from tests.integration.conftest import free_ports
 
 pytestmark = pytest.mark.integration

@@ -35,7 +35,7 @@ from schemas.jobs import EncodedPart
 from schemas.request import Modality, Part, Request
 from schemas.settings import LocalSettings, describe
 from schemas.tensor import from_wire, to_wire
-from streams.client import Client, new_id
+from streams.sdk.client import Client, new_id
 from tests.integration.conftest import REPO, start_pipeline
 from tests.integration.kafka_io import read_to_end, terminal_events
 from workers.redisconn import connect

@@ -7,7 +7,7 @@ import yaml
 
 from schemas.settings import Settings
 from streams.stages import BASELINE_POOL, stage_names
-from streams.topics import TopicNames
+from schemas.topics import TopicNames
 
 DOCS = list(yaml.safe_load_all((Path(__file__).resolve().parents[2] / "infra" / "k8s" / "mmstream.yaml").read_text()))
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from mmstream.autoscaler import lane_of, rules, signals
 from mmstream.scale_cli import last_decisions
 from schemas.settings import Settings
-from streams.lagmon import LagRow
+from streams.observe.lagmon import LagRow
 
 
 def test_signals_sum_lag_per_lane_and_fresh_queued_work_per_pool():

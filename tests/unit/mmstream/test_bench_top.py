@@ -19,7 +19,7 @@ from mmstream.top import (
     stage_rows,
     topic_rows,
 )
-from streams.lagmon import LagRow
+from streams.observe.lagmon import LagRow
 
 INF = math.inf
 

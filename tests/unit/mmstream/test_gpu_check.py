@@ -94,7 +94,7 @@ def test_status_shows_the_engine_a_worker_publishes() -> None:
     from prometheus_client import generate_latest
 
     from mmstream import engineinfo
-    from streams.metrics import Metrics
+    from streams.observe.metrics import Metrics
 
     m = Metrics()
     assert engineinfo.summary(generate_latest(m.registry).decode()) is None  # router, assembler: no engine

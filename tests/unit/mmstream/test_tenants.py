@@ -89,8 +89,8 @@ def test_a_properties_file_is_private_even_where_one_existed_open(tmp_path):
 
 def test_the_tenants_redis_user_rides_in_a_comment_librdkafka_skips_and_the_sdk_reads(tmp_path):
     from mmstream.tenants import Tenant, properties_text
-    from streams.client import Client
-    from streams.security import KafkaSecurity, parse_properties, read_redis_url
+    from streams.sdk.client import Client
+    from streams.connection import KafkaSecurity, parse_properties, read_redis_url
 
     sec = KafkaSecurity(protocol="SASL_SSL", mechanism="SCRAM-SHA-512", username="acme", password="pw")
     tenant = Tenant("acme", ("rt",), "127.0.0.1:9094", sec)

@@ -5,8 +5,8 @@ from hypothesis import strategies as st
 from schemas.errors import ErrorCode, WireError
 from schemas.jobs import DeadlineTick, EncodedPart, Manifest
 from schemas.tensor import to_wire
-from streams.assembly import AssemblyPolicy, due_at, step
-from streams.lifecycle import RequestStatus
+from streams.policies.assembly import AssemblyPolicy, due_at, step
+from streams.policies.lifecycle import RequestStatus
 
 POLICY = AssemblyPolicy(retention_ms=1000.0, orphan_ttl_ms=5000.0)
 

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from schemas.codec import pack, unpack
 from schemas.errors import ErrorCode, WireError
 from schemas.request import Modality, Part, Request, Task
-from streams.client import Client, ClientError, attempt_id
-from streams.retry import NO_RETRY, RetryConfig, retry_delay_ms
-from streams.transport import TransportError
+from streams.sdk.client import Client, ClientError, attempt_id
+from streams.sdk.retry import NO_RETRY, RetryConfig, retry_delay_ms
+from streams.sdk.transport import TransportError
 
 Script = Callable[[dict, int], list[dict]]  # (request wire map, attempt number) -> events it gets
 

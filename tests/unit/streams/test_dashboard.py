@@ -1,5 +1,5 @@
 """The Grafana dashboard and the alerting rules ask only for metrics and labels that
-``streams.metrics.Metrics`` defines, so renaming one in code without the other fails here.
+``streams.observe.metrics.Metrics`` defines, so renaming one in code without the other fails here.
 
 A small PromQL scanner (enough for the queries we write, not a parser) finds, per
 expression: the series selected, the labels in ``{...}`` matchers next to each series, and
@@ -19,9 +19,9 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from streams.health import WorkerHealth
-from streams.lagmon import LagRow
-from streams.metrics import Metrics, MetricSchema
+from streams.observe.health import WorkerHealth
+from streams.observe.lagmon import LagRow
+from streams.observe.metrics import Metrics, MetricSchema
 
 REPO = Path(__file__).resolve().parents[3]
 DASHBOARD = REPO / "infra" / "grafana" / "mmstream.json"
@@ -120,7 +120,7 @@ def test_every_series_and_label_in_a_query_exists(title: str, expr: str, legend:
     selected, grouping = scan(expr)
     assert selected, f"{title}: no series in {expr!r}"
     for series, matched in selected.items():
-        assert series in SERIES, f"{title}: {series!r} is not a series of streams.metrics.Metrics"
+        assert series in SERIES, f"{title}: {series!r} is not a series of streams.observe.metrics.Metrics"
         known = SERIES[series] | TARGET_LABELS
         assert matched <= known, f"{title}: {series} has no label(s) {matched - known}"
         assert grouping <= known, f"{title}: {series} has no label(s) {grouping - known}"

@@ -21,8 +21,8 @@ from schemas.codec import pack, unpack
 from schemas.jobs import EncodeJob
 from schemas.settings import Settings
 from streams.app import create_app
-from streams.health import WorkerHealth
-from streams.metrics import Metrics
+from streams.observe.health import WorkerHealth
+from streams.observe.metrics import Metrics
 from streams.stages.encoder import EncoderStage
 from workers.cache import CacheFront, pack_output
 from workers.encoders import EncoderFront, Runner

@@ -13,7 +13,7 @@ from aiokafka.producer.message_accumulator import MessageAccumulator
 from aiokafka.producer.transaction_manager import TransactionManager
 from aiokafka.structs import ConsumerRecord
 
-from streams.produce import Out
+from streams.runtime.produce import Out
 from streams.runtime.fence import FencedError, Lease, ProducerGate, watch_coordinator
 from streams.runtime.io import IOSettings, StageIO
 

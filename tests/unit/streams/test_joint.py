@@ -7,7 +7,7 @@ The I/O below stands in for ``StageIO``'s two calls the joint uses (``deliver`` 
 
 import asyncio
 
-from streams.produce import out_map
+from streams.runtime.produce import out_map
 from streams.runtime.io import Joint
 
 

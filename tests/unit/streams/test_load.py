@@ -1,6 +1,6 @@
 """The router's view of the load, from the encoders' reports plus what it sent since."""
 
-from streams.load import LoadView
+from streams.policies.load import LoadView
 
 
 def report(stage, at, queued, partitions, item_ms):
@@ -68,7 +68,7 @@ def test_with_fair_order_a_tenant_waits_for_its_own_work_and_a_turn_of_each_othe
 
 
 def test_tenants_past_the_reported_ones_count_one_turn_each() -> None:
-    from streams.load import MAX_REPORTED_TENANTS, fair_wait_ms, tenant_shares
+    from streams.policies.load import MAX_REPORTED_TENANTS, fair_wait_ms, tenant_shares
 
     queued = {f"t{i}": float(i + 1) for i in range(MAX_REPORTED_TENANTS + 8)}
     shares = tenant_shares(queued)

@@ -15,9 +15,9 @@ from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from streams.health import WorkerHealth
-from streams.lagmon import LagMonitor, LagRow, consumed_topics, lag_rows, pipeline_groups, subscriptions
-from streams.metrics import ENGINE_FIELDS, LATENCY_BUCKETS_S, Metrics, request_modality, serve
+from streams.observe.health import WorkerHealth
+from streams.observe.lagmon import LagMonitor, LagRow, consumed_topics, lag_rows, pipeline_groups, subscriptions
+from streams.observe.metrics import ENGINE_FIELDS, LATENCY_BUCKETS_S, Metrics, request_modality, serve
 
 ALLOWED_LABELS = {"stage", "phase", "modality", "lane", "outcome", "code", "result", "decision", "topic", "partition", "group",
                   "from", "to", "reason", "kind", "task",
@@ -220,7 +220,7 @@ def test_cold_start_phases_count_from_the_process_start_once_each():
     import os
     import time
 
-    from streams.health import process_started_at
+    from streams.observe.health import process_started_at
 
     born = process_started_at()
     assert born <= time.time() and born == pytest.approx(process_started_at(os.getpid()))
@@ -321,6 +321,6 @@ def test_consumer_lag_gauges_follow_the_latest_rows():
 
 
 def test_every_reason_a_quota_sheds_for_is_a_known_label():
-    from streams.metrics import SHED_REASONS
+    from streams.observe.metrics import SHED_REASONS
 
     assert {"rate", "queued", "ref_bytes"} <= SHED_REASONS  # a shed for refs' bytes counts, never raises

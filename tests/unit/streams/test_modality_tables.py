@@ -12,7 +12,7 @@ from schemas.events import Event
 from schemas.jobs import EncodeJob, fan_in_from_wire
 from schemas.request import Modality, Part
 from schemas.settings import Settings, env_name
-from streams.assembly import _grounding
+from streams.policies.assembly import _grounding
 from streams.stages import stage_names
 from streams.stages.generator import prompt_parts
 from streams.stages.router import Router

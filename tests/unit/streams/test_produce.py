@@ -1,4 +1,4 @@
-"""Dead-letter records (streams/produce.py): what they keep, and that the whole record always
+"""Dead-letter records (streams/runtime/produce.py): what they keep, and that the whole record always
 fits the producer's size limit."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas.codec import ERROR_HEADER, SOURCE_HEADER, TRUNCATED_HEADER
-from streams.produce import MAX_REASON_BYTES, dead_letter
+from streams.runtime.produce import MAX_REASON_BYTES, dead_letter
 
 MB = 1024 * 1024
 

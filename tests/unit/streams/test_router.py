@@ -99,7 +99,7 @@ def test_outcome_says_how_the_record_went():
 
 
 def test_parts_of_one_request_are_spread_over_partitions():
-    from streams.split import spread_partitions
+    from streams.policies.split import spread_partitions
 
     r = make_router(kafka__partitions="4")
     raw = pack({"id": "s1", "parts": [{"modality": "text", "text": str(i)} for i in range(4)]})

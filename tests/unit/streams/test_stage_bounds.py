@@ -15,8 +15,8 @@ from schemas.jobs import EncodedPart, Manifest
 from schemas.settings import Settings
 from schemas.trace import now_ms
 from streams.app import create_app
-from streams.health import WorkerHealth
-from streams.metrics import Metrics
+from streams.observe.health import WorkerHealth
+from streams.observe.metrics import Metrics
 from streams.runtime.stage import RecordStage
 from streams.stages.assembler import AssemblerStage
 

@@ -10,8 +10,8 @@ from schemas.events import Event
 from schemas.jobs import Manifest, Verdict, fan_in_from_wire
 from schemas.settings import Settings
 from streams.stages.router import Router
-from streams.tenancy import valid_tenant
-from streams.topics import TopicNames
+from schemas.topics import valid_tenant
+from schemas.topics import TopicNames
 
 NAMES = TopicNames("mm")
 SECURE = {"MMSTREAM_KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "MMSTREAM_KAFKA_USERNAME": "svc",

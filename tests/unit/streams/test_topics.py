@@ -4,8 +4,9 @@ the size limit, and a DLQ that forgets by time and by bytes."""
 from __future__ import annotations
 
 from schemas.settings import Settings
-from streams.produce import dead_letter
-from streams.topics import TopicNames, tenant_topic_specs, topic_specs
+from streams.runtime.produce import dead_letter
+from schemas.topics import TopicNames
+from streams.topics import tenant_topic_specs, topic_specs
 
 
 def test_every_topic_is_stored_uncompressed_and_the_dlq_is_bounded():

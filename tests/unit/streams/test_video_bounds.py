@@ -16,9 +16,9 @@ from schemas.codec import pack
 from schemas.jobs import EncodeJob
 from schemas.settings import Settings
 from streams.app import create_app
-from streams.health import WorkerHealth
-from streams.metrics import Metrics
-from streams.produce import out_map
+from streams.observe.health import WorkerHealth
+from streams.observe.metrics import Metrics
+from streams.runtime.produce import out_map
 
 PREFIX = "unit"
 

@@ -6,7 +6,7 @@ import time
 import numpy as np
 
 from schemas.jobs import EncodeJob
-from streams.metrics import Metrics
+from streams.observe.metrics import Metrics
 from workers.cache import CacheFront, pack_output
 from workers.encoders import EncoderFront, Runner
 from workers.outputs import Encoded, Prepared

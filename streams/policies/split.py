@@ -1,6 +1,6 @@
 """The router's decision for one valid request, as plain data: the manifest for the
 assembler, one encode job per part, and the parts that fail right away (a modality no
-pool serves here). Pure: the router agent produces what this returns."""
+pool serves here). Pure: the router stage produces what this returns."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from schemas.jobs import EncodedPart, EncodeJob, Manifest
 from schemas.request import Modality, Part, Request, Task
 from schemas.trace import Span
 from streams.policies.partitioning import Partitioner
-from streams.topics import ANY, TopicNames
+from schemas.topics import ANY, TopicNames
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,9 +30,9 @@ from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
 from aiokafka.errors import KafkaError
 
 from schemas.settings import Settings
-from streams.health import process_health
-from streams.metrics import Metrics, serve
-from streams.security import client_kwargs
+from streams.observe.health import process_health
+from streams.observe.metrics import Metrics, serve
+from streams.connection import client_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class LagReader:
     def __init__(self, bootstrap: str, client_kwargs: dict[str, Any] | None = None) -> None:
         self.bootstrap = bootstrap
         self.client_kwargs = client_kwargs or {}
-        """Security options of both clients (``streams.security.client_kwargs``)."""
+        """Security options of both clients (``streams.connection.client_kwargs``)."""
         self.admin: AIOKafkaAdminClient | None = None
         self.consumer: AIOKafkaConsumer | None = None
 

@@ -1,4 +1,5 @@
-"""How a Kafka client of mmstream authenticates: one description, three dialects.
+"""How a client of mmstream connects: the one module both the stages and the client SDK take
+their Kafka security (and their Redis connector) from.
 
 ``KafkaSecurity`` is the security of one client identity (protocol, SASL mechanism and
 credentials, TLS CA and optional client certificate). It is built from the settings
@@ -11,10 +12,12 @@ writes it), and turned into what each client library takes:
 - ``properties(bootstrap)``: the librdkafka keys (``bootstrap.servers``,
   ``security.protocol``, ``sasl.mechanism``, ``sasl.username``, ``sasl.password``,
   ``ssl.ca.location``) that any Kafka client reads;
-- ``faust_credentials()``: Faust's ``broker_credentials``.
+- Faust's ``broker_credentials``: ``streams.app.faust_credentials`` (the SDK loads no Faust).
 
 ``client_kwargs(settings)`` is the one function every pipeline client gets its options from
 (re-exported by ``streams.runtime.stage``). Passwords never appear in a ``repr``.
+``connect_redis_async`` is ``workers.redisconn.connect_async``: every Redis client of the
+project, the SDK's claim checks included, is made there.
 """
 
 from __future__ import annotations
@@ -26,6 +29,12 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from aiokafka.abc import AbstractTokenProvider
 from aiokafka.helpers import create_ssl_context
+
+from workers.redisconn import connect_async as connect_redis_async
+
+__all__ = ["MECHANISMS", "PROTOCOLS", "REDIS_URL_KEY", "FileTokenProvider", "KafkaSecurity", "SecurityConfigError",
+           "client_kwargs", "connect_redis_async", "format_properties", "parse_properties", "read_properties",
+           "read_redis_url"]
 
 if TYPE_CHECKING:  # the SDK imports this module: it need not load the settings' pydantic models
     from schemas.settings import KafkaSettings, Settings
@@ -111,18 +120,6 @@ class KafkaSecurity:
                 kw["sasl_plain_password"] = self.password
         return kw
 
-    def faust_credentials(self) -> Any:
-        """Faust's ``broker_credentials`` for this identity (None for PLAINTEXT)."""
-        from faust.auth import OAuthCredentials, SASLCredentials, SSLCredentials  # Faust: workers only
-
-        if self.protocol == "PLAINTEXT":
-            return None
-        if not self.sasl:
-            return SSLCredentials(self.ssl_context())
-        if self.mechanism == "OAUTHBEARER":
-            return OAuthCredentials(oauth_cb=FileTokenProvider(self.oauth_token_file), ssl_context=self.ssl_context())
-        return SASLCredentials(username=self.username, password=self.password, ssl_context=self.ssl_context(),
-                               mechanism=self.mechanism)
 
     def properties(self, bootstrap: str) -> dict[str, str]:
         """The standard librdkafka client keys for this identity (no empty values)."""

@@ -3,7 +3,7 @@ modality. Both sides are best effort: Redis down only means the router keeps its
 numbers (and, past their staleness, treats the pool as idle).
 
 - ``publish_load`` / ``read_loads``: each encoder replica's load report (see
-  ``streams.load``), a field of the hash ``mm:load:<prefix>`` named by stage and replica,
+  ``streams.policies.load``), a field of the hash ``mm:load:<prefix>`` named by stage and replica,
   refreshed a few times a second.
 - ``publish_identity`` / ``read_identities``: model identities, for the whole-result cache key.
 """

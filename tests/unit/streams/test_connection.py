@@ -15,8 +15,8 @@ import pytest
 from schemas.codec import pack, unpack
 from schemas.request import Modality, Part, Request
 from schemas.settings import Settings, SettingsError, describe
-from streams.client import Client, ClientError
-from streams.security import (FileTokenProvider, KafkaSecurity, SecurityConfigError, client_kwargs,
+from streams.sdk.client import Client, ClientError
+from streams.connection import (FileTokenProvider, KafkaSecurity, SecurityConfigError, client_kwargs,
                               format_properties, parse_properties, read_properties)
 
 REPO = Path(__file__).resolve().parents[3]
@@ -151,3 +151,14 @@ def test_a_client_from_a_properties_file_is_its_user(tmp_path):
     assert client.tenant == "acme" and client.bootstrap == "h:9" and client.reply_to == "mm.results.acme"
     with pytest.raises(ClientError, match="tenant name"):
         Client("h:1", "mm", tenant="Not.A.Tenant", transport=Recorder())
+
+
+def test_faust_gets_its_credentials_from_the_same_description(ca_file):
+    from faust.auth import SASLCredentials
+
+    from streams.app import faust_credentials
+
+    assert faust_credentials(KafkaSecurity()) is None
+    creds = faust_credentials(KafkaSecurity.from_settings(Settings.from_env({**SASL, "MMSTREAM_KAFKA_SSL_CA_FILE": ca_file}).kafka))
+    assert isinstance(creds, SASLCredentials)
+    assert (creds.username, creds.password, creds.mechanism.value) == ("svc", "s3cret-pw", "SCRAM-SHA-512")

@@ -1,11 +1,11 @@
-"""The retrieval lever's metrics, on a stage's ``streams.metrics.Metrics`` registry: index
+"""The retrieval lever's metrics, on a stage's ``streams.observe.metrics.Metrics`` registry: index
 size, search time, reuse hit rate, how far an index is behind its topic, documents indexed."""
 
 from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from streams.metrics import LATENCY_BUCKETS_S, Metrics
+from streams.observe.metrics import LATENCY_BUCKETS_S, Metrics
 
 
 class RetrievalMetrics:

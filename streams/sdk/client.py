@@ -16,7 +16,7 @@ an event; the client shows each (kind, seq) of a request once, and exactly one t
 
 Retries (``retry=RetryConfig(...)``; off by default, so benchmarks and tools see the
 pipeline's answers as they are): a terminal error marked ``retriable`` is not shown; the
-request is sent again after the delay ``streams.retry`` computes (jittered backoff, never
+request is sent again after the delay ``streams.sdk.retry`` computes (jittered backoff, never
 before ``retry_after_ms``, bounded in attempts and total time), and the client shows the
 last attempt's terminal event. Each resend carries its own wire id (``<id>.r<n>``, so no
 stage mistakes it for a late duplicate of the failed attempt); events are shown under the
@@ -39,12 +39,11 @@ from schemas.codec import CONTENT_TYPE_HEADER, MSGPACK, DecodeError, pack, unpac
 from schemas.events import Event, EventKind
 from schemas.documents import MAX_DOC_ID_BYTES, Document
 from schemas.request import COLLECTION_RE, Lane, Modality, Params, Part, Request, Task, claim_key
+from schemas.topics import TopicNames, valid_tenant
 from schemas.trace import now_ms
-from streams.retry import NO_RETRY, RetryConfig, retry_delay_ms
-from streams.security import KafkaSecurity, read_properties, read_redis_url
-from streams.tenancy import tenant_docs, tenant_ingress, tenant_results, valid_tenant
-from streams.transport import KafkaTransport, Transport, TransportError
-from workers.redisconn import connect_async
+from streams.connection import KafkaSecurity, connect_redis_async, read_properties, read_redis_url
+from streams.sdk.retry import NO_RETRY, RetryConfig, retry_delay_ms
+from streams.sdk.transport import KafkaTransport, Transport, TransportError
 
 MAX_EVENTS_PER_REQUEST = 4096
 MAX_ID_CHARS = 128
@@ -130,7 +129,8 @@ class Client:
         self.claim_ttl_s = claim_ttl_s
         self._redis: Any = None
         self.prefix = topic_prefix
-        self.reply_to = reply_to or (f"{topic_prefix}.results" if tenant is None else tenant_results(topic_prefix, tenant))
+        self.names = TopicNames(topic_prefix)
+        self.reply_to = reply_to or (self.names.results if tenant is None else self.names.tenant_results(tenant))
         self.max_request_bytes = max_request_bytes
         self.retry = retry
         self._rng = rng or random.Random()
@@ -157,7 +157,7 @@ class Client:
 
     def ingress(self, lane: str) -> str:
         """The topic this client's requests of ``lane`` go to."""
-        return f"{self.prefix}.ingress.{lane}" if self.tenant is None else tenant_ingress(self.prefix, lane, self.tenant)
+        return self.names.ingress(lane) if self.tenant is None else self.names.tenant_ingress(lane, self.tenant)
 
     async def __aenter__(self) -> "Client":
         await self.start()
@@ -227,7 +227,7 @@ class Client:
     def collection_topic(self, collection: str) -> str:
         """The documents topic of this client's tenant's ``collection`` (``default``'s in
         plaintext mode). `mmstream collection add` creates it."""
-        return tenant_docs(self.prefix, self.tenant or "default", collection)
+        return self.names.docs(self.tenant or "default", collection)
 
     async def put_document(self, collection: str, doc_id: str, text: str,
                            meta: dict[str, Any] | None = None) -> None:
@@ -282,7 +282,7 @@ class Client:
             raise ClientError(f"part {big[0]} is over the inline limit of {self.inline_limit_bytes} bytes and the "
                               "client has no redis_url for a claim check")
         if self._redis is None:
-            self._redis = connect_async(self.redis_url, self.redis_tls_ca)
+            self._redis = connect_redis_async(self.redis_url, self.redis_tls_ca)
         parts = list(request.parts)
         for i in big:
             key = claim_key(request.tenant, request.id, i)

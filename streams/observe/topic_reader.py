@@ -10,7 +10,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 async def read_to_end(bootstrap: str, topic: str, client_kwargs: dict[str, Any] | None = None) -> list:
     """Every record of ``topic`` from the beginning up to its end offsets at call time
-    (``client_kwargs``: security options, ``streams.security.client_kwargs``)."""
+    (``client_kwargs``: security options, ``streams.connection.client_kwargs``)."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
                                 **(client_kwargs or {}))
     await consumer.start()

@@ -26,8 +26,8 @@ from schemas.errors import ErrorCode, WireError
 from schemas.events import Event, EventKind
 from schemas.jobs import DeadlineTick, EncodedPart, GenerateJob, Manifest, RetrieveJob
 from schemas.trace import Span, breakdown, spans_from_wire
-from streams.lifecycle import RequestStatus, advance
-from streams.pooling import pool_chunks
+from streams.policies.lifecycle import RequestStatus, advance
+from streams.policies.pooling import pool_chunks
 from workers import modalities
 
 TERMINAL_SEQ = 1  # seq 0 is the router's `accepted`

@@ -33,7 +33,7 @@ class Transport(Protocol):
 class KafkaTransport:
     """One aiokafka producer, and one consumer assigned every partition of the reply topic
     (no consumer group: a tenant's principal needs READ on its reply topic and nothing else).
-    ``client_kwargs``: security options (``streams.security.KafkaSecurity.aiokafka_kwargs``)."""
+    ``client_kwargs``: security options (``streams.connection.KafkaSecurity.aiokafka_kwargs``)."""
 
     def __init__(self, bootstrap: str, max_request_bytes: int = 8 * 1024 * 1024,
                  client_kwargs: dict[str, Any] | None = None) -> None:

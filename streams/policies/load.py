@@ -1,6 +1,6 @@
 """What the router knows of the load downstream, from the encoders' own reports. Pure.
 
-Every encoder replica reports a few times a second (``streams.costs.publish_load``) what it
+Every encoder replica reports a few times a second (``streams.stores.load_reports.publish_load``) what it
 holds: the engine work queued in it (milliseconds, predicted by its batch cost model, plus
 the records not yet fetched), per partition, and what one more item costs it by length. It
 knows this exactly; the router could only guess it from consumer lag. On top of a report the

@@ -18,7 +18,7 @@ Label values used across the pipeline:
   (``DECISIONS``) and error ``code`` (``schemas.errors.ErrorCode``) are checked: a value
   outside its set raises ``ValueError``, so a stray label value fails a test, not Prometheus.
 
-What an agent calls, one line each (times are milliseconds, as the trace records them; the
+What a stage calls, one line each (times are milliseconds, as the trace records them; the
 helpers convert to seconds):
 
 - when a stage finishes an item: ``observe_span(stage, modality, lane, queued_ms, service_ms)``
@@ -43,7 +43,7 @@ Every registry also carries the process collector (``process_cpu_seconds_total``
 worker's readiness checks pass), so the dashboard shows per-worker health.
 
 ``serve(port, registry)`` exposes a registry over HTTP for Prometheus to scrape, with
-``/healthz`` and ``/readyz`` beside ``/metrics`` (``streams.health``).
+``/healthz`` and ``/readyz`` beside ``/metrics`` (``streams.observe.health``).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from schemas.errors import ErrorCode
-from streams.health import WorkerHealth, probe, probe_body, process_health
+from streams.observe.health import WorkerHealth, probe, probe_body, process_health
 from workers.engines.gate import FALLBACK_REASONS
 
 # 0.5 ms to 30 s, roughly 1-2-5 per decade: a text embedding takes a few ms, a bulk video
@@ -101,7 +101,7 @@ STATE_KINDS = frozenset({"open", "orphans", "tombstones", "active", "done"})
 """What ``mmstream_state_entries`` counts (a fixed set: labels stay low-cardinality)."""
 
 class LagSample(Protocol):
-    """What ``set_consumer_lag`` reads from each row (``streams.lagmon.LagRow`` is one)."""
+    """What ``set_consumer_lag`` reads from each row (``streams.observe.lagmon.LagRow`` is one)."""
 
     group: str
     topic: str
@@ -112,13 +112,13 @@ class LagSample(Protocol):
 class Metrics:
     """Every collector of mmstream, created on ``registry`` (a new one by default).
 
-    A process makes one and passes it to its agents; two ``Metrics`` on one registry would
+    A process makes one and passes it to its stages; two ``Metrics`` on one registry would
     clash (``ValueError: Duplicated timeseries``) — that is the point of passing it in.
     """
 
     def __init__(self, registry: CollectorRegistry | None = None, health: WorkerHealth | None = None) -> None:
         """``health``: where readiness and counted in-flight items come from (default: the
-        process's, ``streams.health.process_health()``)."""
+        process's, ``streams.observe.health.process_health()``)."""
         self.registry = CollectorRegistry() if registry is None else registry
         self.health = process_health() if health is None else health
         # Every family by name with its type and the labels of its series: the dashboard
