@@ -29,6 +29,7 @@ from pathlib import Path
 
 from mmstream import standby
 from schemas.settings import Settings
+from schemas.settings_base import parse_assignments, whole_number
 from streams.stages import stage_names
 from workers import modalities
 
@@ -89,13 +90,7 @@ def _alive(pid: int) -> bool:
 
 def parse_replicas(specs: list[str]) -> dict[str, int]:
     """``["encode.text=2"]`` -> ``{"encode.text": 2}``; raises ``ValueError`` on bad input."""
-    out: dict[str, int] = {}
-    for spec in specs:
-        stage, sep, count = spec.partition("=")
-        if not sep or not count.isdigit():
-            raise ValueError(f"--replicas takes STAGE=N, got {spec!r}")
-        out[stage.strip()] = int(count)
-    return out
+    return parse_assignments(specs, whole_number, "STAGE=N (--replicas)")
 
 
 class WorkersElsewhereError(ValueError):

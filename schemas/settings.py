@@ -37,11 +37,11 @@ from schemas.settings_base import (ENGINE_PRECISIONS, ENV_PREFIX, Bootstrap, Eng
                                    SaslMechanism, Section, SecurityProtocol, UserPath, setting)
 from schemas.settings_serving import (AdmissionSettings, AssemblerSettings, CacheSettings, DlqSettings, EncoderSettings,
                                       GeneratorSettings, LimitsSettings, QuotaSettings, RouterSettings, VideoSettings,
-                                      parse_overrides)
+                                      parse_quota_overrides)
 from schemas.settings_autoscale import AutoscaleSettings
 from schemas.settings_retrieval import RetrievalSettings
 
-__all__ = ["ENGINE_PRECISIONS", "EnginePrecision", "Partitioner", "DlqSettings", "parse_overrides", "Settings",
+__all__ = ["ENGINE_PRECISIONS", "EnginePrecision", "Partitioner", "DlqSettings", "parse_quota_overrides", "Settings",
            "SettingsError", "KafkaSettings", "LocalSettings", "ModelSettings", "describe", "env_name", "env_names",
            "redact"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pydantic import field_validator
 
-from schemas.settings_base import Section, csv_items, setting
+from schemas.settings_base import Section, parse_assignments, setting, whole_number
 
 DEFAULT_POOLS = ("router=1:4,assembler=1:4,encode.text=1:8,encode.image=1:8,encode.audio=0:4,encode.video=0:4,"
                  "generate=0:8,retrieve=1:8")
@@ -20,15 +20,17 @@ DEFAULT_POOLS = ("router=1:4,assembler=1:4,encode.text=1:8,encode.image=1:8,enco
 def parse_pools(value: str) -> dict[str, tuple[int, int]]:
     """``encode.text=1:8,generate=0:2`` -> {stage: (min, max)}. Raises ``ValueError`` naming
     the bad item (not ``STAGE=MIN:MAX`` with 0 <= MIN <= MAX, MAX >= 1)."""
-    out: dict[str, tuple[int, int]] = {}
-    for item in csv_items(value):
-        stage, sep, spec = item.partition("=")
-        low, colon, high = spec.partition(":")
-        ok = sep and colon and stage.strip() and low.strip().isdigit() and high.strip().isdigit()
-        if not ok or not 0 <= int(low) <= int(high) or int(high) < 1:
-            raise ValueError(f"{item!r} is not STAGE=MIN:MAX with 0 <= MIN <= MAX and MAX >= 1")
-        out[stage.strip()] = (int(low), int(high))
-    return out
+    return parse_assignments(value, _min_max, "STAGE=MIN:MAX with 0 <= MIN <= MAX and MAX >= 1")
+
+
+def _min_max(spec: str) -> tuple[int, int]:
+    low, colon, high = (x.strip() for x in spec.partition(":"))
+    if not colon:
+        raise ValueError(spec)
+    low_n, high_n = whole_number(low), whole_number(high, least=1)
+    if low_n > high_n:
+        raise ValueError(spec)
+    return low_n, high_n
 
 
 class AutoscaleSettings(Section):

@@ -5,9 +5,11 @@ trades off and its constraints), the frozen ``Section`` base, and the value sets
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Callable, Iterable, Literal, TypeVar, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+T = TypeVar("T")
 
 
 ENV_PREFIX = "MMSTREAM_"
@@ -45,6 +47,31 @@ UserPath = Annotated[Path, AfterValidator(lambda p: p.expanduser())]
 
 def csv_items(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def parse_assignments(value: str | Iterable[str], parse: Callable[[str], T], form: str) -> dict[str, T]:
+    """The one parser of ``name=value`` lists (a comma-separated string, or items one by one):
+    {name: parse(value)}, both stripped. Raises ``ValueError`` saying "'<item>' is not
+    <form>" for an item with no ``=`` or no name, or whose value ``parse`` refuses by raising
+    ``ValueError``."""
+    items = csv_items(value) if isinstance(value, str) else [v.strip() for v in value]
+    out: dict[str, T] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        try:
+            if not sep or not name.strip():
+                raise ValueError(item)
+            out[name.strip()] = parse(raw.strip())
+        except ValueError:
+            raise ValueError(f"{item!r} is not {form}") from None
+    return out
+
+
+def whole_number(raw: str, least: int = 0) -> int:
+    """``raw`` as a whole number of at least ``least``; raises ``ValueError``."""
+    if not raw.isdigit() or int(raw) < least:
+        raise ValueError(raw)
+    return int(raw)
 
 
 def setting(default: Any, doc: str, **constraints: Any) -> Any:

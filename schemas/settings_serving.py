@@ -11,7 +11,7 @@ from pydantic import field_validator, model_validator
 
 from schemas.request import MODALITY_NAME_RE
 from schemas.settings_base import (ENGINE_PRECISIONS, TASKS, EnginePrecision, GeneratorPrecision, Grouping, QueueOrder, LmPrecision, Partitioner,
-                                   Scheduler, Section, csv_items, setting)
+                                   Scheduler, Section, csv_items, parse_assignments, setting, whole_number)
 
 
 class LimitsSettings(Section):
@@ -174,6 +174,16 @@ class CacheSettings(Section):
         "", "Cache TTLs by modality, e.g. audio=7200,doc=60 (seconds); a modality not named keeps its own default "
         "(text and image: the two settings above)."
     )
+
+    @field_validator("ttl_overrides")
+    @classmethod
+    def _ttls(cls, value: str) -> str:
+        parse_ttl_overrides(value)
+        return value
+
+    def ttls(self) -> dict[str, int]:
+        """``ttl_overrides`` as {modality: seconds}."""
+        return parse_ttl_overrides(self.ttl_overrides)
 
 
 class VideoSettings(Section):
@@ -363,22 +373,24 @@ class QuotaSettings(Section):
     @field_validator("overrides")
     @classmethod
     def _rates(cls, value: str) -> str:
-        parse_overrides(value)
+        parse_quota_overrides(value)
         return value
 
 
-def parse_overrides(value: str) -> dict[str, tuple[float, float]]:
+def parse_quota_overrides(value: str) -> dict[str, tuple[float, float]]:
     """``acme=50,batchco=5:20`` -> {tenant: (rate_per_s, burst)} (burst 0: one second's worth).
     Raises ``ValueError`` naming the bad item."""
-    out: dict[str, tuple[float, float]] = {}
-    for item in csv_items(value):
-        tenant, sep, spec = item.partition("=")
-        rate, _, burst = spec.partition(":")
-        try:
-            parsed = (float(rate), float(burst or 0))
-        except ValueError:
-            parsed = (-1.0, -1.0)
-        if not sep or not tenant.strip() or min(parsed) < 0:
-            raise ValueError(f"{item!r} is not tenant=rate_per_s[:burst] with numbers >= 0")
-        out[tenant.strip()] = parsed
-    return out
+    return parse_assignments(value, _rate_and_burst, "tenant=rate_per_s[:burst] with numbers >= 0")
+
+
+def parse_ttl_overrides(value: str) -> dict[str, int]:
+    """``audio=7200,doc=60`` -> {modality: seconds}. Raises ``ValueError`` naming the bad item."""
+    return parse_assignments(value, lambda spec: whole_number(spec, least=1), "modality=seconds with seconds >= 1")
+
+
+def _rate_and_burst(spec: str) -> tuple[float, float]:
+    rate, _, burst = spec.partition(":")
+    parsed = (float(rate), float(burst or 0))
+    if min(parsed) < 0:
+        raise ValueError(spec)
+    return parsed

@@ -53,7 +53,7 @@ from schemas.errors import ErrorCode, WireError
 from schemas.events import Event, EventKind
 from schemas.jobs import Verdict, request_key
 from schemas.request import TENANT_RE, Limits, peek_reply, validate_request
-from schemas.settings import Settings, parse_overrides
+from schemas.settings import Settings, parse_quota_overrides
 from schemas.trace import now_ms
 from streams.stores import claim_sweep, load_reports
 from streams.policies.load import LoadView
@@ -150,7 +150,7 @@ class Router:
         self.lane_limit_ms = {"rt": a.max_queued_ms_rt, "bulk": a.max_queued_ms_bulk}
         q = settings.quota
         self.quotas = TenantQuotas(QuotaLimits(
-            rate_per_s=q.rate_per_s, burst=q.burst, overrides=parse_overrides(q.overrides), fair_share=q.fair_share,
+            rate_per_s=q.rate_per_s, burst=q.burst, overrides=parse_quota_overrides(q.overrides), fair_share=q.fair_share,
             max_queued_ms=q.max_queued_ms, window_ms=float(q.window_ms), max_tenants=q.max_tenants,
             ref_bytes_per_s=q.ref_bytes_per_s,
             ref_bytes_burst=q.ref_bytes_burst or max(q.ref_bytes_per_s, float(settings.limits.max_request_ref_bytes))))

@@ -113,7 +113,7 @@ class ModalitySpec:
     def cache_ttl(self, settings: Settings) -> int:
         """Seconds a cached output lives: ``MMSTREAM_CACHE_TTL_OVERRIDES`` when it names this
         modality, else the modality's own setting, else the spec's default."""
-        overrides = parse_overrides(settings.cache.ttl_overrides)
+        overrides = settings.cache.ttls()
         if self.name in overrides:
             return overrides[self.name]
         if self.ttl_setting is not None:
@@ -127,17 +127,3 @@ class ModalitySpec:
         runner = self.runner(settings, observer, stage)
         return front_for(runner, settings, observer, self.name, self.cache_content, self.preprocessing,
                          self.cache_ttl(settings))
-
-
-def parse_overrides(raw: str) -> dict[str, int]:
-    """``"audio=7200,doc=60"`` -> ``{"audio": 7200, "doc": 60}``; raises ``ValueError``
-    naming the entry that is not ``name=seconds`` with positive seconds."""
-    out: dict[str, int] = {}
-    for entry in (e.strip() for e in raw.split(",")):
-        if not entry:
-            continue
-        name, sep, seconds = entry.partition("=")
-        if not sep or not seconds.strip().isdigit() or int(seconds) <= 0:
-            raise ValueError(f"cache TTL override {entry!r} is not modality=seconds")
-        out[name.strip()] = int(seconds)
-    return out

@@ -102,3 +102,21 @@ def test_passwords_in_urls_are_never_described():
     shown = dict((var, value) for var, value, _ in describe(s))
     assert shown["MMSTREAM_REDIS_URL"] == "redis://user:***@cache:6379/0"
     assert redact("redis://:pw@h:1/0") == "redis://:***@h:1/0" and redact("redis://h:1/0") == "redis://h:1/0"
+
+
+def test_every_name_value_list_goes_through_one_parser_and_names_the_bad_item() -> None:
+    from schemas.settings_base import parse_assignments, whole_number
+
+    assert parse_assignments(" a=1, b = 2 ,", whole_number, "NAME=N") == {"a": 1, "b": 2}
+    assert parse_assignments(["x=3"], whole_number, "NAME=N") == {"x": 3}
+    for bad in ("a", "=1", "a=-1", "a=x"):
+        with pytest.raises(ValueError, match=f"{bad!r} is not NAME=N"):
+            parse_assignments(bad, whole_number, "NAME=N")
+
+
+def test_cache_ttl_overrides_are_checked_when_the_settings_load() -> None:
+    assert Settings.from_env({"MMSTREAM_CACHE_TTL_OVERRIDES": "audio=7200,doc=60"}).cache.ttls() == {
+        "audio": 7200, "doc": 60}
+    for bad in ("audio", "audio=0", "audio=1.5"):
+        with pytest.raises(SettingsError, match="modality=seconds"):
+            Settings.from_env({"MMSTREAM_CACHE_TTL_OVERRIDES": bad})

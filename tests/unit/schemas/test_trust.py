@@ -14,7 +14,7 @@ from schemas.codec import MAX_DEPTH, DecodeError, unpack
 from schemas.errors import ErrorCode, WireError
 from schemas.jobs import EncodedPart, EncodeJob, Manifest, Verdict, fan_in_from_wire, request_key
 from schemas.request import TENANT_RE, Limits, claim_key, claim_prefix, validate_request
-from schemas.settings import Settings, SettingsError, parse_overrides, redact
+from schemas.settings import Settings, SettingsError, parse_quota_overrides, redact
 
 
 @pytest.mark.parametrize("raw", [
@@ -106,10 +106,10 @@ def test_passwords_are_masked_in_the_url_and_in_its_query():
 
 
 def test_quota_overrides_parse_or_name_the_bad_item():
-    assert parse_overrides("acme=50, batchco=5:20") == {"acme": (50.0, 0.0), "batchco": (5.0, 20.0)}
+    assert parse_quota_overrides("acme=50, batchco=5:20") == {"acme": (50.0, 0.0), "batchco": (5.0, 20.0)}
     for bad in ("acme", "acme=x", "=5", "acme=-1"):
         with pytest.raises(ValueError):
-            parse_overrides(bad)
+            parse_quota_overrides(bad)
     with pytest.raises(SettingsError, match="MMSTREAM_QUOTA_OVERRIDES"):
         Settings.from_env({"MMSTREAM_QUOTA_OVERRIDES": "acme=fast"})
 
