@@ -20,29 +20,10 @@ from schemas.jobs import EncodeJob
 from schemas.settings_serving import EncoderSettings
 from schemas.trace import now_ms
 from streams.cores.encoder import EncodeAnswer, EncoderCore
+from tests.unit.streams.encoder_fakes import DictCache, Quiet
 from workers.cache import CacheFront, pack_output
 from workers.encoders import EncoderFront, Runner
 from workers.outputs import Encoded, Prepared
-
-
-class DictCache:
-    def __init__(self, store=None):
-        self.store = dict(store or {})
-
-    def lookup_or_claim(self, keys, hold_ms):
-        return [self.store.get(k, True) for k in keys]
-
-    def get_many(self, keys):
-        return [self.store.get(k) for k in keys]
-
-    def set_many(self, items):
-        self.store.update(items)
-        return True
-
-
-class Quiet:
-    def cache_lookup(self, modality, result):
-        pass
 
 
 class Harness:

@@ -24,6 +24,7 @@ from streams.app import create_app
 from streams.observe.health import WorkerHealth
 from streams.observe.metrics import Metrics
 from streams.stages.encoder import EncoderStage
+from tests.unit.streams.encoder_fakes import DictCache
 from workers.cache import CacheFront, pack_output
 from workers.encoders import EncoderFront, Runner
 from workers.outputs import Prepared
@@ -54,22 +55,6 @@ class Recorder:
 
     def assignment(self):
         return set()
-
-
-class DictCache:
-    def __init__(self, store=None):
-        self.store = dict(store or {})
-        self.lookups: list[bool] = []
-
-    def lookup_or_claim(self, keys, hold_ms):
-        return [self.store.get(k, True) for k in keys]
-
-    def get_many(self, keys):
-        return [self.store.get(k) for k in keys]
-
-    def set_many(self, items):
-        self.store.update(items)
-        return True
 
 
 @pytest.fixture
