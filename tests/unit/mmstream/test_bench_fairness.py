@@ -18,7 +18,7 @@ from schemas.request import Lane, Task, validate_request
 from schemas.settings import Settings
 from streams.policies.admission import AdmissionLimits, Reject, admit
 from streams.policies.quota import QuotaLimits, TenantQuotas
-from streams.stages.router import limits_from
+from streams.stages.routing import limits_from
 
 TENANT = "abuser-0123abcd"
 BLOB_REF = f"redis:mm:claim:{TENANT}:blob"

@@ -15,7 +15,7 @@ from schemas.settings import Settings, env_name
 from streams.policies.assembly import _grounding
 from streams.stages import stage_names
 from streams.stages.generator import prompt_parts
-from streams.stages.router import Router
+from streams.stages.routing import Router
 from streams.topics import topic_specs
 from workers import modalities
 from workers import prompt as P

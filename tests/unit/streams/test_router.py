@@ -6,7 +6,7 @@ from schemas.codec import ERROR_HEADER
 from schemas.events import Event
 from schemas.jobs import EncodeJob, Verdict, fan_in_from_wire
 from schemas.settings import Settings, env_name
-from streams.stages.router import Router
+from streams.stages.routing import Router
 
 
 def make_router(**env):
@@ -272,7 +272,7 @@ def test_internal_media_types_are_refused_from_clients():
 
 
 def test_a_records_timestamp_is_believed_only_between_the_max_age_and_now():
-    from streams.stages.router import now_ms
+    from schemas.trace import now_ms
 
     r = make_router(router__max_record_age_ms="5000")
     raw = pack({"v": 1, "id": "ts1", "parts": [{"modality": "text", "text": "x"}]})

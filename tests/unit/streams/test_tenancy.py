@@ -9,7 +9,7 @@ from schemas import pack, unpack
 from schemas.events import Event
 from schemas.jobs import Manifest, Verdict, fan_in_from_wire
 from schemas.settings import Settings
-from streams.stages.router import Router
+from streams.stages.routing import Router
 from schemas.topics import valid_tenant
 from schemas.topics import TopicNames
 

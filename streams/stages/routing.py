@@ -1,0 +1,400 @@
+"""What the router does with one ingress record (``Router.handle``): decode, validate, price,
+shed or admit, and split into a manifest and per-part encode jobs. The router stage
+(``streams.stages.router``) polls the records and sends what this returns.
+
+Everything a message can do wrong ends here as an answer, never as a crashed stage: bytes no
+one can be answered for go to the DLQ (original headers, the reason); a request that breaks
+the schema gets an ``error`` event.
+
+Who a request is from. With a PLAINTEXT broker every client is trusted: requests arrive on
+the shared ingress topics and the tenant is the payload's ``tenant``. With an
+authenticating broker (``KafkaSettings.authenticated``) the router also reads every
+tenant's ingress topic ``<p>.ingress.<lane>.<tenant>`` (a pattern subscription), which only
+that tenant's principal may write (ACLs): the tenant is the one the topic names. A payload
+``tenant`` that differs is refused (``invalid_request``, field ``tenant``); an absent one
+is filled in. The shared ingress topics stay, writable by the service principal alone, and
+there the payload's tenant is believed (operators' tools, probes).
+
+Where answers go (``reply_to``): never to an internal topic (``TopicNames.is_internal``: the
+ingress, encode, encoded, generate, done and DLQ topics, changelogs) in any mode; a tenant's
+request only inside its own reply namespace (``<p>.results.<tenant>`` by default, or an
+existing ``<p>.results.<tenant>.*``). A refused ``reply_to`` is answered with an error on
+the default reply topic of whoever sent it.
+
+Every record the router sends for a request is keyed ``<tenant>/<id>`` (``request_key``),
+names the ingress record (``digest``: a replay of it is recognised downstream, another
+request reusing the id is refused) and carries a fresh ``nonce`` that the request's parts
+must carry back (``schemas.jobs``). Before admission, the tenant's quota
+(``streams.policies.quota``) may shed the request with ``overloaded``.
+
+Refs are priced at their stored size before anything reads them (``workers.claims.ClaimSizer``,
+injected as ``ref_sizes``): a part whose ref is unknown, not the tenant's or over
+``limits.max_ref_bytes`` fails alone, here; a request whose refs name more than
+``limits.max_request_ref_bytes`` together is ``payload_too_large``; the tenant's byte bucket
+(``quota.ref_bytes_per_s``) sheds the rest. Each job carries its ref's priced size, and the
+worker reads no more. Without a sizer every ref is priced at the most it may read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import secrets
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Sequence
+
+from schemas.codec import CONTENT_TYPE_HEADER, JSON, DecodeError, header, unpack
+from schemas.errors import ErrorCode, WireError
+from schemas.events import Event, EventKind
+from schemas.jobs import Verdict, request_key
+from schemas.request import TENANT_RE, Limits, peek_reply, validate_request
+from schemas.settings import Settings, parse_quota_overrides
+from schemas.topics import TopicNames
+from schemas.trace import now_ms
+from streams.policies.admission import AdmissionLimits, Admit, Reject, admit
+from streams.policies.budget import KeyedBudget
+from streams.policies.gen_admission import estimate_prompt_tokens, price_generate_ms
+from streams.policies.load import LoadView
+from streams.policies.partitioning import Partitioner
+from streams.policies.quota import QuotaLimits, Shed, TenantQuotas
+from streams.policies.split import RoutedJob, split_request
+from streams.reply_topics import ReplyTopics
+from streams.runtime.produce import Out, dead_letter, out_map
+from streams.runtime.stage import bounded
+from workers import modalities
+from workers.cache_keys import content_digest, result_key
+from workers.text import normalize
+
+log = logging.getLogger(__name__)
+
+TEXT_MAX_TOKENS = 256.0
+# (part index, ref) pairs and the tenant -> per part its stored bytes or error (``ClaimSizer.sizes``).
+RefSizes = Callable[[Sequence[tuple[int, str]], str], Awaitable[dict[int, "int | WireError"]]]
+
+
+def limits_from(settings: Settings) -> Limits:
+    lim = settings.limits
+    return Limits(max_text_bytes=lim.max_text_bytes, max_parts=lim.max_parts, max_inline_bytes=lim.max_inline_bytes,
+                  max_deadline_ms=lim.max_deadline_ms, default_deadline_ms=lim.default_deadline_ms,
+                  max_k=settings.retrieval.max_k, default_k=settings.retrieval.default_k,
+                  rag_max_k=settings.retrieval.rag_max_k, max_where_keys=settings.retrieval.max_where_keys)
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """What the router produces for one ingress record, and how it went (for metrics)."""
+
+    outs: list[Out]
+    outcome: str
+    """``ok`` (accepted and split), ``error`` (answered with an error event) or ``dlq``."""
+    code: str | None = None
+    modality: str = "text"
+    lane: str = "rt"
+    queued_ms: float = 0.0
+    service_ms: float = 0.0
+    admission: str | None = None
+    """``admit`` or ``reject`` when admission decided; None when it was off or not reached."""
+    shed: tuple[str, str] | None = None
+    """(tenant, reason) when the tenant's quota shed the request."""
+    jobs: tuple["JobOut", ...] = ()
+    """The encode jobs among ``outs``: a co-located encoder may take them over in process."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobOut:
+    job: RoutedJob
+    out: Out  # its record in ``Routed.outs``
+    cost_ms: float  # its predicted engine time
+
+
+class Router:
+    """Turns one ingress record into the records to produce. No I/O of its own except the
+    reply-topic existence check, which is injected."""
+
+    def __init__(self, settings: Settings, topic_exists: Callable[[str], Awaitable[bool]],
+                 load: LoadView | None = None, results: Any = None,
+                 nonce: Callable[[], str] = lambda: secrets.token_hex(12), ref_sizes: RefSizes | None = None) -> None:
+        self.settings = settings
+        self.topics = TopicNames(settings.kafka.topic_prefix)
+        self.limits = limits_from(settings)
+        self.known_modalities = tuple(modalities.names())
+        """What a part may say it is: the registry (plugins loaded) when the router starts."""
+        self.served_modalities = modalities.served(settings)
+        self.served_tasks = frozenset(t.strip() for t in settings.router.served_tasks.split(",") if t.strip())
+        self.replies = ReplyTopics(self.topics, topic_exists)
+        self.load = load if load is not None else LoadView()
+        self.partitioner = Partitioner(settings.router.partitioner)
+        self.results = results
+        """A ResultCache (streams/stores/result_cache.py), or None: no whole-result reuse."""
+        self.models: dict[str, str] = {}
+        """modality -> model identity, as the encoders publish them (refreshed by the stage)."""
+        a = settings.admission
+        self.admission = AdmissionLimits(a.max_queued_ms_rt, a.max_queued_ms_bulk) if a.enabled else None
+        self.lane_limit_ms = {"rt": a.max_queued_ms_rt, "bulk": a.max_queued_ms_bulk}
+        q = settings.quota
+        self.quotas = TenantQuotas(QuotaLimits(
+            rate_per_s=q.rate_per_s, burst=q.burst, overrides=parse_quota_overrides(q.overrides), fair_share=q.fair_share,
+            max_queued_ms=q.max_queued_ms, window_ms=float(q.window_ms), max_tenants=q.max_tenants,
+            ref_bytes_per_s=q.ref_bytes_per_s,
+            ref_bytes_burst=q.ref_bytes_burst or max(q.ref_bytes_per_s, float(settings.limits.max_request_ref_bytes))))
+        self.dlq_budget = KeyedBudget(settings.dlq.tenant_rate_per_s, settings.dlq.tenant_burst, q.max_tenants)
+        self.nonce = nonce
+        self.ref_sizes = ref_sizes
+
+    async def handle(self, raw: bytes, headers: Any, record_ts_ms: float | None, source: str,
+                     tenant: str | None = None) -> Routed:
+        """Route one ingress record. ``tenant``: the tenant the broker authenticated (from
+        the tenant's own ingress topic), or None where the payload's tenant is believed."""
+        started = now_ms()
+        checked = await self._checked(raw, headers, record_ts_ms, source, tenant)
+        if isinstance(checked, Routed):
+            return checked
+        req, digest, ref_bytes, refused = checked
+        # The client's timestamp, believed only within [started - max age, started].
+        client_sent = min(started, max(record_ts_ms, started - self.settings.router.max_record_age_ms)) \
+            if record_ts_ms else started
+        # The whole-answer lookup is the last await: from the quota to the reservation of
+        # what it sends (load.note_sent, quotas.note_sent) nothing yields, so the records of
+        # one poll, routed concurrently, cannot all be admitted on the same queued work.
+        key = self._result_key(req)
+        stored = await self.results.get(key) if key is not None else None
+        shed = self._quota(req, started, sum(ref_bytes.values()))
+        if shed is not None:
+            err = WireError(ErrorCode.OVERLOADED, shed.message, None, shed.retry_after_ms)
+            return self._refused(req, err, digest, shed=(req.tenant, shed.reason))
+        if stored is not None:
+            return self._answer_from_cache(req, stored, client_sent, started, digest)
+        decision = self._admit(req)
+        if isinstance(decision, Reject):
+            if decision.code == ErrorCode.OVERLOADED:  # kept out: the others keep to their fair share
+                self.quotas.note_refused(req.tenant, started)
+            return self._refused(req, WireError(decision.code, decision.message, None, decision.retry_after_ms), digest)
+        return self._accepted(req, decision, key, client_sent, started, digest, refused, ref_bytes)
+
+    async def _checked(self, raw: bytes, headers: Any, record_ts_ms: float | None, source: str,
+                       tenant: str | None) -> tuple[Any, str, dict[int, int], dict[int, WireError]] | Routed:
+        """A valid request with its record digest and its refs priced (bytes per part, and
+        the parts refused), or what answers the record instead (an error event, or the DLQ
+        for a record no one can be answered for)."""
+        content_type = header(headers, CONTENT_TYPE_HEADER)
+        if raw is not None and len(raw) > self.settings.limits.max_request_bytes:
+            return self._dlq(raw, headers, source, f"{ErrorCode.PAYLOAD_TOO_LARGE}: request is {len(raw)} bytes", tenant)
+        try:
+            obj = unpack(raw, content_type)
+        except DecodeError as exc:
+            return self._dlq(raw, headers, source, f"undecodable: {exc}", tenant)
+        from_json = (content_type or "").startswith(JSON) or (content_type is None and bytes(raw).lstrip()[:1] == b"{")
+        digest = record_digest(raw, record_ts_ms)
+        try:
+            req = validate_request(obj, self.limits, from_json=from_json, modalities=self.known_modalities)
+            if str(req.task) not in self.served_tasks:
+                raise WireError(ErrorCode.INVALID_REQUEST,
+                                f"task {req.task!s} is not served by this deployment (served: {', '.join(sorted(self.served_tasks))})",
+                                "task")
+            if tenant is not None:
+                given = obj.get("tenant")
+                if given is not None and given != tenant:
+                    raise WireError(ErrorCode.INVALID_REQUEST,
+                                    f"tenant {given!r} is not the tenant this ingress topic belongs to; leave tenant "
+                                    "out (it is taken from the topic) or send on that tenant's own topic", "tenant")
+                req = dataclasses.replace(req, tenant=tenant)
+            req = dataclasses.replace(req, reply_to=await self.replies.check(req.reply_to, tenant))
+            ref_bytes, refused = await self._price_refs(req)
+        except WireError as err:
+            who = peek_reply(obj)
+            if who is None:
+                return self._dlq(raw, headers, source, f"{err.code}: {err.message} (no readable id to answer)", tenant)
+            rid, reply_to = who
+            try:
+                reply_to = await self.replies.check(reply_to, tenant)
+            except WireError:
+                reply_to = self.replies.default(tenant)
+            event = Event(rid, EventKind.ERROR, 0, now_ms(), error=err.to_wire())
+            who_tenant = tenant if tenant is not None else obj.get("tenant")
+            return Routed([self._verdict(rid, who_tenant, "rt", reply_to, [event], digest)], "error", str(err.code))
+        return req, digest, ref_bytes, refused
+
+    def _refused(self, req: Any, err: WireError, digest: str, shed: tuple[str, str] | None = None) -> Routed:
+        # A valid request answered with ``err`` (shed by its quota, or refused by admission).
+        event = Event(req.id, EventKind.ERROR, 0, now_ms(), error=err.to_wire())
+        return Routed([self._verdict(req.id, req.tenant, str(req.lane), req.reply_to, [event], digest)], "error",
+                      str(err.code), lane=str(req.lane), admission="reject", shed=shed)
+
+    def _accepted(self, req: Any, decision: Admit | None, key: str | None, client_sent: float, started: float,
+                  digest: str, refused: dict[int, WireError], ref_bytes: dict[int, int]) -> Routed:
+        """An admitted request split into its records: the manifest first (the assembler sends
+        ``accepted`` when it arrives), then the parts that failed alone, then the jobs, in
+        one producer batch, so encoders start on the parts at once. What it sends is reserved
+        in the load view and the tenant's quota before anything yields."""
+        plan = split_request(
+            req, topics=self.topics, partitions=self.settings.kafka.partitions, partitioner=self.partitioner,
+            result_key=key,
+            cost_ms=self._part_cost, modality_topics=self.settings.router.modality_topics,
+            served_modalities=self.served_modalities, client_sent_at_ms=client_sent,
+            started_at_ms=started, now_ms=now_ms(), default_deadline_ms=self.settings.limits.default_deadline_ms,
+            nonce=self.nonce(), digest=digest, refused=refused, ref_bytes=ref_bytes,
+        )
+        m = plan.manifest
+        encoded = self.topics.encoded(req.lane)
+        rkey = request_key(req.tenant, req.id)
+        outs = [out_map(encoded, rkey, m.to_wire())]
+        outs += [out_map(encoded, rkey, p.to_wire()) for p in plan.failed_parts]
+        jobs = tuple(JobOut(j, out_map(j.topic, j.key, j.job.to_wire(), j.partition), self._part_cost(req.parts[j.job.part]))
+                     for j in plan.jobs)
+        outs += [j.out for j in jobs]
+        for j in jobs:
+            self.load.note_sent(j.job.topic, j.job.partition, j.cost_ms, m.accepted_at_ms, req.tenant)
+        wait = decision.predicted_wait_ms if isinstance(decision, Admit) else 0.0
+        self.quotas.note_sent(req.tenant, sum(j.cost_ms for j in jobs) + self._generate_cost(req), started, wait)
+        modalities = set(m.modalities)
+        return Routed(outs, "ok", modality=modalities.pop() if len(modalities) == 1 else "mixed", lane=str(req.lane),
+                      queued_ms=max(0.0, started - client_sent), service_ms=m.accepted_at_ms - started,
+                      admission="admit" if decision is not None else None, jobs=jobs)
+
+    def _result_key(self, req: Any) -> str | None:
+        """The whole-result key of an embed request whose parts all have content here and a
+        published model, at most ``cache.whole_result_max_bytes`` of it; None when it cannot
+        be cached (a bigger request is rarely sent twice, and hashing it would cost the
+        router for every copy a flood sends, shed or not)."""
+        if self.results is None or str(req.task) != "embed" or not self.settings.cache.whole_result:
+            return None
+        size = sum(len(p.text) if p.text is not None else len(p.data or b"") for p in req.parts)
+        if size > self.settings.cache.whole_result_max_bytes:
+            return None
+        parts = []
+        for p in req.parts:
+            if str(p.modality) not in self.served_modalities or p.ref is not None:
+                return None
+            content = normalize(p.text).encode() if p.text is not None else p.data
+            parts.append((str(p.modality), content_digest(content or b"")))
+        tenant = None if self.settings.cache.cross_tenant else req.tenant
+        return result_key(tenant=tenant, task="embed", parts=parts, models=self.models)
+
+    def _answer_from_cache(self, req: Any, payload: dict[str, Any], client_sent: float, started: float,
+                           digest: str) -> Routed:
+        now = now_ms()
+        reply_to = req.reply_to or self.topics.results
+        span = {"stage": "route", "queued_ms": round(max(0.0, started - client_sent), 3),
+                "service_ms": round(now - started, 3)}
+        accepted = Event(req.id, EventKind.ACCEPTED, 0, now, payload={"task": "embed", "parts": len(req.parts)})
+        result = Event(req.id, EventKind.RESULT, 1, now, payload=payload,
+                       timings={"e2e_ms": round(now - client_sent, 3), "stages": [span], "parts": []},
+                       cache={"hits": len(req.parts), "misses": 0, "result": "hit"})
+        modalities = {str(p.modality) for p in req.parts}
+        return Routed([self._verdict(req.id, req.tenant, str(req.lane), reply_to, [accepted, result], digest)],
+                      "ok", modality=modalities.pop() if len(modalities) == 1 else "mixed", lane=str(req.lane),
+                      queued_ms=span["queued_ms"], service_ms=span["service_ms"], admission="admit")
+
+    def _part_stage(self, part: Any) -> tuple[str, float] | None:
+        """(the encode stage whose engine a part loads, its predicted ms there); None for a
+        modality not served here. A video's frames load the image pool."""
+        spec = modalities.get(str(part.modality))
+        if spec is None or spec.name not in self.served_modalities:
+            return None
+        stage = spec.admission_stage
+        size = len(part.text) if part.text is not None else len(part.data or b"")
+        units = spec.units(size, self.settings.video.max_frames)
+        if spec.cost_unit == "token":  # cost depends on the length: ask for that length
+            tokens = min(TEXT_MAX_TOKENS, units)
+            reported = self.load.item_ms(stage, tokens)
+            return stage, reported if reported is not None else spec.ms_per_unit * tokens
+        reported = self.load.item_ms(stage, 1)
+        return stage, units * (reported if reported is not None else spec.ms_per_unit)
+
+    def _part_cost(self, part: Any) -> float:
+        found = self._part_stage(part)
+        return found[1] if found is not None else 0.0
+
+    def _generate_cost(self, req: Any) -> float:
+        """The generator's work a generate request causes (0 for embed), priced before any
+        of it runs, so a tenant's quota counts generation too."""
+        if str(req.task) != "generate":
+            return 0.0
+        chars = sum(len(p.text) for p in req.parts if p.text is not None)
+        others = sum(1 for p in req.parts if p.text is None)
+        return price_generate_ms(estimate_prompt_tokens(chars, others), int(req.params.max_tokens))
+
+    async def _price_refs(self, req: Any) -> tuple[dict[int, int], dict[int, WireError]]:
+        """(part index -> stored bytes of its ref, part index -> the error it fails with) for
+        the ref parts of a served modality. Raises ``WireError`` (``payload_too_large``) when
+        the refs that resolve name more than ``limits.max_request_ref_bytes`` together."""
+        refs = [(i, p.ref) for i, p in enumerate(req.parts)
+                if p.ref is not None and str(p.modality) in self.served_modalities]
+        if not refs:
+            return {}, {}
+        lim = self.settings.limits
+        if self.ref_sizes is None:
+            found: dict[int, int | WireError] = {i: lim.max_ref_bytes for i, _ in refs}
+        else:
+            found = await self.ref_sizes(refs, req.tenant)
+        sizes: dict[int, int] = {}
+        refused: dict[int, WireError] = {}
+        for i, _ in refs:
+            got = found.get(i, WireError(ErrorCode.INTERNAL, "the claim check could not be sized", f"parts.{i}.ref"))
+            if isinstance(got, WireError):
+                refused[i] = got
+            elif got > lim.max_ref_bytes:
+                refused[i] = WireError(ErrorCode.PAYLOAD_TOO_LARGE, f"the referenced payload is {got} bytes; the "
+                                       f"limit is {lim.max_ref_bytes}", f"parts.{i}.ref")
+            else:
+                sizes[i] = got
+        total = sum(sizes.values())
+        if total > lim.max_request_ref_bytes:
+            raise WireError(ErrorCode.PAYLOAD_TOO_LARGE, f"the refs of this request name {total} bytes together; the "
+                            f"limit is {lim.max_request_ref_bytes} per request", "parts")
+        return sizes, refused
+
+    def _quota(self, req: Any, now: float, ref_bytes: int = 0) -> Shed | None:
+        """The tenant's quota decision (None: within it, or no quota is set)."""
+        if not self.quotas.enabled:
+            return None
+        return self.quotas.check(req.tenant, lane_limit_ms=self.lane_limit_ms.get(str(req.lane), 0.0), now_ms=now,
+                                 ref_bytes=ref_bytes)
+
+    def _admit(self, req: Any) -> Admit | Reject | None:
+        """The admission decision for a valid request (None when admission is off)."""
+        if self.admission is None:
+            return None
+        stages: dict[str, float] = {}
+        for part in req.parts:
+            found = self._part_stage(part)
+            if found is None:
+                continue
+            stage, ms = found
+            stages[stage] = stages.get(stage, 0.0) + ms
+        deadline = req.deadline_ms or self.settings.limits.default_deadline_ms
+        queued = self.load.queued_ms(str(req.lane), tenant=req.tenant, own_ms=stages)
+        return admit(lane=str(req.lane), stages=stages, queued_ms=queued, deadline_ms=deadline, limits=self.admission)
+
+    def _verdict(self, rid: str, tenant: Any, lane: str, reply_to: str | None, events: list[Event],
+                 digest: str | None) -> Out:
+        """The router's own answer, sent through the assembler (which sends each client
+        event exactly once), on the lane's encoded topic keyed like the request's parts. An
+        unreadable tenant (of a request that failed validation) is answered as ``default``."""
+        if not (isinstance(tenant, str) and len(tenant) <= self.limits.max_tenant_chars and TENANT_RE.fullmatch(tenant)):
+            tenant = "default"
+        v = Verdict(id=rid, tenant=tenant, lane=lane, reply_to=reply_to or self.topics.results,
+                    events=[e.to_wire() for e in events], sent_at_ms=now_ms(), digest=digest)
+        return out_map(self.topics.encoded(lane if lane in ("rt", "bulk") else "rt"), request_key(tenant, rid),
+                       v.to_wire())
+
+    def _dlq(self, raw: bytes, headers: Any, source: str, reason: str, tenant: str | None) -> Routed:
+        """Park a record no one can be answered for, within its tenant's DLQ budget (every
+        plaintext client is one tenant here: its tenant field is unreadable); past it the
+        record is only counted, so a flood of garbage costs neither the DLQ nor the log."""
+        if not self.dlq_budget.take(tenant or "", now_ms()):
+            return Routed([], "dlq_dropped")
+        log.warning("router: to DLQ from %s: %s", bounded(source), bounded(reason))
+        return Routed([dead_letter(self.topics.dlq, None, raw, reason, headers=headers, source=source,
+                                   max_bytes=self.settings.kafka.max_message_bytes,
+                                   keep_payload=self.settings.dlq.keep_payload)], "dlq")
+
+
+def record_digest(raw: bytes, record_ts_ms: float | None) -> str:
+    """Which ingress record this is: its bytes and its timestamp (the producer's, kept by a
+    retry of the same batch), hashed. The same request sent again is another record."""
+    h = hashlib.sha256(repr(record_ts_ms).encode())
+    h.update(b"\0")
+    h.update(bytes(raw))
+    return h.hexdigest()[:32]
