@@ -14,17 +14,23 @@ start it again.
 Parts count only when they carry a nonce of the request's manifest (``nonces``: the first
 manifest's, plus a replayed manifest's, whose jobs carry their own): a part that arrived
 before its manifest waits, and is dropped when the manifest comes without its nonce.
+
+Before ``step``, ``intake`` decides what a message is to the stage as a whole (from what
+the stage knows of its key, as plain data): a late duplicate, another request reusing an
+id, the router's own answer, a request past the open-request bound, or one more message
+for ``step``, and whether the oldest orphan makes room first.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import Any
 
 
 from schemas.errors import ErrorCode, WireError
 from schemas.events import Event, EventKind
-from schemas.jobs import DeadlineTick, EncodedPart, GenerateJob, Manifest, RetrieveJob
+from schemas.jobs import DeadlineTick, EncodedPart, GenerateJob, Manifest, RetrieveJob, Verdict
 from schemas.trace import Span, breakdown, spans_from_wire
 from streams.policies.lifecycle import RequestStatus, advance
 from streams.policies.pooling import pool_chunks
@@ -124,6 +130,74 @@ def step(state: Assembly | None, msg: Manifest | EncodedPart | DeadlineTick, now
     if state.manifest is not None and len(state.parts) >= state.manifest.n_parts:
         return _complete(state, now_ms, deadline_hit=False)
     return Step(state)
+
+
+class Intake(StrEnum):
+    """What a fan-in message is to the assembler, before its request's ``step``."""
+
+    IGNORE = "ignore"
+    """Nothing to do but finish its record: a deadline tick from an older version, a late
+    duplicate of an answered request, or the router's answer to a replay of a request
+    already open (the first answer stands)."""
+    REUSED_ID = "reused_id"
+    """Another request (another ingress record) with the id of one open or just answered: it
+    gets its own ``invalid_request``; the other is not touched."""
+    VERDICT = "verdict"
+    """The router's own answer (an error, or a whole cached answer): its events go out."""
+    OVERLOADED = "overloaded"
+    """It would open a request while ``max_pending`` are open: answered ``overloaded``."""
+    STEP = "step"
+    """Into its request's state machine (``step``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeyView:
+    """What the stage knows of one request key, as plain data."""
+
+    answered: bool = False
+    """Answered recently (a tombstone)."""
+    answered_digest: str | None = None
+    """The ingress record it answered, when known."""
+    tracked: bool = False
+    """An entry is open for it (with or without its manifest)."""
+    manifest_digest: str | None = None
+    """The open entry's manifest's record (``has_manifest``: it has one)."""
+    has_manifest: bool = False
+    open_requests: int = 0
+    """Open requests with their manifest, over every partition of the replica."""
+    orphans: int = 0
+    """Open entries without a manifest, over every partition."""
+
+
+@dataclass(frozen=True, slots=True)
+class IntakeDecision:
+    action: Intake
+    opens: bool = False
+    """It is the manifest that opens its request (its deadline starts counting)."""
+    evict_orphan: bool = False
+    """The oldest orphan goes first (``max_orphans`` reached by a new one)."""
+
+
+def intake(msg: Any, view: KeyView, max_pending: int, max_orphans: int) -> IntakeDecision:
+    """What to do with ``msg`` (a ``Manifest``, ``Verdict``, ``EncodedPart`` or
+    ``DeadlineTick``) given ``view`` of its key. Pure."""
+    if isinstance(msg, DeadlineTick):
+        return IntakeDecision(Intake.IGNORE)  # the stage's own sweep keeps the deadlines
+    record = isinstance(msg, (Manifest, Verdict))
+    if view.answered:
+        if record and not same_record(view.answered_digest, msg.digest):
+            return IntakeDecision(Intake.REUSED_ID)
+        return IntakeDecision(Intake.IGNORE)
+    if isinstance(msg, Verdict):
+        if view.has_manifest:  # the router answered a record while a request with its key is open
+            same = same_record(view.manifest_digest, msg.digest)
+            return IntakeDecision(Intake.IGNORE if same else Intake.REUSED_ID)
+        return IntakeDecision(Intake.VERDICT)
+    opens = isinstance(msg, Manifest) and not view.has_manifest
+    if opens and view.open_requests >= max_pending:
+        return IntakeDecision(Intake.OVERLOADED, opens=True)
+    evict = not view.tracked and not isinstance(msg, Manifest) and view.orphans >= max_orphans
+    return IntakeDecision(Intake.STEP, opens=opens, evict_orphan=evict)
 
 
 def same_record(a: str | None, b: str | None) -> bool:

@@ -54,7 +54,7 @@ from schemas.request import TENANT_RE
 from schemas.settings import Settings
 from schemas.topics import TopicNames
 from schemas.trace import now_ms
-from streams.policies.assembly import Assembly, AssemblyPolicy, Step, reused_id, same_record, step
+from streams.policies.assembly import Assembly, AssemblyPolicy, Intake, KeyView, Step, intake, reused_id, step
 from streams.policies.lifecycle import RequestStatus
 from streams.observe.metrics import Metrics, request_modality
 from streams.runtime.produce import Out, out_map
@@ -158,25 +158,28 @@ class AssemblerStage(RecordStage):
             self.io.hold([r])  # in the request's state (or answered): never handled twice
 
     def _apply(self, part: PartitionState, r: ConsumerRecord, msg: Any, key: str, now: float) -> None:
-        if isinstance(msg, DeadlineTick):
-            self.io.finish([r])  # a tick from an older version: the sweep keeps the deadlines
+        entry = part.open.get(key)
+        manifest = entry.state.manifest if entry is not None else None
+        view = KeyView(answered=key in part.done, answered_digest=part.digests.get(key), tracked=entry is not None,
+                       manifest_digest=manifest.digest if manifest is not None else None,
+                       has_manifest=manifest is not None, open_requests=self._open_count(),
+                       orphans=self._orphan_count())
+        decision = intake(msg, view, self.max_pending, self.max_orphans)
+        if decision.action is Intake.IGNORE:
+            self.io.finish([r])
             return
-        if key in part.done:
-            if isinstance(msg, (Manifest, Verdict)) and not same_record(part.digests.get(key), msg.digest):
-                self._refuse(r, msg, now)  # another request with the id of one just answered
-            else:
-                self.io.finish([r])  # a late duplicate: nothing to do
+        if decision.action is Intake.REUSED_ID:
+            self._refuse(r, msg, now)
             return
-        if isinstance(msg, Verdict):
+        if decision.action is Intake.VERDICT:
             self._verdict(part, r, key, msg, now)
             return
-        entry = part.open.get(key)
-        opens = isinstance(msg, Manifest) and (entry is None or entry.state.manifest is None)
-        if opens and self._open_count() >= self.max_pending:
+        if decision.action is Intake.OVERLOADED:
             self._overloaded(part, r, key, msg, now)
             return
+        opens = decision.opens
         if entry is None:
-            if not isinstance(msg, Manifest) and self._orphan_count() >= self.max_orphans:
+            if decision.evict_orphan:
                 self._drop_oldest_orphan()
             entry = Open(Assembly(status=RequestStatus.ACCEPTED, first_seen_ms=now, lane=self.lane_of(r)))
             part.open[key] = entry
@@ -230,13 +233,8 @@ class AssemblerStage(RecordStage):
         part.mark_done(key, state.done_at_ms or now_ms(), m.digest)
 
     def _verdict(self, part: PartitionState, r: ConsumerRecord, key: str, v: Verdict, now: float) -> None:
+        """The router's own answer (``intake`` checked it answers no request open here)."""
         stray = part.open.get(key)
-        if stray is not None and stray.state.manifest is not None:
-            if same_record(stray.state.manifest.digest, v.digest):
-                self.io.finish([r])  # the router answered a replay of an accepted record: the first answer stands
-            else:
-                self._refuse(r, v, now)  # another request with the id of one still open
-            return
         sent = part.sent.pop(key, set())
         outs = []
         for ev in v.events:
