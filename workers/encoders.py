@@ -57,6 +57,13 @@ class Runner:
     precision: str = ""
     """The variant that serves (``engine.precision``: after a fidelity fallback, not always
     the one asked for); it keys the reuse cache."""
+    cache_content: Callable[[EncodeJob, Settings], bytes | None] | None = None
+    """The bytes the reuse-cache key hashes for a job: what the model sees after
+    normalization, so equal content hits however it was encoded (``Prepared.content`` gives
+    them when ``prepare`` already made them). None: this modality is not cached."""
+    preprocessing: str = ""
+    """Preprocessing version in the cache key: bump it when ``cache_content`` or the
+    preprocessing changes what the model is given."""
 
 
 class EncoderFront:
@@ -224,14 +231,13 @@ def run_isolated(items: list[Any], run: Callable[[list[Any]], list[Any]]) -> lis
     return out
 
 
-def front_for(runner: Runner, settings: Settings, observer: Observer, modality: str,
-              cache_content: Callable[[EncodeJob, Settings], bytes | None] | None, preprocessing: str,
-              ttl_s: int) -> EncoderFront:
-    """``runner`` with claim checks resolved and, when the modality is cached and the cache
-    is on, the reuse cache in front."""
+def front_for(runner: Runner, settings: Settings, observer: Observer, modality: str, ttl_s: int) -> EncoderFront:
+    """``runner`` with claim checks resolved and, when it says what its cache key hashes
+    (``Runner.cache_content``) and the cache is on, the reuse cache in front."""
     cache, key_of = (None, None)
+    cache_content = runner.cache_content
     if cache_content is not None and runner.config is not None:
-        cache, key_of = cache_front(settings, observer, modality, runner.config, preprocessing, ttl_s,
+        cache, key_of = cache_front(settings, observer, modality, runner.config, runner.preprocessing, ttl_s,
                                     runner.precision or settings.encoder.precision)
     content = (lambda job: cache_content(job, settings)) if cache_content is not None else None
     return EncoderFront(runner, claim_resolver(settings), cache, content, key_of)

@@ -1,9 +1,10 @@
 """The "doc" modality plugin of docs/adding-a-modality.md, as the suite runs it: the guide's
-code block that starts with ``# mypkg/doc.py``, taken from the markdown as it stands, so the
-guide and what the tests run cannot drift apart.
+code blocks that start with ``# mypkg/doc.py`` (the descriptor) and ``# mypkg/doc_runner.py``
+(its compute), taken from the markdown as they stand, so the guide and what the tests run
+cannot drift apart.
 
-``write_plugin(root)`` writes that block to ``root/mypkg/doc.py`` (with an empty
-``root/mypkg/__init__.py``) and returns the module name to put in
+``write_plugin(root)`` writes them to ``root/mypkg/`` (with an empty
+``root/mypkg/__init__.py``) and returns the descriptor's module name to put in
 ``MMSTREAM_MODALITIES_PLUGINS``, the way the guide says to load it; ``root`` goes on the
 workers' ``PYTHONPATH`` and this process's ``sys.path``.
 """
@@ -14,16 +15,18 @@ import re
 from pathlib import Path
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "adding-a-modality.md"
-HEADER = "# mypkg/doc.py"
+FILES = ("doc.py", "doc_runner.py")
 MODULE = "mypkg.doc"
 
 
-def guide_plugin(guide: Path = GUIDE) -> str:
-    """The source of the guide's plugin: its one ```python block starting with ``HEADER``."""
+def guide_plugin(name: str = "doc.py", guide: Path = GUIDE) -> str:
+    """The source of one file of the guide's plugin: its one ```python block starting with
+    ``# mypkg/<name>``."""
+    header = f"# mypkg/{name}"
     blocks = re.findall(r"^```python\n(.*?)^```$", guide.read_text(encoding="utf-8"), re.S | re.M)
-    found = [b for b in blocks if b.startswith(HEADER + "\n")]
+    found = [b for b in blocks if b.startswith(header + "\n")]
     if len(found) != 1:
-        raise LookupError(f"{guide} has {len(found)} python blocks starting with {HEADER!r}, not one")
+        raise LookupError(f"{guide} has {len(found)} python blocks starting with {header!r}, not one")
     return found[0]
 
 
@@ -32,5 +35,6 @@ def write_plugin(root: Path) -> str:
     pkg = root / "mypkg"
     pkg.mkdir(parents=True, exist_ok=True)
     (pkg / "__init__.py").write_text("")
-    (pkg / "doc.py").write_text(guide_plugin())
+    for name in FILES:
+        (pkg / name).write_text(guide_plugin(name))
     return MODULE

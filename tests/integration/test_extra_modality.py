@@ -40,7 +40,7 @@ def doc_pipeline(infra, tmp_path_factory):
         # Leave the registry as other tests in this process expect it (and let a later load re-register).
         modalities.REGISTRY.clear()
         modalities.REGISTRY.update(before)
-        for name in (plugin, plugin.split(".")[0]):
+        for name in (plugin, f"{plugin}_runner", plugin.split(".")[0]):
             sys.modules.pop(name, None)
         sys.path.remove(str(root))
 

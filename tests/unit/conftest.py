@@ -10,6 +10,11 @@ from workers.encoders import Runner
 from workers.modalities import ModalitySpec
 
 
+def memo_runner(settings: Any, observer: Any, stage: str) -> Runner:
+    """A runner a spec can name (``tests.unit.conftest:memo_runner``)."""
+    return Runner(lambda job: None, lambda items: [], identity="memo/1", preprocessing="memo-v1")
+
+
 def memo_spec(**over: Any) -> ModalitySpec:
     """A small extra modality for tests: documents costed by bytes, grounded by an excerpt."""
     fields: dict[str, Any] = dict(

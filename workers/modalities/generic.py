@@ -13,7 +13,7 @@ from schemas.errors import ErrorCode, WireError
 from schemas.jobs import EncodeJob
 from schemas.settings import Settings
 from workers.encoders import Runner, run_isolated
-from workers.modalities import image, text
+from workers.modalities import image_runner, text_runner
 from workers.outputs import Encoded, Observer, Prepared
 from workers.video import decode_video
 
@@ -21,8 +21,8 @@ STAGE = "encode.any"
 
 
 def generic_runner(settings: Settings, observer: Observer) -> Runner:
-    text_run = text.build_runner(settings, observer, STAGE)
-    image_run, image_encoder = image.image_runner(settings, observer, STAGE)
+    text_run = text_runner.build_runner(settings, observer, STAGE)
+    image_run, image_encoder = image_runner.image_runner(settings, observer, STAGE)
     v = settings.video
 
     def prepare(job: EncodeJob) -> Prepared:

@@ -2,31 +2,47 @@
 
 Everything that differs between modalities lives in its spec, and the rest of the
 pipeline reads the spec instead of listing modalities again: the encode topics and stage
-(``encode.<name>``), the stage's runner, the reuse cache's key content, preprocessing
-version and TTL, the router's cost estimate (unit, default ms per unit, units of one part,
+(``encode.<name>``), the stage's runner (which says what the reuse cache keys on), the
+cache TTL, the router's cost estimate (unit, default ms per unit, units of one part,
 units one queued record stands for), the pool admission charges, what the language model
 is told about a part, the model it serves and the recipe that builds it, and how many
 replicas ``mmstream up`` starts.
 
-Callables in a spec are plain functions of plain data (extras maps, sizes, jobs); only
-``runner`` loads anything, and only when a worker of the stage starts.
+A spec is a descriptor: plain data and small pure functions (extras maps, sizes), cheap to
+import, so the topology (topics, router, assembler) reads it without loading any model
+library. Its compute is named, not imported: ``runner`` is ``"package.module:builder"``,
+imported only when a worker of the stage starts, the way engine backends are
+(``workers.engines.BACKENDS``). The builder's ``Runner`` also says what the reuse cache keys
+on (``cache_content``, ``preprocessing``).
 """
 
 from __future__ import annotations
 
+import importlib
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from schemas.jobs import EncodeJob
 from schemas.request import MODALITY_NAME_RE
 from schemas.settings import Settings
-from workers.encoders import EncoderFront, Runner, front_for
 from workers.outputs import Observer
 
-RunnerBuilder = Callable[[Settings, Observer, str], Runner]
+if TYPE_CHECKING:  # for annotations only: the descriptor loads no compute
+    from workers.encoders import EncoderFront, Runner
+
+RunnerBuilder = Callable[[Settings, Observer, str], "Runner"]
 """(settings, observer, stage) -> the stage's Runner. ``stage`` is the label its engine is
 reported under: ``encode.<name>``, or ``encode.any`` in the no-routing baseline's pool."""
+
+FRONT = "workers.encoders:front_for"
+"""What puts claim checks and the reuse cache in front of a runner (loaded with it)."""
+_REF_RE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
+def resolve(ref: str) -> Any:
+    """The object a ``"package.module:name"`` reference names, imported now."""
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 RESERVED_NAMES = frozenset({"any", "mixed"})
 """``any`` is the shared topic of the no-routing baseline, ``mixed`` the metrics label of a
@@ -47,8 +63,10 @@ class ModalitySpec:
     name: str
     """The wire name (``parts[].modality``); topics ``<p>.encode.<name>.<lane>`` and the stage
     ``encode.<name>`` are named after it. Lowercase letters and digits, at most 32."""
-    runner: RunnerBuilder | None = None
-    """Builds the encode stage's batch function; None for a modality that fans out instead."""
+    runner: str | RunnerBuilder | None = None
+    """Builds the encode stage's batch function: ``"package.module:builder"`` (imported when a
+    worker of the stage starts; a plugin may give the function itself). None for a modality
+    that fans out instead."""
     fanout: tuple[str, ...] = ()
     """Pools a part of this modality fans out to (video: frame chunks to ``image``, the
     soundtrack to ``audio``); its stage is then a fan-out loop in ``streams/stages/``, not an
@@ -60,12 +78,6 @@ class ModalitySpec:
     recipe: str | None = None
     """Name of the build recipe (``workers.models.build.RECIPES``) of its model, built by
     ``mmstream models build``; None when it serves another modality's model."""
-    cache_content: Callable[[EncodeJob, Settings], bytes | None] | None = None
-    """The bytes a cache key hashes: what the model sees after normalization, so equal
-    content hits however it was encoded. None: not cached."""
-    preprocessing: str = ""
-    """Preprocessing version in the cache key: bump it when ``cache_content`` or the
-    preprocessing changes what the model is given."""
     cost_unit: str = "part"
     """What one unit of work is (token, image, clip, frame): for people reading costs."""
     ms_per_unit: float = 10.0
@@ -92,6 +104,8 @@ class ModalitySpec:
                              f"starting with a letter, and not one of {sorted(RESERVED_NAMES)}")
         if (self.runner is None) == (not self.fanout):
             raise ValueError(f"modality {self.name!r} needs exactly one of a runner or fan-out pools")
+        if isinstance(self.runner, str) and not _REF_RE.fullmatch(self.runner):
+            raise ValueError(f"modality {self.name!r}: runner {self.runner!r} is not 'package.module:builder'")
         if self.replicas < 0 or self.ms_per_unit < 0 or self.cache_ttl_s <= 0:
             raise ValueError(f"modality {self.name!r}: replicas, costs and TTL must be positive")
 
@@ -120,10 +134,15 @@ class ModalitySpec:
             return int(getattr(settings.cache, self.ttl_setting))
         return self.cache_ttl_s
 
-    def front(self, settings: Settings, observer: Observer, stage: str) -> EncoderFront:
+    def build_runner(self, settings: Settings, observer: Observer, stage: str) -> "Runner":
+        """The stage's ``Runner``: its builder imported (when named) and called."""
+        if self.runner is None:
+            raise ValueError(f"modality {self.name!r} fans out; it has no encoder")
+        builder = resolve(self.runner) if isinstance(self.runner, str) else self.runner
+        return builder(settings, observer, stage)
+
+    def front(self, settings: Settings, observer: Observer, stage: str) -> "EncoderFront":
         """The encode stage's compute for this modality: its runner with claim checks and
-        the reuse cache (keyed by this spec's content and versions) in front."""
-        assert self.runner is not None, f"modality {self.name!r} fans out; it has no encoder"
-        runner = self.runner(settings, observer, stage)
-        return front_for(runner, settings, observer, self.name, self.cache_content, self.preprocessing,
-                         self.cache_ttl(settings))
+        the reuse cache (keyed by the runner's content and versions) in front."""
+        runner = self.build_runner(settings, observer, stage)
+        return resolve(FRONT)(runner, settings, observer, self.name, self.cache_ttl(settings))

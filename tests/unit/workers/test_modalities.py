@@ -50,10 +50,36 @@ def test_cache_ttls_keep_their_settings_and_audio_has_its_own() -> None:
 
 
 def test_cache_content_is_what_the_model_sees() -> None:
+    from workers.modalities import text_runner
+
     job = EncodeJob(id="r", part=0, n_parts=1, modality="text", lane="rt", tenant="t", deadline_at_ms=1.0,
                     sent_at_ms=0.0, text="  Caf\u0065\u0301   au lait ")
-    assert modalities.get("text").cache_content(job, Settings()) == "Café au lait".encode()
-    assert modalities.get("video").cache_content is None  # its chunks are cached by the image pool
+    assert text_runner.cache_content(job, Settings()) == "Café au lait".encode()
+
+
+def test_the_registry_is_descriptors_that_load_no_model_library() -> None:
+    """The topology (topics, router, assembler) reads the registry; loading it must not load
+    tokenizers, image or audio decoders, engines or Redis: a spec names its runner instead."""
+    import subprocess
+    import sys
+
+    heavy = ("tokenizers", "PIL", "av", "onnxruntime", "ctranslate2", "redis", "llama_cpp", "torch")
+    code = ("import sys, workers.modalities, streams.topics; "
+            f"print(','.join(m for m in {heavy!r} if m in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == ""
+    for spec in modalities.specs():
+        assert spec.runner is None or (isinstance(spec.runner, str) and spec.runner.startswith(f"workers.modalities.{spec.name}_runner:"))
+
+
+def test_a_named_runner_is_imported_only_when_built(registry) -> None:
+    with pytest.raises(ValueError, match="not 'package.module:builder'"):
+        memo_spec(runner="no colon here")
+    spec = memo_spec(runner="tests.unit.conftest:memo_runner")
+    runner = spec.build_runner(Settings(), None, spec.stage)
+    assert runner.identity == "memo/1" and runner.preprocessing == "memo-v1"
+    with pytest.raises(ValueError, match="fans out"):
+        modalities.get("video").build_runner(Settings(), None, "encode.video")
 
 
 def test_served_defaults_to_every_registered_modality(memo) -> None:
@@ -99,6 +125,7 @@ def test_plugins_named_in_the_settings_register_on_import(registry, tmp_path, mo
 def test_the_guide_s_example_plugin_loads_and_registers_what_it_says(registry, tmp_path, monkeypatch) -> None:
     """docs/adding-a-modality.md's plugin as written (the integration suite runs it in real
     workers): here, that it imports, registers a valid spec and refuses what it says."""
+    import importlib
     import sys
 
     from schemas.errors import WireError
@@ -110,14 +137,16 @@ def test_the_guide_s_example_plugin_loads_and_registers_what_it_says(registry, t
         assert modalities.load_plugins(plugin)[-1] == "doc"
         spec = modalities.get("doc")
         assert spec.stage == "encode.doc" and spec.runner is not None and spec.model_name(settings()) == "all-minilm-l6-v2"
+        assert spec.runner == f"{plugin}_runner:build_runner" and f"{plugin}_runner" not in sys.modules
         job = EncodeJob("r", 0, 1, "doc", "rt", "t", 0.0, 0.0, data="  A memo.\n".encode())
-        assert spec.cache_content(job, settings()) == b"A memo."
-        assert spec.cache_content(dataclasses.replace(job, data=b"\xff"), settings()) is None
+        compute = importlib.import_module(f"{plugin}_runner")
+        assert compute.cache_content(job, settings()) == b"A memo."
+        assert compute.cache_content(dataclasses.replace(job, data=b"\xff"), settings()) is None
         with pytest.raises(WireError, match="not UTF-8"):
-            sys.modules[plugin].decode(dataclasses.replace(job, data=b"\xff"))
+            compute.decode(dataclasses.replace(job, data=b"\xff"))
         assert spec.prompt_part(spec.grounding({"excerpt": "A memo."})) == AttachmentPart("doc", "text", "A memo.")
     finally:
-        for name in (plugin, plugin.split(".")[0]):
+        for name in (plugin, f"{plugin}_runner", plugin.split(".")[0]):
             sys.modules.pop(name, None)
 
 
