@@ -12,7 +12,10 @@ replica that takes over a partition calls ``recover`` before reading it:
 3. for those, the events already on their reply topics (an answer sent just before the last
    owner died, with its marker not yet written; tokens of a generation cut off midway).
 
-The stage then replays, sending only events not found in step 3.
+The stage then replays, sending only events not found in step 3. ``AnswerLedger`` is what
+such a stage (the generator, the retrieve stage) keeps of it between take-overs: the requests
+it answered and the events a previous owner sent, with the done marker added to every last
+answer; ``stage_timings`` is the timing breakdown of such an answer.
 """
 
 from __future__ import annotations
@@ -42,6 +45,62 @@ def done_marker(topic: str, key: str, reply_to: str, at_ms: float, digest: str |
     if digest is not None:
         value["d"] = digest
     return Out(topic, key.encode(), msgpack.packb(value))
+
+
+def stage_timings(job: Any, stage: str, started_ms: float, now_ms: float) -> dict[str, Any]:
+    """The ``timings`` of an answer to ``job`` (a ``GenerateJob`` or ``RetrieveJob``: its trace
+    so far, when it was sent to this stage, when the client sent it and when it was accepted)
+    from a stage that started on it at ``started_ms``."""
+    stages = [*job.trace, {"stage": stage, "queued_ms": round(max(0.0, started_ms - job.sent_at_ms), 3),
+                           "service_ms": round(now_ms - started_ms, 3)}]
+    return {"e2e_ms": round(now_ms - job.client_sent_at_ms, 3), "accepted_at_ms": job.accepted_at_ms,
+            "stages": stages}
+
+
+class AnswerLedger:
+    """What a stage that answers clients remembers: the requests it answered (for
+    ``retention_ms``, oldest forgotten first: a replayed or late duplicate record of theirs
+    is dropped) and, for requests being replayed, the events a previous owner already sent."""
+
+    def __init__(self, done_topic: str, retention_ms: float) -> None:
+        self.done_topic, self.retention_ms = done_topic, retention_ms
+        self.done: dict[str, float] = {}
+        """Request key -> when it was answered (epoch ms), in that order."""
+        self.sent: dict[str, set[tuple[str, int]]] = {}
+        """Request key -> (kind, seq) of its events already on its reply topic."""
+
+    def answered(self, key: str) -> bool:
+        return key in self.done
+
+    def already_sent(self, key: str, kind: str, seq: int) -> bool:
+        """Whether a previous owner sent this event (``kind`` "terminal" for a result or error)."""
+        return (kind, seq) in self.sent.get(key, ())
+
+    def finish(self, key: str, reply_to: str, outs: list[Out], terminal_seq: int, now_ms: float) -> list[Out]:
+        """The records of request ``key``'s last answer: ``outs`` less those to ``reply_to``
+        when a previous owner already sent its terminal event, plus its done marker. From now
+        the request counts as answered."""
+        if ("terminal", terminal_seq) in self.sent.pop(key, set()):
+            outs = [o for o in outs if o.topic != reply_to]  # sent before a take-over
+        outs = [*outs, done_marker(self.done_topic, key, reply_to, now_ms)]
+        self.done[key] = now_ms
+        self.prune(now_ms)
+        return outs
+
+    def prune(self, now_ms: float) -> None:
+        """Forget requests answered over ``retention_ms`` ago."""
+        cutoff = now_ms - self.retention_ms
+        while self.done:
+            key, at = next(iter(self.done.items()))
+            if at >= cutoff:
+                break
+            del self.done[key]
+
+    def take_over(self, found: "Recovered") -> None:
+        """What ``recover`` found for partitions this replica now owns."""
+        for done in found.done.values():
+            self.done.update(done)
+        self.sent.update(found.sent)
 
 
 @dataclass

@@ -38,7 +38,7 @@ from streams.observe.metrics import Metrics
 from streams.policies.gen_admission import PredictionCalibration, retry_after_ms, ttft_bound_ms
 from streams.policies.scheduler import ContinuousBatchScheduler, SchedulerLimits, StaticBatchScheduler
 from streams.runtime.produce import Out, out_map
-from streams.runtime.recovery import done_marker, recover
+from streams.runtime.recovery import AnswerLedger, recover, stage_timings
 from streams.runtime.stage import RecordStage
 from workers import modalities
 from workers import prompt as P
@@ -103,8 +103,7 @@ class GeneratorStage(RecordStage):
         self.metrics = metrics
         self.core, self.tokenizer = core, tokenizer
         self.active: dict[str, Active] = {}
-        self.done: dict[str, float] = {}
-        self.sent: dict[str, set[tuple[str, int]]] = {}
+        self.answers = AnswerLedger(names.generator_done, float(settings.generator.done_retention_ms))
         self.wake = asyncio.Event()
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="engine-lm")
         self.every = max(1, settings.generator.stream_every_tokens)
@@ -114,7 +113,6 @@ class GeneratorStage(RecordStage):
         self.calibration = PredictionCalibration()
         self.replayed: set[str] = set()
         """Jobs a previous owner of their partition took on: admitted once, never refused again."""
-        self.done_retention_ms = float(settings.generator.done_retention_ms)
         # A prompt longer than the context times the vocabulary's longest token (in bytes, which
         # are at least its characters) cannot fit, so it is refused before it is tokenized.
         longest = max((len(t) for t in tokenizer.get_vocab()), default=1)
@@ -136,9 +134,9 @@ class GeneratorStage(RecordStage):
             self.io.deliver([self.dlq(r, f"invalid_request: undecodable generate job: {exc}")], [r])
             return
         key = request_key(job.tenant, job.id)  # a tenant's id is its own: another tenant's is another job
-        if key in self.active or key in self.done:  # a repeat of a job running or answered
-            if key in self.done:
-                self.sent.pop(key, None)
+        if key in self.active or self.answers.answered(key):  # a repeat of a job running or answered
+            if self.answers.answered(key):
+                self.answers.sent.pop(key, None)
             self.io.finish([r])
             return
         now = now_ms()
@@ -197,7 +195,7 @@ class GeneratorStage(RecordStage):
         return "" if self.cross_tenant else job.tenant
 
     def _note_state(self) -> None:
-        self.metrics.set_state(STAGE, active=len(self.active), done=len(self.done))
+        self.metrics.set_state(STAGE, active=len(self.active), done=len(self.answers.done))
 
     def poll_budget(self) -> int:
         """Bounded intake: at ``max_queued`` jobs held the runtime pauses the stage's topics."""
@@ -239,7 +237,7 @@ class GeneratorStage(RecordStage):
             if delta and due:
                 ev = Event(a.job.id, EventKind.TOKEN, a.next_seq, now,
                            payload={"text": delta, "tokens": u.completion_tokens})
-                if ("token", a.next_seq) not in self.sent.get(u.key, ()):  # not sent before a takeover
+                if not self.answers.already_sent(u.key, "token", a.next_seq):  # not sent before a takeover
                     outs.append(out_map(a.job.reply_to, a.job.id, ev.to_wire()))
                 a.next_seq += 1
                 a.sent_text = u.text
@@ -264,7 +262,7 @@ class GeneratorStage(RecordStage):
         n = len(a.token_times)
         ttft = (a.first_token_ms or now) - job.accepted_at_ms
         tpot = (a.token_times[-1] - a.token_times[0]) / (n - 1) if n > 1 else None
-        timings = self._timings(job, a, now)
+        timings = stage_timings(job, STAGE, a.started_ms, now)
         timings.update(ttft_ms=round(ttft, 3), tpot_ms=round(tpot, 3) if tpot is not None else None)
         ev = Event(job.id, EventKind.RESULT, a.next_seq, now, timings=timings, payload={
             "task": "generate", "text": u.text, "finish_reason": u.finish_reason,
@@ -277,38 +275,19 @@ class GeneratorStage(RecordStage):
         if tpot is not None:
             self.metrics.observe_tpot(job.lane, tpot)
 
-    def _timings(self, job: GenerateJob, a: Active | None, now: float) -> dict[str, Any]:
-        stages = list(job.trace)
-        started = a.started_ms if a else now
-        stages.append({"stage": STAGE, "queued_ms": round(max(0.0, started - job.sent_at_ms), 3),
-                       "service_ms": round(now - started, 3)})
-        return {"e2e_ms": round(now - job.client_sent_at_ms, 3), "accepted_at_ms": job.accepted_at_ms,
-                "stages": stages}
-
     def _fail(self, job: GenerateJob, record: ConsumerRecord, err: WireError, a: Active | None = None) -> None:
         seq = a.next_seq if a else 1
-        ev = Event(job.id, EventKind.ERROR, seq, now_ms(), error=err.to_wire(), timings=self._timings(job, a, now_ms()))
+        now = now_ms()
+        ev = Event(job.id, EventKind.ERROR, seq, now, error=err.to_wire(),
+                   timings=stage_timings(job, STAGE, a.started_ms if a else now, now))
         self._terminal(job, record, ev)
         self.metrics.request_done(STAGE, "error", str(err.code))
 
     def _terminal(self, job: GenerateJob, record: ConsumerRecord, ev: Event) -> None:
         """The job's last event and its done marker; the job record is finished with them."""
         key = request_key(job.tenant, job.id)
-        outs = [] if ("terminal", ev.seq) in self.sent.pop(key, set()) else [out_map(job.reply_to, job.id, ev.to_wire())]
-        outs.append(done_marker(self.names.generator_done, key, job.reply_to, now_ms()))
+        outs = self.answers.finish(key, job.reply_to, [out_map(job.reply_to, job.id, ev.to_wire())], ev.seq, now_ms())
         self.io.deliver(outs, [record])
-        now = now_ms()
-        self.done[key] = now
-        self._prune_done(now)
-
-    def _prune_done(self, now: float) -> None:
-        """Forget generations finished over ``done_retention_ms`` ago (oldest first)."""
-        cutoff = now - self.done_retention_ms
-        while self.done:
-            key, at = next(iter(self.done.items()))
-            if at >= cutoff:
-                break
-            del self.done[key]
 
     def on_failed_output(self, out: Out, exc: BaseException) -> Out | None:
         """An event the reply topic refuses (too large for it, topic gone): the client gets a
@@ -332,13 +311,11 @@ class GeneratorStage(RecordStage):
         k = self.settings.kafka
         try:
             found = await recover(self.io.consumer, k.bootstrap, self.io.settings.client_kwargs, k.max_message_bytes,
-                                  self.names.generator_done, tps, _opens, now_ms(), self.done_retention_ms)
+                                  self.names.generator_done, tps, _opens, now_ms(), self.answers.retention_ms)
         except Exception:
             log.exception("generate: recovery of %s failed; replayed generations may repeat events", tps)
             return
-        for done in found.done.values():
-            self.done.update(done)
-        self.sent.update(found.sent)
+        self.answers.take_over(found)
         if len(self.replayed) > 100_000:  # keys of jobs that never came back (answered elsewhere)
             self.replayed.clear()
         self.replayed.update(found.replayed)
@@ -354,8 +331,8 @@ class GeneratorStage(RecordStage):
         self.wake.set()
 
     async def idle(self) -> None:
-        self._prune_done(now_ms())
-        self.metrics.set_state(STAGE, active=len(self.active), done=len(self.done))
+        self.answers.prune(now_ms())
+        self.metrics.set_state(STAGE, active=len(self.active), done=len(self.answers.done))
 
 
 def _used(job: GenerateJob) -> dict[str, Any]:

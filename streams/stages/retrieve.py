@@ -47,7 +47,7 @@ from streams.cores.retrieval import Answer, CoreLimits, RetrievalCore, UnknownCo
 from streams.observe.metrics import Metrics
 from streams.observe.metrics_retrieval import RetrievalMetrics
 from streams.runtime.produce import Out, out_map
-from streams.runtime.recovery import done_marker, recover
+from streams.runtime.recovery import AnswerLedger, recover, stage_timings
 from streams.runtime.stage import RecordStage
 from workers.retrieval.embed import TextEmbedder
 
@@ -82,8 +82,7 @@ class RetrieveStage(RecordStage):
         self.ready = asyncio.Event()
         self.snapshots = Path(app.conf.datadir) / "retrieval"
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="engine-retrieve")
-        self.done: dict[str, float] = {}
-        self.sent: dict[str, set[tuple[str, int]]] = {}
+        self.answers = AnswerLedger(names.retrieve_done, DONE_RETENTION_MS)
         self.lag = 0
 
     # -- the vectors topic ---------------------------------------------------------------
@@ -196,7 +195,7 @@ class RetrieveStage(RecordStage):
             self.io.deliver([self.dlq(r, f"invalid_request: undecodable retrieve job: {exc}")], [r])
             return
         key = request_key(job.tenant, job.id)
-        if key in self.done:
+        if self.answers.answered(key):
             self.io.finish([r])
             return
         started = now_ms()
@@ -238,7 +237,7 @@ class RetrieveStage(RecordStage):
         now = now_ms()
         hits = [{"id": h.doc_id, "score": round(float(h.score), 6), "text": t, "meta": h.meta}
                 for h, t in zip(a.hits, a.texts)]
-        ev = Event(job.id, EventKind.RESULT, TERMINAL_SEQ, now, timings=self._timings(job, started, now), payload={
+        ev = Event(job.id, EventKind.RESULT, TERMINAL_SEQ, now, timings=stage_timings(job, STAGE, started, now), payload={
             "task": "retrieve", "collection": job.collection, "hits": hits, "parts": job.parts,
             "index": {"documents": a.documents, "version": a.epoch, "reused": a.reused}})
         self._terminal(job, r, [out_map(job.reply_to, job.id, ev.to_wire())])
@@ -263,32 +262,13 @@ class RetrieveStage(RecordStage):
     def _fail(self, job: RetrieveJob, r: ConsumerRecord, err: WireError, started: float) -> None:
         now = now_ms()
         ev = Event(job.id, EventKind.ERROR, TERMINAL_SEQ, now, error=err.to_wire(),
-                   timings=self._timings(job, started, now))
+                   timings=stage_timings(job, STAGE, started, now))
         self._terminal(job, r, [out_map(job.reply_to, job.id, ev.to_wire())])
         self.metrics.request_done(STAGE, "error", str(err.code))
 
     def _terminal(self, job: RetrieveJob, r: ConsumerRecord, outs: list[Out]) -> None:
         key = request_key(job.tenant, job.id)
-        if ("terminal", TERMINAL_SEQ) in self.sent.pop(key, set()):
-            outs = [o for o in outs if o.topic != job.reply_to]  # sent before a takeover
-        outs.append(done_marker(self.names.retrieve_done, key, job.reply_to, now_ms()))
-        self.io.deliver(outs, [r])
-        self.done[key] = now_ms()
-        self._prune_done()
-
-    def _timings(self, job: RetrieveJob, started: float, now: float) -> dict[str, Any]:
-        stages = [*job.trace, {"stage": STAGE, "queued_ms": round(max(0.0, started - job.sent_at_ms), 3),
-                               "service_ms": round(now - started, 3)}]
-        return {"e2e_ms": round(now - job.client_sent_at_ms, 3), "accepted_at_ms": job.accepted_at_ms,
-                "stages": stages}
-
-    def _prune_done(self) -> None:
-        cutoff = now_ms() - DONE_RETENTION_MS
-        while self.done:
-            key, at = next(iter(self.done.items()))
-            if at >= cutoff:
-                break
-            del self.done[key]
+        self.io.deliver(self.answers.finish(key, job.reply_to, outs, TERMINAL_SEQ, now_ms()), [r])
 
     # -- ownership -----------------------------------------------------------------------
 
@@ -297,16 +277,14 @@ class RetrieveStage(RecordStage):
         k = self.settings.kafka
         try:
             found = await recover(self.io.consumer, k.bootstrap, self.io.settings.client_kwargs, k.max_message_bytes,
-                                  self.names.retrieve_done, tps, _opens, now_ms(), DONE_RETENTION_MS)
+                                  self.names.retrieve_done, tps, _opens, now_ms(), self.answers.retention_ms)
         except Exception:
             log.exception("retrieve: recovery of %s failed; a replayed search may be answered again", tps)
             return
-        for done in found.done.values():
-            self.done.update(done)
-        self.sent.update(found.sent)
+        self.answers.take_over(found)
 
     async def idle(self) -> None:
-        self._prune_done()
+        self.answers.prune(now_ms())
 
 
 async def _caught_up(consumer: AIOKafkaConsumer, tps: list[TopicPartition], target: dict[TopicPartition, int]) -> bool:
