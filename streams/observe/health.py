@@ -11,7 +11,7 @@
 A check is a callable read from the metrics server's thread: cheap, read-only, and a check
 that raises counts as failing. A worker process runs one stage, so there is one
 ``WorkerHealth`` per process (``process_health()``): the app factory registers into it and
-``streams.observe.metrics.serve`` reads it, without the stage runner having to hand it around. Tests
+``streams.observe.http.serve`` reads it, without the stage runner having to hand it around. Tests
 and tools that want their own pass one explicitly.
 """
 

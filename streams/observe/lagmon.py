@@ -31,7 +31,8 @@ from aiokafka.errors import KafkaError
 
 from schemas.settings import Settings
 from streams.observe.health import process_health
-from streams.observe.metrics import Metrics, serve
+from streams.observe.http import serve
+from streams.observe.metrics import Metrics
 from streams.connection import client_kwargs
 
 log = logging.getLogger(__name__)

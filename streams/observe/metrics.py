@@ -42,26 +42,23 @@ Every registry also carries the process collector (``process_cpu_seconds_total``
 ``process_resident_memory_bytes``, open fds, start time) and ``mmstream_ready`` (1 while the
 worker's readiness checks pass), so the dashboard shows per-worker health.
 
-``serve(port, registry)`` exposes a registry over HTTP for Prometheus to scrape, with
+``streams.observe.http.serve(port, registry)`` exposes a registry over HTTP for Prometheus to scrape, with
 ``/healthz`` and ``/readyz`` beside ``/metrics`` (``streams.observe.health``).
 """
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
-from socketserver import ThreadingMixIn
 from typing import Any, NamedTuple, Protocol, TypeVar
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector, make_wsgi_app
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from schemas.errors import ErrorCode
-from streams.observe.health import WorkerHealth, probe, probe_body, process_health
+from streams.observe.health import WorkerHealth, process_health
 from workers.engines.gate import FALLBACK_REASONS
 
 # 0.5 ms to 30 s, roughly 1-2-5 per decade: a text embedding takes a few ms, a bulk video
@@ -376,44 +373,6 @@ class _WorkerCollector(Collector):
         for phase, seconds in sorted(health.cold_start_s.items()):
             cold.add_metric((health.stage or "", phase), seconds)
         yield cold
-
-
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True  # a slow scraper never keeps the worker from exiting
-
-
-class _Server6(_Server):
-    address_family = socket.AF_INET6
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # one line per scrape is noise
-        pass
-
-
-def serve(port: int, registry: CollectorRegistry, addr: str = "0.0.0.0", health: WorkerHealth | None = None) -> int:
-    """Serve ``registry`` at ``http://<addr>:<port>/metrics``, and ``/healthz`` and
-    ``/readyz`` from ``health`` (default: the process's), from a daemon thread.
-
-    ``port`` 0 lets the OS pick a free port. Returns the port bound. Raises ``OSError`` if
-    the port is taken. The server lives as long as the process.
-    """
-    health = process_health() if health is None else health
-    metrics_app = make_wsgi_app(registry)
-
-    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
-        answer = probe(health, environ.get("PATH_INFO", "/"))
-        if answer is None:
-            return metrics_app(environ, start_response)
-        status, body = answer
-        start_response("200 OK" if status == 200 else "503 Service Unavailable",
-                       [("Content-Type", "application/json"), ("Cache-Control", "no-store")])
-        return [probe_body(body)]
-
-    server_cls = _Server6 if ":" in addr else _Server
-    server = make_server(addr, port, app, server_class=server_cls, handler_class=_QuietHandler)
-    threading.Thread(target=server.serve_forever, name="mmstream-metrics", daemon=True).start()
-    return int(server.server_port)
 
 
 def _check(label: str, value: str, allowed: frozenset[str]) -> None:

@@ -40,11 +40,12 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Sequence
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaConnectionError, KafkaError
+from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 
 from streams.runtime.produce import Out
 from streams.runtime.fence import FencedError, Lease, ProducerGate, watch_coordinator
+from streams.runtime.clients import close_quietly, start_when_reachable
 from streams.runtime.offsets import OffsetTracker
 
 log = logging.getLogger(__name__)
@@ -54,15 +55,6 @@ RETRY_MAX_S = 1.0
 """Backoff of an output the producer gave up on (a retriable error), doubled per attempt up to
 this, times 0.5-1.5: bounded, so an output waits at most about a second longer than the
 broker it waits for (a 5 s cap measured up to 7 s of the broker scenario's recovery)."""
-START_RETRY_BASE_S = 0.2
-START_RETRY_MAX_S = 2.0
-START_TIMEOUT_S = 180.0
-"""A stage that starts while the broker is away (restarting, failing over) keeps trying to
-reach it, with backoff from ``START_RETRY_BASE_S`` to ``START_RETRY_MAX_S``, for this long
-before it gives up: a worker that exits instead leaves its partitions unserved for good (the
-broker chaos scenario lost every generate request to a generator that started during the
-broker's restart and exited on "Unable to bootstrap")."""
-
 # (record that could not be sent, its error) -> what to send instead, or None
 FailedOutput = Callable[[Out, BaseException], Out | None]
 
@@ -147,7 +139,7 @@ class StageIO:
     async def start(self) -> None:
         s = self.settings
         self.producer = await self._new_producer()
-        self.consumer = await _start_when_reachable(lambda: AIOKafkaConsumer(
+        self.consumer = await start_when_reachable(lambda: AIOKafkaConsumer(
             bootstrap_servers=s.bootstrap, group_id=s.group_id, enable_auto_commit=False,
             auto_offset_reset="earliest", fetch_max_wait_ms=s.fetch_max_wait_ms,
             max_partition_fetch_bytes=s.max_message_bytes, fetch_max_bytes=max(s.max_message_bytes, 52_428_800),
@@ -164,7 +156,7 @@ class StageIO:
 
     async def _new_producer(self) -> AIOKafkaProducer:
         s = self.settings
-        producer = await _start_when_reachable(lambda: AIOKafkaProducer(
+        producer = await start_when_reachable(lambda: AIOKafkaProducer(
             bootstrap_servers=s.bootstrap, acks="all", enable_idempotence=True, linger_ms=s.linger_ms,
             max_request_size=s.max_message_bytes, client_id=f"{s.group_id}-producer", **s.client_kwargs),
             f"{s.group_id} producer")
@@ -340,7 +332,7 @@ class StageIO:
             # A dropped batch had its sequence number spent: a fresh producer starts over.
             old = self.producer
             self.producer = await self._new_producer()
-            asyncio.create_task(_close_quietly(old), name=f"{self.settings.group_id}-old-producer")
+            asyncio.create_task(close_quietly(old), name=f"{self.settings.group_id}-old-producer")
         if self.gate.discarded:
             log.warning("%s: %d outputs dropped so far: held while ownership was in doubt, then lost",
                         self.settings.group_id, self.gate.discarded)
@@ -352,89 +344,6 @@ class StageIO:
                 await self.commit()
             except Exception as exc:  # a rebalance in progress, a fenced generation: next time
                 log.info("%s: commit skipped: %r", self.settings.group_id, exc)
-
-
-class Joint:
-    """One input record whose outputs leave in several deliveries, some of them later (the
-    answers of a stage co-located in this process): the record is finished once it is
-    ``seal``ed and every delivery it expects reached the broker under the assignment it was
-    read in. A delivery dropped by a revoke leaves it unfinished, for its next owner."""
-
-    def __init__(self, io: StageIO, record: ConsumerRecord, epoch: int | None = None) -> None:
-        self.io = io
-        self.record = record
-        self.epoch = io.epoch if epoch is None else epoch
-        """The assignment ``record`` was read in: every delivery is sent under it or dropped."""
-        self.waiting = 0
-        self.sealed = False
-        self.failed = False
-        self.finished = False
-
-    def send(self, outs: Sequence[Out]) -> None:
-        """Deliver ``outs`` now."""
-        self.waiting += 1
-        self._deliver(outs)
-
-    def expect(self) -> Callable[[Out], None]:
-        """Where one output that comes later goes (call it exactly once)."""
-        self.waiting += 1
-        return lambda out: self._deliver([out])
-
-    def unexpect(self) -> None:
-        """One output ``expect``ed will not come (its send is never called)."""
-        self.waiting -= 1
-
-    def seal(self) -> None:
-        """No more deliveries will be added."""
-        self.sealed = True
-        self._check()
-
-    def _deliver(self, outs: Sequence[Out]) -> None:
-        self.io.deliver(outs, (), self.epoch).add_done_callback(self._landed)
-
-    def _landed(self, task: asyncio.Task) -> None:
-        self.waiting -= 1
-        if task.cancelled() or task.exception() is not None or not task.result():
-            self.failed = True
-        self._check()
-
-    def _check(self) -> None:
-        if (self.sealed and self.waiting <= 0 and not self.failed and not self.finished
-                and self.io.epoch == self.epoch):
-            self.finished = True
-            self.io.finish([self.record])
-
-
-async def _start_when_reachable(make: Callable[[], Any], what: str, timeout_s: float = START_TIMEOUT_S) -> Any:
-    """A client from ``make()``, started; while the broker cannot be reached a fresh one is
-    tried again with backoff (see ``START_TIMEOUT_S``); raises the last error after ``timeout_s``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    delay = START_RETRY_BASE_S
-    while True:
-        client = make()
-        try:
-            await client.start()
-            return client
-        except KafkaConnectionError as exc:
-            try:
-                await client.stop()
-            except Exception:  # it never fully started: nothing of it to keep
-                pass
-            if loop.time() + delay >= deadline:
-                raise
-            log.warning("%s: the broker cannot be reached (%r); trying again in %.1fs", what, exc, delay)
-            await asyncio.sleep(delay)
-            delay = min(START_RETRY_MAX_S, delay * 2)
-
-
-async def _close_quietly(producer: AIOKafkaProducer | None, timeout_s: float = 5.0) -> None:
-    if producer is None:
-        return
-    try:
-        await asyncio.wait_for(producer.stop(), timeout_s)
-    except Exception as exc:  # its batches were failed already; nothing of it is needed
-        log.info("closing a replaced producer: %r", exc)
 
 
 class _Listener(ConsumerRebalanceListener):

@@ -25,7 +25,7 @@ from streams.policies.admission import Backpressure
 from streams.policies.load import LoadView
 from streams.policies.quota import TenantLabels
 from streams.reply_topics import TopicCache
-from streams.runtime.io import Joint
+from streams.runtime.joint import Joint
 from streams.runtime.produce import Out
 from streams.runtime.stage import RecordStage
 from streams.stages.routing import JobOut, Routed, Router

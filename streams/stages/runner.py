@@ -24,7 +24,8 @@ from schemas.settings_base import csv_items
 from streams.app import create_app, group_id
 from streams.observe.health import process_health
 from streams.observe.lagmon import run_lag_monitor
-from streams.observe.metrics import Metrics, serve
+from streams.observe.http import serve
+from streams.observe.metrics import Metrics
 from streams.connection import client_kwargs
 from streams.stages import BASELINE_POOL, stage_names
 from streams.stages.encoder import EncoderStage

@@ -8,7 +8,7 @@ The I/O below stands in for ``StageIO``'s two calls the joint uses (``deliver`` 
 import asyncio
 
 from streams.runtime.produce import out_map
-from streams.runtime.io import Joint
+from streams.runtime.joint import Joint
 
 
 class Deliveries:

@@ -17,7 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from streams.observe.health import WorkerHealth
 from streams.observe.lagmon import LagMonitor, LagRow, consumed_topics, lag_rows, pipeline_groups, subscriptions
-from streams.observe.metrics import ENGINE_FIELDS, LATENCY_BUCKETS_S, Metrics, request_modality, serve
+from streams.observe.http import serve
+from streams.observe.metrics import ENGINE_FIELDS, LATENCY_BUCKETS_S, Metrics, request_modality
 
 ALLOWED_LABELS = {"stage", "phase", "modality", "lane", "outcome", "code", "result", "decision", "topic", "partition", "group",
                   "from", "to", "reason", "kind", "task",
