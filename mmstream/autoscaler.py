@@ -39,7 +39,7 @@ from streams.stores import load_reports
 from streams.app import group_id
 from streams.observe.health import WorkerHealth
 from streams.observe.lagmon import LagReader, LagRow
-from streams.observe.metrics import serve
+from streams.observe.http import serve
 from streams.policies.autoscale import Decision, PoolRule, PoolSignal, ScalePolicy
 from streams.connection import client_kwargs
 from schemas.topics import TopicNames
