@@ -11,11 +11,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mmstream import collections_cli, engineinfo, localstack, scale_cli
+from mmstream import collections_cli, engineinfo, localstack, models_cli, scale_cli
 from mmstream.console import event_line
+from mmstream.errors import UserError
 from mmstream.kafka_admin import KafkaAdminError
 from mmstream.localstack import LocalStackError
-from mmstream.quiet import quiet_into
 from mmstream.supervisor import AUTOSCALER, Supervisor, WorkersElsewhereError, default_replicas, parse_replicas
 from mmstream.tenants import TenantError, add_tenant, check_name, properties_text
 from schemas.codec import JSON
@@ -27,13 +27,8 @@ from streams.sdk.retry import RetryConfig
 from streams.stages import stage_names
 from streams.topics import ensure_topics, topic_specs
 from workers import modalities
-from workers.engines.gate import gate_failures
 from workers.repository import ModelNotFoundError, ModelRepository
 
-
-
-class UserError(Exception):
-    """Something the person running the command can fix; printed as one sentence."""
 
 
 def run(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
@@ -43,7 +38,7 @@ def run(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
         raise UserError(str(exc)) from None
     handler = {
         "up": cmd_up, "down": cmd_down, "status": cmd_status, "config": cmd_config, "worker": cmd_worker,
-        "send": cmd_send, "demo": cmd_demo, "bench": cmd_bench, "top": cmd_top, "models": cmd_models,
+        "send": cmd_send, "demo": cmd_demo, "bench": cmd_bench, "top": cmd_top, "models": models_cli.cmd_models,
         "chaos": cmd_chaos,
         "tenant": cmd_tenant, "collection": cmd_collection, "scale": scale_cli.cmd_scale,
         "plan": scale_cli.cmd_plan,
@@ -396,60 +391,3 @@ def cmd_top(args: argparse.Namespace, settings: Settings, repo_root: Path) -> in
     from mmstream import top  # rich's live view: only for this command
 
     return top.cli_main(args, settings)
-
-
-def cmd_models(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
-    if args.models_command == "list":
-        return _models_list(settings.models.repository)
-    return _models_build(settings, args.only, args.force, getattr(args, "target", "cpu"))
-
-
-def _models_list(root: Path) -> int:
-    repo = ModelRepository(root)
-    names = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.exists() else []
-    if not names:
-        print(f"no models in {root} (run: mmstream models build)")
-    for name in names:
-        for version in repo.versions(name):
-            cfg = repo.resolve(name, version)
-            print(f"{name} {version}  ({cfg.directory})")
-            for precision, v in sorted(cfg.variants.items()):
-                failures = gate_failures(v.fidelity, v.gate)
-                gate = "" if not v.gate else ("  gate: passes" if not failures else f"  gate: REFUSED ({'; '.join(failures)})")
-                print(f"  {precision:<5} {v.bytes / 1e6:7.1f} MB  {cfg.backend_of(precision):<14} {_fidelity(v.fidelity)}{gate}")
-    return 0
-
-
-def _fidelity(fidelity: Any) -> str:
-    """``{"reference": "fp32", "mean_cosine": 0.998}`` as ``reference=fp32 mean_cosine=0.998``."""
-    if not fidelity:
-        return "(reference)"
-    return " ".join(f"{k}={json.dumps(v, default=str) if not isinstance(v, str) else v}"
-                    for k, v in dict(fidelity).items())
-
-
-def _models_build(settings: Settings, only: list[str] | None, force: bool, target: str = "cpu") -> int:
-    """Build each model with one progress line; the exporters' own chatter (thousands of
-    lines from torch.onnx) goes to a log file, named when a build fails."""
-    from workers.models.build import RECIPES, build_models, default_models  # the exporters' import graph: only here
-
-    names = only or default_models()
-    unknown = [n for n in names if n not in RECIPES]
-    if unknown:
-        raise UserError(f"unknown model {', '.join(unknown)}; models: {', '.join(RECIPES)}")
-    log_file = settings.local.state_dir / "models-build.log"
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    for i, name in enumerate(names, 1):
-        print(f"[{i}/{len(names)}] {name} ...", end="", flush=True)
-        try:
-            with quiet_into(log_file):
-                report = build_models(settings.models.repository, names=[name], force=force, target=target,
-                                      log=lambda line: print(line, flush=True))[0]
-        except ImportError as exc:  # the exporters import torch & co. only when a model must be built
-            print(" failed")
-            raise UserError(f"the model build needs the build extra ({exc}): pip install -e '.[build]'") from None
-        except Exception as exc:  # noqa: BLE001 - a recipe's own error: one sentence, the trace with --debug
-            print(" failed")
-            raise UserError(f"building {name} failed: {exc} (the exporters' log: {log_file})") from exc
-        print(f" {report.status} ({report.seconds:.0f} s)  version {report.version}", flush=True)
-    return 0

@@ -53,7 +53,8 @@ from workers.encoders import batch_dependent
 from workers.engines import EngineOptions
 from workers.repository import ModelRepository
 from workers.retrieval import corpus as C
-from workers.retrieval.index import CollectionIndex, Hit
+from workers.retrieval.index import CollectionIndex
+from workers.retrieval.results import Hit
 from workers.text import PREPROCESSING_VERSION, TextEncoder, TextPreprocessor, normalize
 
 K = 10

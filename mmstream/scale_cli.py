@@ -9,6 +9,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from mmstream.errors import UserError
 from mmstream.k8s_scalers import render, scaled_objects
 from mmstream.supervisor import AUTOSCALER, Supervisor
 from schemas.settings import Settings
@@ -65,8 +66,6 @@ def cmd_plan(args: argparse.Namespace, settings: Settings, repo_root: Path) -> i
         result = P.make_plan(costs, measured, args.rate, machines=args.machines, cores=cores, threads=threads,
                              target_util=args.target_util, partitions=settings.kafka.partitions)
     except (OSError, ValueError, KeyError) as exc:
-        from mmstream.commands import UserError
-
         raise UserError(f"cannot plan from {args.run_file}: {exc}") from None
     print(P.render(result, args.machines, cores))
     return 0

@@ -14,10 +14,9 @@ Wire map (version 1)::
 In JSON, ``data`` is base64 text. Every variable-length field has a limit; breaking one
 raises ``WireError`` naming the field.
 
-A modality is a short lowercase name (``MODALITY_NAME_RE``); which names exist is the
-deployment's modality registry (``workers/modalities``), which the router hands to
-``validate_request``. ``Modality`` names the built-in ones for clients' convenience; a part
-of a plugin modality carries its name as a plain string (only text parts carry ``text``).
+A modality is a short lowercase name (``MODALITY_NAME_RE``); which exist is the deployment's
+registry (``workers/modalities``), handed to ``validate_request``. ``Modality`` names the
+built-ins; a plugin's part carries its name as a plain string (only text parts carry ``text``).
 """
 
 from __future__ import annotations
@@ -34,10 +33,9 @@ from schemas.errors import ErrorCode, WireError
 from schemas.wire import ToWire, omit_none
 
 VERSION = 1
+# Claim checks: ``redis:<key>`` (bytes the SDK stored with a TTL under the tenant's own
+# ``claim_prefix``) or ``file:///path`` (only under the tenant's folder of the one allowed).
 REF_SCHEMES = ("redis:", "file://")
-"""Claim checks: ``redis:<key>`` (bytes stored by the SDK with a TTL, under the tenant's own
-``claim_prefix``) or ``file:///path`` (only under the tenant's directory of the one the
-deployment allows)."""
 
 
 def claim_prefix(tenant: str) -> str:

@@ -39,7 +39,8 @@ import numpy as np
 from schemas.documents import VectorRecord, parse_vector_key
 from schemas.tensor import from_wire
 from streams.policies.reuse import NearDuplicateCache
-from workers.retrieval.index import CollectionIndex, Hit, IndexFullError
+from workers.retrieval.index import CollectionIndex
+from workers.retrieval.results import Hit, IndexFullError
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"

@@ -26,16 +26,17 @@ import hashlib
 import importlib.metadata
 import json
 import logging
-import math
 import os
 import shutil
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Hashable, Iterable, NamedTuple
+from typing import Any, Iterable
 
 import hnswlib
 import numpy as np
+
+from workers.retrieval.postings import Postings, admits
+from workers.retrieval.results import Candidate, Hit, IndexFullError, unit
 
 log = logging.getLogger(__name__)
 
@@ -54,49 +55,6 @@ EXACT_FILTER_MAX = 4096
 """A filter admitting at most this many documents is answered by exact search over them
 (about 1.5 MB of vectors at 384-d: well under a millisecond), not through the graph."""
 _CURRENT = "CURRENT"
-
-
-@dataclass(frozen=True)
-class Hit:
-    """One search result: the document, its cosine with the query (exact, in [-1, 1]) and
-    the metadata it was upserted with."""
-
-    doc_id: str
-    score: float
-    meta: dict = field(hash=False)
-
-
-class Candidate(NamedTuple):
-    """One document of a search's candidate pool: its id and its exact cosine with the query."""
-
-    doc_id: str
-    score: float
-
-
-class IndexFullError(RuntimeError):
-    """An upsert would take the collection past ``max_docs``."""
-
-    code = "payload_too_large"
-    retriable = False
-
-
-def unit(vector: np.ndarray, dim: int, what: str = "vector") -> np.ndarray:
-    """``vector`` as a float32 unit vector of shape (dim,); ValueError for a wrong shape,
-    a non-finite value or a zero vector."""
-    v = np.asarray(vector, dtype=np.float32).reshape(-1)
-    if v.shape != (dim,):
-        raise ValueError(f"{what} must have {dim} values, got shape {np.shape(vector)}")
-    norm = float(np.linalg.norm(v))
-    if not math.isfinite(norm) or norm == 0.0:
-        raise ValueError(f"{what} must be finite and non-zero")
-    return v / norm
-
-
-def _term(key: str, value: Any) -> tuple[str, bool, Hashable] | None:
-    """The posting key of one metadata value (scalars only; bool kept apart from int)."""
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return key, isinstance(value, bool), value
-    return None
 
 
 class CollectionIndex:
@@ -127,10 +85,7 @@ class CollectionIndex:
         self._metas: list[dict | None] = []
         self._slot: dict[str, int] = {}
         self._free: list[int] = []
-        self._postings: dict[tuple[str, bool, Hashable], dict[int, None]] = {}
-        """Meta term -> the slots holding it, as the keys of a dict: a dict of ints is not
-        tracked by the garbage collector, a set always is (a set per term made 64k tracked
-        objects at 100k passages, and a full collection 90 ms: docs/retrieval.md)."""
+        self._postings = Postings()  # the metadata filters' posting lists
 
     # -- mutation -------------------------------------------------------------------------
 
@@ -227,7 +182,7 @@ class CollectionIndex:
         if k <= 0 or not self._slot:
             return [], []
         n = max(k, pool_size)
-        admitted = self._admitted(where) if where else None
+        admitted = self._postings.admitted(where) if where else None
         if admitted is not None and len(admitted) <= max(EXACT_FILTER_MAX, k * self.overfetch, n):
             return self._answer(q, k, self._top(q, n, np.fromiter(admitted, dtype=np.int64, count=len(admitted))))
         fetch = min(max(k * self.overfetch, n), len(self._slot) if admitted is None else len(admitted))
@@ -249,7 +204,7 @@ class CollectionIndex:
         for a query of the wrong shape or a zero query."""
         q = unit(query, self.dim, "query")
         found = dict.fromkeys(s for s in map(self._slot.get, doc_ids) if s is not None)
-        slots = [s for s in found if self._admits(where, s)] if where else list(found)
+        slots = [s for s in found if admits(where, self._metas[s])] if where else list(found)
         if k <= 0 or not slots:
             return []
         return self._answer(q, k, self._ranked(q, k, np.array(slots, dtype=np.int64)))[0]
@@ -385,51 +340,15 @@ class CollectionIndex:
         self._slot[doc_id] = slot
         return slot
 
-    def _terms(self, slot: int) -> Iterable[tuple[str, bool, Hashable]]:
-        for key, value in (self._metas[slot] or {}).items():
-            term = _term(key, value)
-            if term is not None:
-                yield term
-
     def _post(self, slot: int) -> None:
-        for term in self._terms(slot):
-            self._postings.setdefault(term, {})[slot] = None
+        self._postings.add(slot, self._metas[slot])
 
     def _unpost(self, slot: int) -> None:
-        for term in self._terms(slot):
-            slots = self._postings.get(term)
-            if slots is not None:
-                slots.pop(slot, None)
-                if not slots:
-                    del self._postings[term]
-
-    def _admitted(self, where: dict) -> set[int]:
-        """Slots whose meta matches every key of ``where`` (a list/tuple/set: any of)."""
-        result: set[int] | None = None
-        for key, wanted in sorted(where.items(), key=lambda kv: str(kv[0])):
-            values = wanted if isinstance(wanted, (list, tuple, set, frozenset)) else (wanted,)
-            matching: set[int] = set()
-            for value in values:
-                term = _term(key, value)
-                if term is not None:
-                    matching.update(self._postings.get(term, ()))
-            result = matching if result is None else result & matching
-            if not result:
-                return set()
-        return result or set()
-
-    def _admits(self, where: dict, slot: int) -> bool:
-        """Whether ``where`` admits the document in ``slot``: what ``_admitted`` decides, for one."""
-        terms = set(self._terms(slot))
-        for key, wanted in where.items():
-            values = wanted if isinstance(wanted, (list, tuple, set, frozenset)) else (wanted,)
-            if not any(_term(key, value) in terms for value in values):
-                return False
-        return True
+        self._postings.remove(slot, self._metas[slot])
 
     def _live_slots(self, where: dict | None) -> np.ndarray:
         if where:
-            admitted = self._admitted(where)
+            admitted = self._postings.admitted(where)
             return np.fromiter(admitted, dtype=np.int64, count=len(admitted))
         return np.array([s for s, d in enumerate(self._ids) if d is not None], dtype=np.int64)
 

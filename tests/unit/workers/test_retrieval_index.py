@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from workers.retrieval.index import EXACT_FILTER_MAX, CollectionIndex, Hit, IndexFullError
+from workers.retrieval.index import EXACT_FILTER_MAX, CollectionIndex
+from workers.retrieval.results import Hit, IndexFullError
 
 DIM = 16
 
