@@ -15,9 +15,9 @@ through the router's own producer (after the request's manifest, so the assemble
 parts of a request in order), which finishes the ingress record once every one of them is
 with the broker.
 
-Intake is bounded: past ``max_queue`` jobs held (preparing, queued or running) the stage's
-topics are paused until it is back under three quarters of that, and no poll takes more than
-the room left (the runtime's ``poll_budget``). Bulk jobs may hold at most half of it
+Intake is bounded by the runtime's ``poll_budget``: no poll takes more than the room left
+under ``max_queue`` jobs held (preparing, queued or running), and at none the runtime pauses
+the stage's topics until a job is answered. Bulk jobs may hold at most half of it
 (``BULK_SHARE``): a flood of bulk work cannot fill the stage and leave rt records waiting in
 the topic, where no fair order reaches them. A few times a second the stage reports its
 queued work (ms, per partition) and what one more item costs it, for the router's admission
@@ -83,7 +83,6 @@ class EncoderStage(RecordStage):
         self.core = EncoderCore(runner, settings.encoder, modality, self._answered, _Observer(metrics, self.stage, self._modality),
                                 max_frames=settings.video.max_frames)
         self.max_queue = settings.encoder.max_queue
-        self.paused = False
         self.replica = f"{self.stage}/{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.redis = connect_async(settings.redis.url, settings.redis.tls_ca, socket_timeout=0.2,
                                    socket_connect_timeout=0.2)
@@ -105,7 +104,6 @@ class EncoderStage(RecordStage):
             return
         self.io.hold(r for _, _, r in jobs)
         self.core.submit(jobs)
-        self._flow()
 
     def take_local(self, offers: list[tuple[EncodeJob, float, Callable[[Out], None]]],
                    max_queued_ms: float, max_part_ms: float) -> list[bool]:
@@ -113,39 +111,24 @@ class EncoderStage(RecordStage):
         per job, whether this replica took it (else it goes through the encode topic). Taken
         while fewer than ``max_queue`` jobs are held, the predicted work queued ahead of it in
         its lane is at most ``max_queued_ms`` and its own at most ``max_part_ms``."""
-        room = 0 if self.paused else self.max_queue - self.core.held
+        room = self.max_queue - self.core.held
         taken = take_local([Offer(job.lane, ms) for job, ms, _ in offers], self.core.queued_ms("rt"),
                            self.core.queued_ms("bulk"), room, max_queued_ms, max_part_ms)
         self.core.submit([(job, "bulk" if job.lane == "bulk" else "rt", Local(send))
                           for (job, _, send), took in zip(offers, taken) if took])
-        self._flow()
         return taken
 
     def queued_ms(self, lane: str) -> float:
         """Predicted engine time ahead of a new job of ``lane`` (``EncoderCore.queued_ms``)."""
         return self.core.queued_ms(lane)
 
-    def _flow(self) -> None:
-        """Pause every input topic while too many jobs are held; resume under 3/4 of it."""
-        held = self.core.held
-        if held >= self.max_queue or (self.paused and held >= self.max_queue * 3 // 4):
-            self.paused = True  # paused again every time: a rebalance hands partitions back unpaused
-            for t in (*self.rt_topics, *self.bulk_topics):
-                self.io.pause(t)
-        elif self.paused and held < self.max_queue * 3 // 4:
-            self.paused = False
-            for t in (*self.rt_topics, *self.bulk_topics):
-                self.io.resume(t)
-            self.bulk_paused = False  # the loop re-applies the rt-first gate
-
     def should_take_bulk(self) -> bool:
-        return (not self.paused and self.core.held_bulk < self.max_queue * BULK_SHARE
+        return (self.core.held_bulk < self.max_queue * BULK_SHARE
                 and self.backlog_rt() <= self.rt_backlog_records and not self.core.queues["rt"])
 
-    def poll_budget(self) -> int | None:
-        """No poll takes more than the room left (at least one: the topics are paused, not
-        the poll, when it is full)."""
-        return max(1, self.max_queue - self.core.held)
+    def poll_budget(self) -> int:
+        """No poll takes more than the room left; at none the runtime pauses the topics."""
+        return max(0, self.max_queue - self.core.held)
 
     # -- the engine ----------------------------------------------------------------------
 
@@ -176,7 +159,6 @@ class EncoderStage(RecordStage):
             a.origin.send(out)
         else:
             self.io.deliver([out], [a.origin])
-        self._flow()
 
     def _modality(self, job: EncodeJob) -> str:
         """The part's modality (a generic pool, ``any``, serves several)."""

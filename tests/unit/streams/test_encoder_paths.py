@@ -142,7 +142,7 @@ async def test_bulk_holds_at_most_half_the_stage_and_a_poll_never_takes_more_tha
     assert stage.should_take_bulk() and stage.poll_budget() == 5
     await stage.handle(bulk[3:])
     assert not stage.should_take_bulk()  # half of the stage is bulk's: the rest stays rt's
-    assert stage.poll_budget() == 4 and not stage.paused
+    assert stage.poll_budget() == 4
     loop_task = asyncio.create_task(stage.core.run(lambda: False))
     stage.gate.set()
     await _until(lambda: stage.core.held == 0, "all answered")
@@ -150,17 +150,24 @@ async def test_bulk_holds_at_most_half_the_stage_and_a_poll_never_takes_more_tha
     loop_task.cancel()
 
 
-async def test_a_full_stage_pauses_its_topics_and_resumes_under_three_quarters(stage) -> None:
+async def test_a_full_stage_has_no_poll_budget_until_a_job_is_answered(stage) -> None:
+    """At 0 the runtime pauses the topics (``RecordStage.intake_gate``); a co-located router's
+    hand-overs are refused too."""
     paused: set[str] = set()
     stage.io.pause, stage.io.resume = paused.add, paused.discard
     stage.max_queue = 4
     stage.gate.clear()
     await stage.handle([_record(_job(f"j{i}", i), i) for i in range(4)])
-    assert stage.paused and set(paused) == {f"{PREFIX}.encode.text.rt", f"{PREFIX}.encode.text.bulk"}
+    assert stage.poll_budget() == 0
+    stage.intake_gate(stage.poll_budget() == 0)  # what the runtime's poll loop does
+    assert paused == {f"{PREFIX}.encode.text.rt", f"{PREFIX}.encode.text.bulk"}
+    assert stage.take_local([(_job("more", 9), 1.0, lambda out: None)], max_queued_ms=1e9, max_part_ms=1e9) == [False]
     loop_task = asyncio.create_task(stage.core.run(lambda: False))
     stage.gate.set()
     await _until(lambda: stage.core.held == 0, "all answered")
-    assert not stage.paused and not paused
+    assert stage.poll_budget() == 4
+    stage.intake_gate(stage.poll_budget() == 0)
+    assert not paused
     loop_task.cancel()
 
 
