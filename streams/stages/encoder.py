@@ -8,7 +8,8 @@ an ``EncodedPart`` on ``mm.encoded.<lane>``, delivered with its record (which is
 committable, once the output is with the broker).
 
 A co-located router (``router.colocate``: this stage in the router's process) hands jobs
-over with ``take_local`` instead of through the encode topic while this replica has room
+over to its ``LocalEncoder`` (the core behind the placement policy) instead of through the
+encode topic while this replica has room
 (with ``router.colocate_pool`` off it takes only those, reads no topic and reports no load):
 they skip a broker hop, are queued and batched like the rest, and their outputs go back
 through the router's own producer (after the request's manifest, so the assembler sees the
@@ -69,6 +70,27 @@ class Local:
     send: Callable[[Out], None]
 
 
+class LocalEncoder:
+    """What a router in this process hands jobs to: the encoder's core behind the placement
+    policy, no stage and no topic in between."""
+
+    def __init__(self, name: str, core: EncoderCore, room: Callable[[], int]) -> None:
+        self.name, self.core, self.room = name, core, room
+
+    def take(self, offers: list[tuple[EncodeJob, float, Callable[[Out], None]]], max_queued_ms: float,
+             max_part_ms: float) -> list[bool]:
+        """Jobs of a co-located router, each with its predicted ms and where its output goes:
+        per job, whether the core took it (else it goes through the encode topic). Taken while
+        the stage has ``room``, the predicted work queued ahead of it in its lane is at most
+        ``max_queued_ms`` and its own at most ``max_part_ms`` (``streams.policies.placement``)."""
+        core = self.core
+        taken = take_local([Offer(job.lane, ms) for job, ms, _ in offers], core.queued_ms("rt"),
+                           core.queued_ms("bulk"), self.room(), max_queued_ms, max_part_ms)
+        core.submit([(job, "bulk" if job.lane == "bulk" else "rt", Local(send))
+                     for (job, _, send), took in zip(offers, taken) if took])
+        return taken
+
+
 class EncoderStage(RecordStage):
     def __init__(self, app: faust.App, settings: Settings, metrics: Metrics, modality: str, runner: EncoderRunner,
                  wire_dtype: str = "float16", group_id: str | None = None, intake: bool = True) -> None:
@@ -83,6 +105,8 @@ class EncoderStage(RecordStage):
         self.core = EncoderCore(runner, settings.encoder, modality, self._answered, _Observer(metrics, self.stage, self._modality),
                                 max_frames=settings.video.max_frames)
         self.max_queue = settings.encoder.max_queue
+        self.local = LocalEncoder(self.stage, self.core, lambda: self.max_queue - self.core.held)
+        """What a co-located router hands jobs to (``router.colocate``)."""
         self.replica = f"{self.stage}/{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.redis = connect_async(settings.redis.url, settings.redis.tls_ca, socket_timeout=0.2,
                                    socket_connect_timeout=0.2)
@@ -104,19 +128,6 @@ class EncoderStage(RecordStage):
             return
         self.io.hold(r for _, _, r in jobs)
         self.core.submit(jobs)
-
-    def take_local(self, offers: list[tuple[EncodeJob, float, Callable[[Out], None]]],
-                   max_queued_ms: float, max_part_ms: float) -> list[bool]:
-        """Jobs of a co-located router, each with its predicted ms and where its output goes:
-        per job, whether this replica took it (else it goes through the encode topic). Taken
-        while fewer than ``max_queue`` jobs are held, the predicted work queued ahead of it in
-        its lane is at most ``max_queued_ms`` and its own at most ``max_part_ms``."""
-        room = self.max_queue - self.core.held
-        taken = take_local([Offer(job.lane, ms) for job, ms, _ in offers], self.core.queued_ms("rt"),
-                           self.core.queued_ms("bulk"), room, max_queued_ms, max_part_ms)
-        self.core.submit([(job, "bulk" if job.lane == "bulk" else "rt", Local(send))
-                          for (job, _, send), took in zip(offers, taken) if took])
-        return taken
 
     def queued_ms(self, lane: str) -> float:
         """Predicted engine time ahead of a new job of ``lane`` (``EncoderCore.queued_ms``)."""

@@ -35,7 +35,7 @@ from workers.claims import ClaimSizer
 from workers.redisconn import connect_async
 
 if TYPE_CHECKING:
-    from streams.stages.encoder import EncoderStage
+    from streams.stages.encoder import EncoderStage, LocalEncoder
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class RouterStage(RecordStage):
     stage = "route"
 
     def __init__(self, app: faust.App, settings: Settings, metrics: Metrics,
-                 colocated: dict[str, "EncoderStage"] | None = None) -> None:
+                 colocated: dict[str, "LocalEncoder"] | None = None) -> None:
         names = TopicNames(settings.kafka.topic_prefix)
         pattern = names.ingress_pattern() if settings.kafka.authenticated else None
         super().__init__(app, settings, [names.ingress("rt")], [names.ingress("bulk")], pattern=pattern)
@@ -99,12 +99,12 @@ class RouterStage(RecordStage):
         for offers in by_encoder.values():
             encoder = self.colocated[offers[0][1].job.topic]
             try:
-                taken = encoder.take_local([(j.job.job, j.cost_ms, send) for _, j, send in offers],
-                                           self.settings.router.colocate_max_queued_ms,
-                                           self.settings.router.colocate_max_part_ms)
+                taken = encoder.take([(j.job.job, j.cost_ms, send) for _, j, send in offers],
+                                     self.settings.router.colocate_max_queued_ms,
+                                     self.settings.router.colocate_max_part_ms)
             except Exception:  # a bug there costs the hop, never the jobs
                 log.exception("router: handing %d jobs to %s failed; sending them through its topic",
-                              len(offers), encoder.stage)
+                              len(offers), encoder.name)
                 taken = [False] * len(offers)
             for (joint, j, _), took in zip(offers, taken):
                 if not took:
@@ -195,8 +195,8 @@ def install_router(app: faust.App, settings: Settings, metrics: Metrics,
     """The router on ``app``, with the encoders placed in its process (``router.colocate``),
     each taking the router's jobs over while it has room (and serving its own topics too,
     unless ``router.colocate_pool`` is off)."""
-    topics: dict[str, EncoderStage] = {}
+    topics: dict[str, LocalEncoder] = {}
     for encoder in colocated or []:
         encoder.install()
-        topics.update((t, encoder) for t in (*encoder.rt_topics, *encoder.bulk_topics))
+        topics.update((t, encoder.local) for t in (*encoder.rt_topics, *encoder.bulk_topics))
     RouterStage(app, settings, metrics, topics).install()

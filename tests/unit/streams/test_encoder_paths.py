@@ -119,14 +119,14 @@ async def test_each_record_is_answered_once_with_its_offset_and_a_bad_one_is_dea
 async def test_jobs_handed_over_in_process_are_answered_through_the_routers_send(stage) -> None:
     sent: list[dict] = []
     expired = dataclasses.replace(_job("expired", 8), deadline_at_ms=1.0)
-    taken = stage.take_local([(_job("local", 7), 1.0, lambda out: sent.append(unpack(out.value))),
+    taken = stage.local.take([(_job("local", 7), 1.0, lambda out: sent.append(unpack(out.value))),
                               (expired, 1.0, lambda out: sent.append(unpack(out.value)))], max_queued_ms=25.0, max_part_ms=25.0)
     assert taken == [True, True]
     await _until(lambda: len(sent) == 2, "both answered")
     by_id = {a["id"]: a for a in sent}
     assert by_id["r7"]["embedding"] is not None and by_id["r8"]["error"]["code"] == "deadline_exceeded"
     assert not stage.io.answers and stage.core.held == 0  # no record of their own; nothing left held
-    assert stage.take_local([(_job("busy", 9), 1.0, sent.append)], max_queued_ms=-1.0, max_part_ms=25.0) == [False]
+    assert stage.local.take([(_job("busy", 9), 1.0, sent.append)], max_queued_ms=-1.0, max_part_ms=25.0) == [False]
 
 
 async def test_bulk_holds_at_most_half_the_stage_and_a_poll_never_takes_more_than_the_room(stage) -> None:
@@ -161,7 +161,7 @@ async def test_a_full_stage_has_no_poll_budget_until_a_job_is_answered(stage) ->
     assert stage.poll_budget() == 0
     stage.intake_gate(stage.poll_budget() == 0)  # what the runtime's poll loop does
     assert paused == {f"{PREFIX}.encode.text.rt", f"{PREFIX}.encode.text.bulk"}
-    assert stage.take_local([(_job("more", 9), 1.0, lambda out: None)], max_queued_ms=1e9, max_part_ms=1e9) == [False]
+    assert stage.local.take([(_job("more", 9), 1.0, lambda out: None)], max_queued_ms=1e9, max_part_ms=1e9) == [False]
     loop_task = asyncio.create_task(stage.core.run(lambda: False))
     stage.gate.set()
     await _until(lambda: stage.core.held == 0, "all answered")
