@@ -23,9 +23,10 @@ import time
 from typing import Any
 
 from mmstream.bench.config import BenchConfig, config_dict
-from mmstream.bench.fairness import (ABUSE_SHAPES, AbuseBounds, abuse_request, abuser_plan, abuser_summary,
-                                     load_summary, memory_summary, pixel_bound_png, ref_blob, stage_bounds,
-                                     victim_comparison, victim_schedule, verdict)
+from mmstream.bench.abuse import (ABUSE_SHAPES, AbuseBounds, abuse_request, abuser_plan, pixel_bound_png, ref_blob,
+                                  victim_schedule)
+from mmstream.bench.fairness import (abuser_summary, load_summary, memory_summary, stage_bounds, victim_comparison,
+                                     verdict)
 from mmstream.bench.results import build_run, overhead
 from mmstream.bench.workloads import floor_text
 from mmstream.bench.run import _pipeline_record, _workers, proc_cpu_s, send_and_drain

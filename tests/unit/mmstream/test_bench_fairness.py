@@ -9,9 +9,10 @@ import dataclasses
 import pytest
 
 from mmstream.bench import BenchConfig
-from mmstream.bench.fairness import (ABUSE_SHAPES, GENERATE_PROMPT_WORDS, AbuseBounds, AbuseItem, abuse_request,
-                                     abuser_plan, abuser_summary, memory_summary, ref_blob, shed_cause,
-                                     stage_bounds, text_table, verdict, victim_comparison, victim_schedule)
+from mmstream.bench.abuse import (ABUSE_SHAPES, GENERATE_PROMPT_WORDS, AbuseBounds, AbuseItem, abuse_request,
+                                  abuser_plan, ref_blob, victim_schedule)
+from mmstream.bench.fairness import (abuser_summary, memory_summary, shed_cause, stage_bounds, text_table, verdict,
+                                     victim_comparison)
 from mmstream.bench.results import Record, build_run
 from schemas.codec import pack, unpack
 from schemas.request import Lane, Task, validate_request
