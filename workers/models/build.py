@@ -80,7 +80,8 @@ RECIPES: Mapping[str, Recipe] = {
     efficientnet.NAME: Recipe(efficientnet.NAME, efficientnet.VERSION, efficientnet.PACKAGE, efficientnet.build,
                               ("workers.image",)),
     smollm.NAME: Recipe(smollm.NAME, smollm.VERSION, smollm.PACKAGE, smollm.build,
-                        ("workers.prompt", "workers.engines.lm", "workers.engines.lm_types", "workers.engines.llama"),
+                        ("workers.models.smollm_graph", "workers.prompt", "workers.engines.lm", "workers.engines.lm_types",
+                         "workers.engines.llama"),
                         ("llama-cpp-python",)),
     whisper.NAME: Recipe(whisper.NAME, whisper.VERSION, whisper.PACKAGE, whisper.build, ("workers.audio",)),
 }
