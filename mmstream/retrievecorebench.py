@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sections = set(args.sections.split(","))
     rng = np.random.default_rng(args.seed)
-    from mmstream.retrievebench import CACHE_DIR, load_passages
+    from mmstream.retrievebench_corpus import CACHE_DIR, load_passages
     passages = load_passages(CACHE_DIR)[:args.docs + 1000]
     docs, held_texts = passages[:args.docs], passages[args.docs:]
     centres = rng.standard_normal((2000, DIM)).astype(np.float32)
