@@ -39,8 +39,7 @@ REF_SCHEMES = ("redis:", "file://")
 
 
 def claim_prefix(tenant: str) -> str:
-    """The Redis keys a tenant's ``redis:`` refs may name: ``mm:claim:<tenant>:``. A tenant
-    name holds no ``:`` (``TENANT_RE``), so no tenant's prefix is inside another's."""
+    """The Redis keys a tenant's ``redis:`` refs may name (a tenant name holds no ``:``)."""
     return f"mm:claim:{tenant}:"
 
 
@@ -52,8 +51,7 @@ def claim_key(tenant: str, rid: str, index: int) -> str:
 class Task(StrEnum):
     EMBED = "embed"
     GENERATE = "generate"
-    RETRIEVE = "retrieve"
-    """Search a collection with one part's embedding (``params.collection``, ``k``, ``where``)."""
+    RETRIEVE = "retrieve"  # search a collection with one part's embedding (params.collection, k, where)
 
 
 COLLECTION_RE = re.compile(r"[a-z0-9][a-z0-9_\-]{0,62}")
