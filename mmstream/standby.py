@@ -15,6 +15,7 @@ so opening it without blocking fails, and the supervisor starts the stage the or
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -45,6 +46,13 @@ def main(argv: list[str]) -> int:
     import streams.stages.encoder  # noqa: F401
     import streams.stages.runner  # noqa: F401
     from streams.observe.health import process_health
+    from workers import modalities
+
+    # A modality names its compute instead of importing it; a spare imports the modules the
+    # registered runners name (tokenizers, image and audio decoders), without building one.
+    for spec in modalities.specs():
+        if isinstance(spec.runner, str):
+            importlib.import_module(spec.runner.partition(":")[0])
 
     print(f"standby: imports done, waiting for a stage on {fifo}", flush=True)
     with open(fifo, "rb") as f:  # blocks until the supervisor opens it for writing

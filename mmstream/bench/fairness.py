@@ -1,22 +1,13 @@
-"""The fairness workload's traffic and report (``mmstream bench --workload fairness``). Pure
-but for the sample PNG it builds once: no clocks, no Kafka, no Redis (``fairness_run`` sends
-it and samples the processes).
+"""The fairness workload's report (``mmstream bench --workload fairness``): what the two
+tenants got, from what ``fairness_run`` measured. Pure: no clocks, no Kafka, no Redis. What
+they send is built in ``abuse``.
 
-Two tenants on the shared plaintext ingress (where the request's ``tenant`` is believed):
-
-- the **victim** (tenant B) sends ordinary rt text embeds: ``text_request`` on Poisson
-  arrivals at the run's rate, seeded as the text workload is; the same arrival times in
-  both phases, the texts of each phase their own (the reuse cache, keyed by tenant and
-  content, must not answer the second phase from the first);
-- the **abuser** (tenant A) sends, at ``abuse_rate``, the worst request validation lets
-  through, in one of ``ABUSE_SHAPES`` on the rt or the bulk lane, each with the longest
-  deadline allowed. ``AbuseBounds`` reads the bounds from the settings, so A stays inside
-  what the router validates and is turned away by admission and quotas, not as invalid.
-
-What A sends is built in ``abuse``. A run is two phases of the same length: B alone, then B
-while A floods (``fairness_run``).
-``victim_comparison``, ``abuser_summary``, ``memory_summary``, ``load_summary`` and
-``verdict`` turn what was measured into the run's JSON; ``text_table`` prints it short.
+Two tenants on the shared plaintext ingress (where the request's ``tenant`` is believed): the
+**victim** (tenant B) sends ordinary rt text embeds, the **abuser** (tenant A) the worst
+requests validation lets through. A run is two phases of the same length: B alone, then B
+while A floods. ``victim_comparison``, ``abuser_summary``, ``memory_summary``,
+``load_summary`` and ``verdict`` turn what was measured into the run's JSON; ``text_table``
+prints it short.
 """
 
 from __future__ import annotations

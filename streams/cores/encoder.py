@@ -1,31 +1,31 @@
 """The encoder core: one modality's jobs in, one answer per job out, with the engine kept busy.
 
-It knows no Kafka; the encode stage (``streams.stages.encoder``) is the glue around it, as
-the generator stage is around the ``GenerationCore``. Jobs come in with ``submit`` (a
-co-located router's too, as placement decides), each with an ``origin`` the core never looks into and
-hands back with the job's ``EncodeAnswer`` through ``on_answer``. One task runs ``step`` in
-a loop (``run``); two threads do the slow work, so the event loop that holds every queue
-never waits for it:
+It knows no Kafka; the encode stage (``streams.stages.encoder``) is the glue around it, as the
+generator stage is around the ``GenerationCore``. Jobs come in with ``submit`` (a co-located
+router's too, as placement decides), each with an ``origin`` the core never looks into and hands
+back with the job's ``EncodeAnswer`` through ``on_answer``. One task runs ``step`` in a loop
+(``run``); two threads do the slow work, so the event loop that holds every queue never waits for
+it:
 
-- the prep thread fetches claim-checked bytes, does the CPU work before the model and asks
-  the reuse cache (one MGET per submitted batch): hits and refusals are answered at once,
-  misses are queued by lane with their real cost (tokens);
-- the engine thread runs the batch the pure ``MicroBatcher`` picks (rt first, length-aware,
-  its budget in ms predicted by a ``BatchCostModel`` that learns from every batch) from each
-  lane's queue in tenant-fair order (``FairOrder``: one tenant's backlog never holds
-  another's items behind it).
+- the prep thread fetches claim-checked bytes, does the CPU work before the model and asks the reuse
+  cache (one MGET per submitted batch): hits and refusals are answered at once, misses are queued by
+  lane with their real cost (tokens);
+- the engine thread runs the batch the pure ``MicroBatcher`` picks (rt first, length-aware, its
+  budget in ms predicted by a ``BatchCostModel`` that learns from every batch) from each lane's
+  queue in tenant-fair order (``FairOrder``: one tenant's backlog never holds another's items behind
+  it).
 
-The direct path: while the engine is idle (nothing queued, running or being prepared, company
-worth nothing) the engine thread prepares and runs a submitted batch in one call while the
-prep thread asks the cache: two hand-offs fewer, most of what an idle stage adds.
+The direct path: while the engine is idle (nothing queued, running or being prepared, company worth
+nothing) the engine thread prepares and runs a submitted batch in one call while the prep thread
+asks the cache: two hand-offs fewer, most of what an idle stage adds.
 
-Every job submitted is answered exactly once: its output, its error (refused, failed in the
-engine, or past its deadline: such work never reaches the engine), or a cache hit. ``held``
-counts jobs between ``submit`` and their answer; bounding intake on it is the caller's.
+Every job submitted is answered exactly once: its output, its error (refused, failed, or past its
+deadline: such work never reaches the engine) or a cache hit. ``held`` counts jobs between
+``submit`` and their answer; bounding intake on it is the caller's.
 
-It shares the ``GenerationCore``'s shape (opaque keys in, one engine thread, a cost model
-learned from measured service predicting the next job's wait), not code: their policies
-differ (a micro-batcher over whole jobs, a step scheduler over sequences).
+It shares the ``GenerationCore``'s shape (opaque keys in, one engine thread, a cost model learned
+from measured service predicting the next job's wait), not code: their policies differ (a micro-
+batcher over whole jobs, a step scheduler over sequences).
 """
 
 from __future__ import annotations
@@ -69,8 +69,8 @@ class EncodeAnswer:
     lane: str
     result: Encoded | Exception
     span: tuple[float, float] | None
-    """(started, finished) wall ms of its engine call (for a cache hit or a refusal: the
-    moment it was answered twice); None past its deadline."""
+    """(started, finished) wall ms of its engine call; for a cache hit or a refusal, (at, at)
+    where ``at`` is when it was answered; None past its deadline."""
 
 
 class EncoderObserver(Protocol):
@@ -92,9 +92,9 @@ class _Held:
 
 
 class EncoderCore:
-    """``runner``: the modality's compute (``workers.encoders.EncoderFront``); ``limits``:
-    the encoder settings; ``modality``: the pool's (``any`` serves several);
-    ``on_answer``: called on the event loop with each job's answer, exactly once per job."""
+    """``runner``: the modality's compute (``workers.encoders.EncoderFront``); ``limits``: the encoder
+    settings; ``modality``: the pool's (``any`` serves several); ``on_answer``: called on the
+    event loop with each job's answer, exactly once per job."""
 
     def __init__(self, runner: EncoderRunner, limits: EncoderSettings, modality: str,
                  on_answer: Callable[[EncodeAnswer], None], observer: EncoderObserver | None = None,
@@ -131,8 +131,7 @@ class EncoderCore:
         """Take ``(job, lane, origin)`` triples: a job already past its deadline is answered
         at once (``deadline_exceeded``), the rest are prepared and queued (or run directly).
         Call on the event loop; never raises for one job."""
-        now = now_ms()
-        live: list[tuple[EncodeJob, str, Any]] = []
+        now, live = now_ms(), []
         for job, lane, origin in jobs:
             self.held += 1
             self.held_bulk += lane == "bulk"
@@ -140,8 +139,15 @@ class EncoderCore:
                 self._answer(EncodeAnswer(job, origin, lane, deadline_error(), None))
             else:
                 live.append((job, lane, origin))
-        if live:
+        if not live:
+            return
+        try:
             self._prepare(live)
+        except Exception as exc:  # a bug (a spec's ``units``, the executor): each job is answered, never lost
+            log.exception("encode.%s: starting to prepare %d jobs failed", self.modality, len(live))
+            err = WireError(ErrorCode.INTERNAL, f"encode.{self.modality} failed: {type(exc).__name__}")
+            for job, lane, origin in live:
+                self._answer(EncodeAnswer(job, origin, lane, err, None))
 
     def queued_ms(self, lane: str) -> float:
         """Predicted engine time ahead of a new job of ``lane``: the batch running, the rt
@@ -152,16 +158,13 @@ class EncoderCore:
 
     def queued(self) -> Iterator[tuple[str, str, Any, float]]:
         """(lane, tenant, origin, predicted ms) of every job queued for the engine."""
-        for lane, q in self.queues.items():
-            for p in q:
-                yield lane, p.item.prepared.job.tenant, p.item.origin, self.model.per_item_ms(p.cost)
+        return ((lane, p.item.prepared.job.tenant, p.item.origin, self.model.per_item_ms(p.cost))
+                for lane, q in self.queues.items() for p in q)
 
-    def item_costs(self) -> Iterator[tuple[float, float]]:
-        """(length, predicted ms of one more item of it) over the lengths this engine runs."""
+    def item_costs(self) -> Iterator[tuple[float, float]]:  # (length, ms of one more) per length run
         return ((length, self.model.per_item_ms(length)) for length in self.lengths)
 
-    def typical_ms(self) -> float:
-        """Predicted ms of one item of a middling length (what an unread record is priced at)."""
+    def typical_ms(self) -> float:  # one item of a middling length (what an unread record is priced at)
         return self.model.per_item_ms(self.lengths[len(self.lengths) // 2])
 
     def engine_idle(self) -> bool:  # the direct path's condition
@@ -177,13 +180,13 @@ class EncoderCore:
         for job, lane, _ in jobs:
             estimate[lane] += self.model.per_item_ms(self._length_before_prep(job))
         if direct:
-            self.direct_ms = max(0.001, estimate["rt"] + estimate["bulk"])
             work = loop.run_in_executor(self.engine, self._prepare_and_run, [j for j, _, _ in jobs])
+            self.direct_ms = max(0.001, estimate["rt"] + estimate["bulk"])
         else:
+            work = loop.run_in_executor(self.prep, self.runner.prepare_many, [j for j, _, _ in jobs])
             self.preparing += 1
             for lane, ms in estimate.items():
                 self.preparing_ms[lane] += ms
-            work = loop.run_in_executor(self.prep, self.runner.prepare_many, [j for j, _, _ in jobs])
         asyncio.ensure_future(self._prepared(jobs, work, direct, estimate))
 
     def _length_before_prep(self, job: EncodeJob) -> float:
@@ -284,8 +287,7 @@ class EncoderCore:
     # -- the engine -----------------------------------------------------------------------
 
     async def calibrate(self, cache: CalibrationCache, intra_op_threads: int, max_age_s: float) -> str:
-        """Fit the batch cost model to timings of this engine: another replica's on this
-        machine when young enough, else timed now on the engine thread. Returns which."""
+        """Fit the cost model to this engine's timings: a replica's on this machine, or timed now."""
         timed = cache.load(self.runner.identity, intra_op_threads, max_age_s)
         source = "reused from this machine"
         if timed is None:
@@ -387,7 +389,6 @@ class EncoderCore:
 
 class _Unobserved:
     def queue_depth(self, lane: str, depth: int) -> None: ...
-
     def batch(self, answers: list[EncodeAnswer], started: float, finished: float) -> None: ...
 
 

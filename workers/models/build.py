@@ -83,7 +83,9 @@ RECIPES: Mapping[str, Recipe] = {
                         ("workers.models.smollm_graph", "workers.prompt", "workers.engines.lm", "workers.engines.lm_types",
                          "workers.engines.llama"),
                         ("llama-cpp-python",)),
-    whisper.NAME: Recipe(whisper.NAME, whisper.VERSION, whisper.PACKAGE, whisper.build, ("workers.audio",)),
+    whisper.NAME: Recipe(whisper.NAME, whisper.VERSION, whisper.PACKAGE, whisper.build,
+                         ("workers.audio", "workers.audio.decode", "workers.audio.encoder", "workers.audio.vad",
+                          "workers.audio.windows", "workers.engines.ctranslate2")),
 }
 """Every model this package knows how to build. A modality names its own in its spec."""
 

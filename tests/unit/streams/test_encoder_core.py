@@ -187,3 +187,16 @@ def test_every_submitted_job_is_answered_exactly_once(jobs, chunks) -> None:
 
     asyncio.run(scenario())
 
+
+
+async def test_a_bug_before_preparing_answers_each_job_with_internal_and_holds_nothing() -> None:
+    h = Harness()
+
+    def broken(job):
+        raise RuntimeError("a spec's units() failed")
+
+    h.core._length_before_prep = broken  # noqa: SLF001 - stands in for a plugin's buggy spec
+    _submit(h.core, _job("a", 1), _job("b", 2, lane="bulk"))
+    assert sorted(a.job.id for a in h.answers) == ["r1", "r2"]
+    assert all(a.result.code == "internal" for a in h.answers)
+    assert h.core.held == 0 and h.core.held_bulk == 0 and h.core.engine_idle()

@@ -107,6 +107,8 @@ async def test_each_record_is_answered_once_with_its_offset_and_a_bad_one_is_dea
     bad = ConsumerRecord(f"{PREFIX}.encode.text.rt", 0, 12, 0, 0, None, b"\xc1 not msgpack", None, 0, 14, [])
     await stage.handle([_record(_job("fresh", 1), 10), _record(_job("cached", 2), 11), bad])
     await _until(lambda: len(stage.io.answers) == 3, "all three answered")
+    await asyncio.sleep(0.05)  # a second answer to any of them would land by now
+    assert len(stage.io.answers) == 3
     by_offset = {offsets[0]: (topic, a) for topic, a, offsets in stage.io.answers}
     assert by_offset[12][0] == f"{PREFIX}.dlq"
     assert by_offset[10] == (f"{PREFIX}.encoded.rt", by_offset[10][1]) and by_offset[10][1]["cache"] == "miss"
