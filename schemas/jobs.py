@@ -171,14 +171,10 @@ def fan_in_from_wire(m: Any) -> Manifest | EncodedPart | DeadlineTick | Verdict:
 
 
 @dataclass(frozen=True, slots=True)
-class GenerateJob(_Job):
-    """An assembled generate request, from the assembler to ``<prefix>.generate.<lane>``.
-
-    ``parts`` say what each part became upstream, in request order: ``{"modality", "text"}``
-    for text, ``{"modality", "labels": [[name, score], ...]}`` for an image, ``{"modality",
-    "transcript"}`` for audio, ``{"modality", "frames": [[at_s, [[name, score], ...]], ...],
-    "transcript"}`` for video, and ``{"modality", "failed": true}`` for a part that failed.
-    """
+class _RequestJob(_Job):
+    """What every job carrying a whole request past the assembler says of it: who sent it, where
+    its answers go, its deadline and when it was accepted, sent by the client and sent on here
+    (the timing breakdown is built from these)."""
 
     id: str
     lane: str
@@ -188,6 +184,18 @@ class GenerateJob(_Job):
     accepted_at_ms: float
     client_sent_at_ms: float
     sent_at_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateJob(_RequestJob):
+    """An assembled generate request, from the assembler to ``<prefix>.generate.<lane>``.
+
+    ``parts`` say what each part became upstream, in request order: ``{"modality", "text"}``
+    for text, ``{"modality", "labels": [[name, score], ...]}`` for an image, ``{"modality",
+    "transcript"}`` for audio, ``{"modality", "frames": [[at_s, [[name, score], ...]], ...],
+    "transcript"}`` for video, and ``{"modality", "failed": true}`` for a part that failed.
+    """
+
     parts: list[dict[str, Any]]
     params: dict[str, Any] = field(default_factory=dict)
     trace: list[Any] = field(default_factory=list)
@@ -201,7 +209,7 @@ class GenerateJob(_Job):
 
 
 @dataclass(frozen=True, slots=True)
-class RetrieveJob(_Job):
+class RetrieveJob(_RequestJob):
     """A search of one of the tenant's collections, from the assembler to
     ``<prefix>.retrieve.<lane>``, keyed by ``request_key``.
 
@@ -211,14 +219,6 @@ class RetrieveJob(_Job):
     was indexed with) and the assembled ``generate`` job, which the retrieve stage sends on
     to the generator with the passages it found."""
 
-    id: str
-    lane: str
-    tenant: str
-    reply_to: str
-    deadline_at_ms: float
-    accepted_at_ms: float
-    client_sent_at_ms: float
-    sent_at_ms: float
     collection: str
     k: int
     where: dict[str, Any] | None = None
