@@ -116,14 +116,15 @@ class RouterSettings(Section):
     )
     colocate: str = setting(
         "text", "Comma-separated modalities whose encoder also runs inside each router process (placement): their "
-        "parts skip the broker hop to the pool while that encoder has room (see colocate_max_queued_ms), and "
-        "it joins the modality's pool like any replica. Empty: every part goes through its encode topic."
+        "parts skip the broker hop to the pool while that encoder has room (see colocate_max_queued_ms; with "
+        "colocate_pool on it also reads the pool's topics). Empty: every part goes through its encode topic."
     )
     colocate_pool: bool = setting(
-        True, "The router's own encoders also join their modality's pool and read its topics like any replica "
-        "(a deployment with no such pool is served by the routers alone). Off: they take only the router's "
-        "hand-overs, so no part of another request (another tenant's long text, from the topic) is encoded in the "
-        "process that routes every request; the pool must then be deployed."
+        False, "The router's own encoders also join their modality's pool and read its topics like any replica (a "
+        "deployment with no such pool is then served by the routers alone). Off (the default): they take only the "
+        "router's hand-overs, so no part of another request (another tenant's long text, from the topic) is encoded "
+        "in the process that routes every request, and the pool must be deployed. Off measured better for the "
+        "tenant beside a flooding one at the same capacity (docs/isolation.md)."
     )
     colocate_max_queued_ms: float = setting(
         25.0, "Predicted work (ms) queued ahead of a part past which the router's own encoder is passed over and "

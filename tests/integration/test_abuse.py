@@ -36,6 +36,7 @@ CLAIM_TTL_S = 600
 def abuse(infra):
     pipe = start_pipeline(infra, {"router": 1, "assembler": 1, "encode.image": 1, "encode.video": 1},
                           MMSTREAM_ROUTER_SERVED_MODALITIES="text,image,video",
+                          MMSTREAM_ROUTER_COLOCATE_POOL="true",  # no text pool: the router's encoder is it
                           MMSTREAM_LIMITS_MAX_REQUEST_REF_BYTES=str(3 * S),
                           MMSTREAM_LIMITS_CLAIM_TTL_S=str(CLAIM_TTL_S),
                           MMSTREAM_QUOTA_REF_BYTES_PER_S="1", MMSTREAM_QUOTA_REF_BYTES_BURST=str(4 * S),

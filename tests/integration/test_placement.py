@@ -41,7 +41,7 @@ async def _texts(pipe, texts: list[str]) -> list:
 async def test_a_router_with_text_placed_in_it_serves_text_without_a_pool(infra, bound_ms):
     pipe = await asyncio.to_thread(start_pipeline, infra, {"router": 1, "assembler": 1},
                                    MMSTREAM_ROUTER_COLOCATE="text", MMSTREAM_ROUTER_SERVED_MODALITIES="text",
-                                   MMSTREAM_ROUTER_COLOCATE_MAX_QUEUED_MS=bound_ms)
+                                   MMSTREAM_ROUTER_COLOCATE_POOL="true", MMSTREAM_ROUTER_COLOCATE_MAX_QUEUED_MS=bound_ms)
     try:
         await wait_ready(pipe)
         topic = f"{pipe.prefix}.encode.text.rt"
