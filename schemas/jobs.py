@@ -69,6 +69,11 @@ class EncodeJob(_Job):
 
     TYPE = "encode"
 
+    @property
+    def payload_bytes(self) -> int:
+        """What this job holds in memory at most: its inline data and text, and a ref's priced size."""
+        return len(self.data or b"") + len(self.text or "") + (self.ref_bytes or 0)
+
 
 @dataclass(frozen=True, slots=True)
 class Manifest(_Job):

@@ -81,6 +81,12 @@ class EncoderSettings(Section):
         "cosine 0.993 to it on real sentences (docs/capacity.md)."
     )
     max_queue: int = setting(256, "Most jobs held in a worker between Kafka and the engine.", ge=1)
+    max_queue_bytes: int = setting(
+        256 * 1024 * 1024, "Most payload bytes the jobs held in a worker carry (inline data and text, and refs at the "
+        "size priced, which the worker fetches): past it the worker polls nothing until jobs are answered, so 256 jobs "
+        "of large refs cannot hold gigabytes. A single job larger than this is still taken when nothing is held.",
+        ge=1024 * 1024
+    )
     calibration_max_age_s: float = setting(
         86_400.0, "A replica reuses the batch timings another replica of the same engine measured on this machine "
         "(state_dir/calibration) if younger than this, instead of timing them again before it is ready: a cold start "

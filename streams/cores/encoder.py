@@ -97,11 +97,10 @@ class EncoderCore:
     event loop with each job's answer, exactly once per job."""
 
     def __init__(self, runner: EncoderRunner, limits: EncoderSettings, modality: str,
-                 on_answer: Callable[[EncodeAnswer], None], observer: EncoderObserver | None = None,
-                 max_frames: int = 1) -> None:
+                 on_answer: Callable[[EncodeAnswer], None], observer: EncoderObserver, max_frames: int = 1) -> None:
         self.runner, self.limits, self.modality = runner, limits, modality
         self.on_answer, self.max_frames = on_answer, max_frames
-        self.observer: EncoderObserver = observer or _Unobserved()
+        self.observer = observer
         self.lengths = TEXT_LENGTHS if runner.variable_length else (1,)
         self.model = BatchCostModel(runner.cost_prior, max_batch_size=limits.max_batch_size,
                                     max_batch_ms=limits.max_batch_ms, rows_alone=runner.rows_alone)
@@ -115,6 +114,7 @@ class EncoderCore:
         self.order: dict[str, FairOrder[Pending[_Held]]] = {lane: FairOrder(key=_order_key) for lane in LANES}
         self.queues: dict[str, list[Pending[_Held]]] = {lane: o.items for lane, o in self.order.items()}
         self.held = self.held_bulk = 0  # jobs submitted, not yet answered (all, and bulk's)
+        self.held_bytes = 0  # the payload bytes they carry (``EncodeJob.payload_bytes``)
         self.running_ms = 0.0  # predicted ms of the batch the engine thread runs now
         self.direct_ms = 0.0  # ... of the submitted batch it prepares and runs directly
         self.preparing = 0  # submitted batches on the prep thread now
@@ -135,6 +135,7 @@ class EncoderCore:
         for job, lane, origin in jobs:
             self.held += 1
             self.held_bulk += lane == "bulk"
+            self.held_bytes += job.payload_bytes
             if job.deadline_at_ms <= now:
                 self._answer(EncodeAnswer(job, origin, lane, deadline_error(), None))
             else:
@@ -377,6 +378,7 @@ class EncoderCore:
     def _answer(self, answer: EncodeAnswer) -> None:
         self.held -= 1
         self.held_bulk -= answer.lane == "bulk"
+        self.held_bytes -= answer.job.payload_bytes
         try:
             self.on_answer(answer)
         except Exception:  # the caller's bug must not stop the answers after it
@@ -385,11 +387,6 @@ class EncoderCore:
     def _report_depths(self) -> None:
         for lane, q in self.queues.items():
             self.observer.queue_depth(lane, len(q))
-
-
-class _Unobserved:
-    def queue_depth(self, lane: str, depth: int) -> None: ...
-    def batch(self, answers: list[EncodeAnswer], started: float, finished: float) -> None: ...
 
 
 def _order_key(p: Pending[_Held]) -> tuple[float, int]:

@@ -17,8 +17,9 @@ parts of a request in order), which finishes the ingress record once every one o
 with the broker.
 
 Intake is bounded by the runtime's ``poll_budget``: no poll takes more than the room left
-under ``max_queue`` jobs held (preparing, queued or running), and at none the runtime pauses
-the stage's topics until a job is answered. Bulk jobs may hold at most half of it
+under ``max_queue`` jobs held (preparing, queued or running), none is taken while the jobs
+held carry ``max_queue_bytes`` of payload (so what they hold stays under it plus one poll), and
+at none the runtime pauses the stage's topics until a job is answered. Bulk jobs may hold at most half of it
 (``BULK_SHARE``): a flood of bulk work cannot fill the stage and leave rt records waiting in
 the topic, where no fair order reaches them. A few times a second the stage reports its
 queued work (ms, per partition) and what one more item costs it, for the router's admission
@@ -105,7 +106,8 @@ class EncoderStage(RecordStage):
         self.core = EncoderCore(runner, settings.encoder, modality, self._answered, _Observer(metrics, self.stage, self._modality),
                                 max_frames=settings.video.max_frames)
         self.max_queue = settings.encoder.max_queue
-        self.local = LocalEncoder(self.stage, self.core, lambda: self.max_queue - self.core.held)
+        self.max_queue_bytes = settings.encoder.max_queue_bytes
+        self.local = LocalEncoder(self.stage, self.core, self.poll_budget)
         """What a co-located router hands jobs to (``router.colocate``)."""
         self.replica = f"{self.stage}/{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.redis = connect_async(settings.redis.url, settings.redis.tls_ca, socket_timeout=0.2,
@@ -138,7 +140,10 @@ class EncoderStage(RecordStage):
                 and self.backlog_rt() <= self.rt_backlog_records and not self.core.queues["rt"])
 
     def poll_budget(self) -> int:
-        """No poll takes more than the room left; at none the runtime pauses the topics."""
+        """No poll takes more than the room left in jobs, and none while the jobs held carry
+        ``max_queue_bytes`` (at 0 the runtime pauses the topics)."""
+        if self.core.held and self.core.held_bytes >= self.max_queue_bytes:
+            return 0
         return max(0, self.max_queue - self.core.held)
 
     # -- the engine ----------------------------------------------------------------------

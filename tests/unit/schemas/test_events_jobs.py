@@ -56,3 +56,10 @@ def test_breakdown_orders_stages_and_splits_queue_from_service():
     spans = [Span("encode", 10.0, 12.0, 20.0), Span("route", 0.0, 1.0, 2.0)]
     assert breakdown(spans) == [{"stage": "route", "queued_ms": 1.0, "service_ms": 1.0},
                                 {"stage": "encode", "queued_ms": 2.0, "service_ms": 8.0}]
+
+
+def test_an_encode_jobs_payload_is_its_data_its_text_and_its_refs_priced_size() -> None:
+    base = dict(id="r", part=0, n_parts=1, modality="image", lane="rt", tenant="t", deadline_at_ms=1.0, sent_at_ms=0.0)
+    assert EncodeJob(**base, data=b"x" * 300).payload_bytes == 300
+    assert EncodeJob(**base, text="hello").payload_bytes == 5
+    assert EncodeJob(**base, ref="redis:mm:claim:t:r:0", ref_bytes=4096).payload_bytes == 4096

@@ -22,5 +22,13 @@ class DictCache:
 
 
 class Quiet:
+    """Observes nothing: the reuse cache's lookups, the core's queue depths and batches."""
+
     def cache_lookup(self, modality, result):
+        pass
+
+    def queue_depth(self, lane, depth):
+        pass
+
+    def batch(self, answers, started, finished):
         pass

@@ -48,7 +48,8 @@ class Harness:
 
         front = EncoderFront(Runner(prepare, run, rows_alone=True, variable_length=True), None,
                              CacheFront(self.cache, Quiet(), "text"), key_of=lambda job, content: f"k:{content.decode()}")
-        self.core = EncoderCore(front, EncoderSettings(order=order, max_wait_ms=max_wait_ms), "text", self.answers.append)
+        self.core = EncoderCore(front, EncoderSettings(order=order, max_wait_ms=max_wait_ms), "text", self.answers.append,
+                                Quiet())
 
     def by_id(self) -> dict[str, EncodeAnswer]:
         return {a.job.id: a for a in self.answers}

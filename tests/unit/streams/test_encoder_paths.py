@@ -191,3 +191,19 @@ async def test_the_load_report_counts_what_the_core_holds_and_is_preparing(stage
     stage.gate.set()
     await _until(lambda: stage.core.held == 0, "all answered")
     loop_task.cancel()
+
+
+async def test_the_payload_bytes_held_bound_intake_as_the_job_count_does(stage) -> None:
+    stage.max_queue_bytes = 2500  # the fixture's settings say 256 MiB; three 1000-character texts pass it
+    stage.gate.clear()
+    assert stage.poll_budget() == stage.max_queue
+    await stage.handle([_record(_job("x" * 1000, i), i) for i in range(2)])
+    assert stage.core.held_bytes == 2000 and stage.poll_budget() == stage.max_queue - 2
+    await stage.handle([_record(_job("y" * 1000, 2), 2)])
+    assert stage.core.held_bytes == 3000 and stage.poll_budget() == 0  # over the bytes, far under the count
+    assert stage.local.take([(_job("z", 9), 1.0, lambda out: None)], max_queued_ms=1e9, max_part_ms=1e9) == [False]
+    loop_task = asyncio.create_task(stage.core.run(lambda: False))
+    stage.gate.set()
+    await _until(lambda: stage.core.held == 0, "all answered")
+    assert stage.core.held_bytes == 0 and stage.poll_budget() == stage.max_queue
+    loop_task.cancel()
