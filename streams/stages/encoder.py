@@ -103,8 +103,8 @@ class EncoderStage(RecordStage):
         self.metrics = metrics
         self.runner = runner
         self.wire_dtype = wire_dtype
-        self.core = EncoderCore(runner, settings.encoder, modality, self._answered, _Observer(metrics, self.stage, self._modality),
-                                max_frames=settings.video.max_frames)
+        self.core = EncoderCore(runner, settings.encoder, modality, self._answered,
+                                _Observer(metrics, self.stage, self._modality), max_frames=settings.video.max_frames)
         self.max_queue = settings.encoder.max_queue
         self.max_queue_bytes = settings.encoder.max_queue_bytes
         self.local = LocalEncoder(self.stage, self.core, self.poll_budget)
@@ -130,10 +130,6 @@ class EncoderStage(RecordStage):
             return
         self.io.hold(r for _, _, r in jobs)
         self.core.submit(jobs)
-
-    def queued_ms(self, lane: str) -> float:
-        """Predicted engine time ahead of a new job of ``lane`` (``EncoderCore.queued_ms``)."""
-        return self.core.queued_ms(lane)
 
     def should_take_bulk(self) -> bool:
         return (self.core.held_bulk < self.max_queue * BULK_SHARE

@@ -181,7 +181,7 @@ async def test_the_load_report_counts_what_the_core_holds_and_is_preparing(stage
     prepare_many = stage.runner.prepare_many
     stage.runner.prepare_many = lambda jobs: (prep_gate.wait(10), prepare_many(jobs))[1]
     await stage.handle([_record(_job("x" * 3000, i), i) for i in range(1, 4)])  # long texts, still tokenizing
-    assert stage.report()["queued_rt_ms"] >= stage.queued_ms("rt") - 1e-6 > 0
+    assert stage.report()["queued_rt_ms"] >= stage.core.queued_ms("rt") - 1e-6 > 0
     prep_gate.set()
     await _until(lambda: len(stage.core.queues["rt"]) == 3, "queued")
     report, each = stage.report(), stage.core.model.per_item_ms(3000)  # the prepared length: 3000 here
