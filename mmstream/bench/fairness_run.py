@@ -11,6 +11,13 @@ on the broker at once, so where the broker cannot take A's bytes A falls behind 
 (its ``offered_rate`` says by how much) instead of piling up sends in memory.
 
 The ``ref_fanout`` blob is stored once in Redis under A's claim prefix before the run.
+
+Against a secured broker (settings that authenticate, as `mmstream up --secure`'s
+``mmstream.env`` gives) the two tenants are made for the run with ``add_tenant``, as
+`mmstream tenant add` makes them (credentials, their own ingress topics, ACLs, the broker's
+produce quota), and each sends as itself: the tenant is the principal's, not a field, and
+A's bytes meet the broker's quota before any stage reads them. Otherwise they are two
+names on the shared plaintext ingress.
 """
 
 from __future__ import annotations
@@ -31,7 +38,8 @@ from mmstream.bench.results import build_run, overhead
 from mmstream.bench.workloads import floor_text
 from mmstream.bench.run import _pipeline_record, _workers, proc_cpu_s, send_and_drain
 from mmstream.monolith import Engines
-from schemas.request import Request, claim_prefix
+from mmstream.tenants import add_tenant
+from schemas.request import Modality, Part, Request, claim_prefix
 from schemas.settings import Settings
 from streams.stores import load_reports
 from streams.sdk.client import Client, new_id
@@ -43,6 +51,7 @@ log = logging.getLogger(__name__)
 SAMPLE_S = 0.5
 ABUSER_SENDS_IN_FLIGHT = 64
 ABUSER_START_TIMEOUT_S = 60.0
+PROBE_TIMEOUT_S = 60.0
 
 
 async def run_fairness(settings: Settings, cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
@@ -54,6 +63,15 @@ async def run_fairness(settings: Settings, cfg: BenchConfig, progress: bool = Tr
     abuse_rate = cfg.abuse_rate or 5.0 * rate
     salt = new_id()[:8]
     victim, abuser = f"victim-{salt}", f"abuser-{salt}"
+    secured = settings.kafka.authenticated and settings.kafka.security_protocol.startswith("SASL_")
+    if secured:
+        ids = {name: _Identity(name, (await add_tenant(settings, name)).security) for name in (victim, abuser)}
+        # A new tenant's ingress topics reach the router at its next topic scan: wait for
+        # one answer each, so that B's first phase does not measure the discovery.
+        await asyncio.gather(*(ident.probe(settings) for ident in ids.values()))
+    else:
+        shared = KafkaSecurity.from_settings(settings.kafka)
+        ids = {name: _Identity(None, shared) for name in (victim, abuser)}
     workers = _workers(settings)
     if not workers:
         log.warning("no local workers for topic prefix %r: memory and CPU will be empty", settings.kafka.topic_prefix)
@@ -74,13 +92,13 @@ async def run_fairness(settings: Settings, cfg: BenchConfig, progress: bool = Tr
         phases: dict[str, dict[str, Any]] = {}
         try:
             sampler.phase = "alone"
-            phases["alone"] = await _victim_phase(settings, cfg, victim, "alone", workers, progress)
+            phases["alone"] = await _victim_phase(settings, cfg, victim, ids[victim], "alone", workers, progress)
             sampler.phase = "flood"
-            a = _Abuser(settings, cfg.seed, abuse_rate, cfg.duration_s, cfg.drain_s, shapes, abuser, f"redis:{blob_key}",
-                        deadline_ms)
+            a = _Abuser(settings, cfg.seed, abuse_rate, cfg.duration_s, cfg.drain_s, shapes, abuser, ids[abuser],
+                        f"redis:{blob_key}", deadline_ms)
             await a.start()
             try:
-                phases["flood"] = await _victim_phase(settings, cfg, victim, "flood", workers, progress)
+                phases["flood"] = await _victim_phase(settings, cfg, victim, ids[victim], "flood", workers, progress)
                 a_records = await a.records(cfg.duration_s + 2 * cfg.drain_s + 30.0)
             finally:
                 a.stop()
@@ -100,7 +118,7 @@ async def run_fairness(settings: Settings, cfg: BenchConfig, progress: bool = Tr
                         deadline_s=deadline_ms / 1000.0)
     mem = memory_summary(sampler.rss, stage_bounds(settings))
     doc = {
-        "mode": "pipeline", "workload": "fairness",
+        "mode": "pipeline", "workload": "fairness", "ingress": "tenant principals" if secured else "shared plaintext",
         "config": {**config_dict(cfg), "abuse_rate": abuse_rate, "abuse_deadline_ms": deadline_ms},
         "tenants": {"victim": victim, "abuser": abuser}, "abuse_shapes": list(shapes),
         "bounds": dataclasses.asdict(bounds), "victim": v, "abuser": ab, "memory": mem,
@@ -110,15 +128,36 @@ async def run_fairness(settings: Settings, cfg: BenchConfig, progress: bool = Tr
     return doc
 
 
-async def _victim_phase(settings: Settings, cfg: BenchConfig, tenant: str, phase: str,
+@dataclasses.dataclass(frozen=True)
+class _Identity:
+    """How one tenant's client connects: as its own principal (``tenant`` set: its ingress
+    topics and reply topic) or on the shared topics (``tenant`` None)."""
+
+    tenant: str | None
+    security: KafkaSecurity
+
+    def client(self, settings: Settings) -> Client:
+        return Client(settings.kafka.bootstrap, settings.kafka.topic_prefix, security=self.security,
+                      tenant=self.tenant)
+
+    async def probe(self, settings: Settings) -> None:
+        """Send one short rt text embed and wait for its answer (``PROBE_TIMEOUT_S``)."""
+        async with self.client(settings) as client:
+            request = Request(id=f"probe-{new_id()}", tenant=self.tenant or "default",
+                              parts=(Part(Modality.TEXT, text="a probe"),))
+            event = await (await client.submit(request)).result(PROBE_TIMEOUT_S)
+        if event.kind != "result":
+            raise RuntimeError(f"tenant {self.tenant}'s probe request was answered {event.error}")
+
+
+async def _victim_phase(settings: Settings, cfg: BenchConfig, tenant: str, ident: _Identity, phase: str,
                         workers: list[tuple[str, int]], progress: bool) -> dict[str, Any]:
     """B's traffic of ``phase``, sent open loop; its ``build_run`` report, with the CPU
     each pipeline process spent over the phase."""
     offsets, requests = victim_schedule(cfg.seed, cfg.rate, cfg.duration_s, phase)
     requests = [dataclasses.replace(r, tenant=tenant) for r in requests]
     cpu0 = {name: proc_cpu_s(pid) for name, pid in workers}
-    async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix,
-                      security=KafkaSecurity.from_settings(settings.kafka)) as client:
+    async with ident.client(settings) as client:
         pairs, sent_s = await send_and_drain(client, offsets, requests, cfg, progress)
     cpu1 = {name: proc_cpu_s(pid) for name, pid in workers}
     per = {n: round(cpu1[n] - cpu0[n], 3) for n in cpu0 if cpu0[n] is not None and cpu1.get(n) is not None}
@@ -179,12 +218,12 @@ class _Abuser:
     media are built, and tells it to go; ``records`` waits for its outcomes."""
 
     def __init__(self, settings: Settings, seed: int, abuse_rate: float, duration_s: float, drain_s: float,
-                 shapes: tuple[str, ...], tenant: str, blob_ref: str, deadline_ms: int) -> None:
+                 shapes: tuple[str, ...], tenant: str, ident: _Identity, blob_ref: str, deadline_ms: int) -> None:
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_abuser_main, name="mmstream-bench-abuser", daemon=True,
-                                 args=(child, settings, seed, abuse_rate, duration_s, drain_s, shapes, tenant, blob_ref,
-                                       deadline_ms))
+                                 args=(child, settings, seed, abuse_rate, duration_s, drain_s, shapes, tenant, ident,
+                                       blob_ref, deadline_ms))
 
     async def start(self) -> None:
         self._proc.start()
@@ -212,7 +251,7 @@ class _Abuser:
 
 
 def _abuser_main(conn: Any, settings: Settings, seed: int, abuse_rate: float, duration_s: float, drain_s: float,
-                 shapes: tuple[str, ...], tenant: str, blob_ref: str, deadline_ms: int) -> None:
+                 shapes: tuple[str, ...], tenant: str, ident: _Identity, blob_ref: str, deadline_ms: int) -> None:
     """The abuser process: its plan sent, one outcome dict per request sent back on ``conn``
     (or one string saying what failed)."""
     logging.basicConfig(level=logging.WARNING)
@@ -220,19 +259,19 @@ def _abuser_main(conn: Any, settings: Settings, seed: int, abuse_rate: float, du
         bounds = AbuseBounds.from_settings(settings)
         plan = abuser_plan(seed, abuse_rate, duration_s, shapes)
         pixel_bound_png(bounds.image_side)  # built before the clock starts
-        records = asyncio.run(_abuse(conn, settings, plan, bounds, tenant, blob_ref, deadline_ms, duration_s + drain_s))
+        records = asyncio.run(_abuse(conn, settings, plan, bounds, tenant, ident, blob_ref, deadline_ms,
+                                     duration_s + drain_s))
     except BaseException as exc:  # noqa: BLE001 - told to the parent, which fails the run
         conn.send(f"{type(exc).__name__}: {exc}")
         return
     conn.send(records)
 
 
-async def _abuse(conn: Any, settings: Settings, plan: list[Any], bounds: AbuseBounds, tenant: str, blob_ref: str,
-                 deadline_ms: int, horizon_s: float) -> list[dict[str, Any]]:
+async def _abuse(conn: Any, settings: Settings, plan: list[Any], bounds: AbuseBounds, tenant: str, ident: _Identity,
+                 blob_ref: str, deadline_ms: int, horizon_s: float) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     sends = asyncio.Semaphore(ABUSER_SENDS_IN_FLIGHT)
-    async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix,
-                      security=KafkaSecurity.from_settings(settings.kafka)) as client:
+    async with ident.client(settings) as client:
         conn.send("ready")
         await asyncio.to_thread(conn.recv)  # "go"
         start = time.monotonic()
