@@ -79,11 +79,13 @@ class RouterStage(RecordStage):
             if not local:
                 self.io.deliver(result.outs, [r], epoch)
                 continue
-            # The manifest and everything not offered first; an encoder's answers come after.
+            # The manifest and everything not offered wait for the encoder's answers and
+            # leave with them, in one produce request (one fetch for the assembler, one answer
+            # produce, one fetch for the client), unless a job goes through its topic.
             offered = {id(j.out) for j in local}
             joint = Joint(self.io, r, epoch)
             self.io.hold([r])  # finished by the joint once every delivery landed
-            joint.send([o for o in result.outs if id(o) not in offered])
+            joint.hold([o for o in result.outs if id(o) not in offered])
             handovers.append((joint, local))
         if handovers:
             self._hand_over(handovers)
@@ -111,7 +113,7 @@ class RouterStage(RecordStage):
                     joint.unexpect()
                     untaken.setdefault(id(joint), []).append(j.out)
         for joint, _ in handovers:
-            if id(joint) in untaken:
+            if id(joint) in untaken:  # the pool must have these now, and the manifest with them
                 joint.send(untaken[id(joint)])
             joint.seal()
 

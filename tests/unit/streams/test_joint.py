@@ -110,3 +110,74 @@ async def test_a_revoke_between_deliveries_leaves_the_record_unfinished() -> Non
     io.land(1, ok=False)
     await settle()
     assert io.finished == []
+
+
+async def test_held_outputs_leave_with_the_answers_in_one_delivery() -> None:
+    io = Deliveries()
+    joint = Joint(io, "ingress@10")
+    joint.hold([out("manifest")])
+    first, second = joint.expect(), joint.expect()
+    joint.seal()
+    assert io.sent == []  # nothing leaves while an answer is due
+    first(out("part0"))
+    assert io.sent == []
+    second(out("part1"))
+    assert [[o.key for o in outs] for outs, _ in io.sent] == [[b"manifest", b"part0", b"part1"]]
+    io.land(0)
+    await settle()
+    assert io.finished == ["ingress@10"]
+
+
+async def test_answers_before_the_seal_wait_for_it() -> None:
+    io = Deliveries()
+    joint = Joint(io, "ingress@11")
+    joint.hold([out("manifest")])
+    joint.expect()(out("part"))  # answered inside the hand-over, before the router sealed
+    assert io.sent == []
+    joint.seal()
+    assert [[o.key for o in outs] for outs, _ in io.sent] == [[b"manifest", b"part"]]
+
+
+async def test_a_send_takes_what_is_held_first_and_ends_the_holding() -> None:
+    io = Deliveries()
+    joint = Joint(io, "ingress@12")
+    joint.hold([out("manifest")])
+    later = joint.expect()
+    joint.expect()
+    joint.unexpect()  # one job had no room: through its topic, now, and the manifest with it
+    joint.send([out("job")])
+    joint.seal()
+    later(out("part"))
+    assert [[o.key for o in outs] for outs, _ in io.sent] == [[b"manifest", b"job"], [b"part"]]
+    io.land(0)
+    await settle()
+    assert io.finished == []  # the answer is not with the broker yet
+    io.land(1)
+    await settle()
+    assert io.finished == ["ingress@12"]
+
+
+async def test_held_outputs_with_no_answer_due_leave_at_the_seal() -> None:
+    io = Deliveries()
+    joint = Joint(io, "ingress@13")
+    joint.hold([out("manifest")])
+    joint.expect()
+    joint.unexpect()
+    assert io.sent == []
+    joint.seal()
+    assert [[o.key for o in outs] for outs, _ in io.sent] == [[b"manifest"]]
+    io.land(0)
+    await settle()
+    assert io.finished == ["ingress@13"]
+
+
+async def test_a_dropped_joint_delivery_leaves_the_record_for_its_next_owner() -> None:
+    io = Deliveries()
+    joint = Joint(io, "ingress@14")
+    joint.hold([out("manifest")])
+    later = joint.expect()
+    joint.seal()
+    later(out("part"))
+    io.land(0, ok=False)  # revoked while in flight
+    await settle()
+    assert io.finished == []
