@@ -296,6 +296,12 @@ class AssemblerSettings(Section):
         10_000, "Most parts without a manifest (forged or stale) one assembler keeps; past it the oldest are dropped.",
         ge=1
     )
+    accepted_linger_ms: float = setting(
+        50.0, "How long the assembler holds a request's accepted event in the hope of sending it with the answer: one "
+        "produce and one client fetch instead of two for a request answered within it (an image encoded in the pool; "
+        "a text the router encoded in process already comes whole). A request answered later gets its accepted event "
+        "this much later. 0: at once.", ge=0
+    )
 
 
 class DlqSettings(Section):

@@ -7,7 +7,8 @@ verdicts (a rejection or a whole cached answer). ``streams.policies.assembly.ste
 machine; this module keeps its state in memory, per request key (a tenant's id is its own:
 the same id from two tenants is two requests), and carries its decisions out:
 
-- a request's first manifest: its ``accepted`` event;
+- a request's first manifest: its ``accepted`` event, held up to ``accepted_linger_ms`` so that
+  a request answered within it gets both events in one produce (and its client one fetch);
 - its last part (or its deadline, checked by a sweep in this process): its terminal event,
   or for a generate request the assembled job for the generator;
 - a verdict: its events;
@@ -57,6 +58,7 @@ from schemas.trace import now_ms
 from streams.policies.assembly import Assembly, AssemblyPolicy, Intake, KeyView, Step, intake, reused_id, step
 from streams.policies.lifecycle import RequestStatus
 from streams.observe.metrics import Metrics, request_modality
+from streams.runtime.linger import Held, Linger, take
 from streams.runtime.produce import Out, out_map
 from streams.stores.result_cache import ResultCache
 from streams.runtime.recovery import done_marker, recover
@@ -73,6 +75,8 @@ class Open:
     records: list[ConsumerRecord] = field(default_factory=list)
     """Its input records: finished together once it is answered."""
     accepted_sent: bool = False
+    accepted: Held | None = None
+    """Its accepted event, held to leave with the answer (``accepted_linger_ms``)."""
 
 
 @dataclass
@@ -130,6 +134,7 @@ class AssemblerStage(RecordStage):
         self.policy = AssemblyPolicy(retention_ms=float(a.retention_ms), orphan_ttl_ms=float(a.orphan_ttl_ms))
         self.max_pending = a.max_pending
         self.max_orphans = a.max_orphans
+        self.accepted_linger = Linger(a.accepted_linger_ms, self.io.deliver)
         self.sweep_s = a.sweep_interval_ms / 1000.0
         self.orphans_dropped = 0
         self.partitions: dict[TopicPartition, PartitionState] = {}
@@ -205,7 +210,11 @@ class AssemblerStage(RecordStage):
             accepted = Event(m.id, EventKind.ACCEPTED, 0, m.accepted_at_ms,
                              payload={"task": m.task, "parts": m.n_parts, "deadline_at_ms": m.deadline_at_ms})
             if ("accepted", 0) not in part.sent.get(key, ()):
-                self.io.deliver([out_map(m.reply_to, m.id, accepted.to_wire())])
+                out = out_map(m.reply_to, m.id, accepted.to_wire())
+                if self.accepted_linger.delay_ms > 0:
+                    entry.accepted = self.accepted_linger.hold(out, now)
+                else:
+                    self.io.deliver([out])
         if result.emit is not None or result.forward is not None:
             self._answer(part, key, entry, result)
 
@@ -214,6 +223,8 @@ class AssemblerStage(RecordStage):
         assert state is not None and state.manifest is not None
         m = state.manifest
         outs: list[Out] = []
+        if (accepted := take(entry.accepted)) is not None:  # still held: it leaves first, with the answer
+            outs.append(accepted)
         if result.forward is not None:  # goes on to the generator or the retrieve stage, which answers it
             f = result.forward
             topic = self.names.retrieve(f.lane) if isinstance(f, RetrieveJob) else self.names.generate(f.lane)
@@ -351,7 +362,9 @@ class AssemblerStage(RecordStage):
 
     async def on_revoked(self, tps: set[TopicPartition]) -> None:
         for tp in tps:
-            self.partitions.pop(tp, None)  # the next owner replays what was open here
+            part = self.partitions.pop(tp, None)  # the next owner replays what was open here
+            for entry in part.open.values() if part is not None else ():
+                take(entry.accepted)  # its next owner sends it
 
 
 def _opens(rec: ConsumerRecord) -> tuple[str, str, str] | None:
