@@ -48,7 +48,6 @@ from streams.policies.reuse import NearDuplicateCache
 from workers.retrieval import corpus as C
 from mmstream.retrievebench_corpus import CACHE_DIR, Embedder, embed_order, embed_passages, load_passages
 from workers.retrieval.index import CollectionIndex
-from workers.retrieval.results import Hit
 
 K = 10
 THRESHOLDS = (0.90, 0.93, 0.95, 0.97, 0.99)

@@ -167,7 +167,7 @@ def properties_text(tenant: Tenant, prefix: str, redis_url: str = "") -> str:
         f"mmstream tenant {tenant.name}: any Kafka client reads the keys below.",
         *[f"send {lane} requests to: {names.tenant_ingress(lane, tenant.name)}" for lane in tenant.lanes],
         f"read answers from:     {names.tenant_results(tenant.name)}",
-        *([f"claim checks (parts over the inline limit) go to Redis as the tenant's own user:",
+        *(["claim checks (parts over the inline limit) go to Redis as the tenant's own user:",
            f"{REDIS_URL_KEY}={redis_url}"] if redis_url else []),
         "Keep this file private: it holds the tenant's password.",
     ])

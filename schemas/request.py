@@ -362,7 +362,7 @@ def _where(raw: Any, limits: Limits) -> dict[str, Any] | None:
         if not values or len(values) > limits.max_where_values or not all(_scalar(v, limits) for v in values):
             raise WireError(ErrorCode.INVALID_REQUEST,
                             f"where.{key[:40]} must be a string, number or boolean, or a list of up to "
-                            f"{limits.max_where_values} of them", f"params.where")
+                            f"{limits.max_where_values} of them", "params.where")
         out[key] = list(value) if isinstance(value, list) else value
     return out
 

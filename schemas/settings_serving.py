@@ -10,7 +10,7 @@ import re
 from pydantic import field_validator, model_validator
 
 from schemas.request import MODALITY_NAME_RE
-from schemas.settings_base import (ENGINE_PRECISIONS, TASKS, EnginePrecision, GeneratorPrecision, Grouping, QueueOrder, LmPrecision, Partitioner,
+from schemas.settings_base import (ENGINE_PRECISIONS, TASKS, EnginePrecision, GeneratorPrecision, Grouping, QueueOrder, Partitioner,
                                    Scheduler, Section, csv_items, parse_assignments, setting, whole_number)
 
 

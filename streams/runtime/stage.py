@@ -51,7 +51,7 @@ from streams.runtime.io import IOSettings, StageIO
 from streams.connection import client_kwargs
 from schemas.topics import TopicNames
 
-__all__ = ["RecordStage", "client_kwargs", "io_settings"]
+__all__ = ["RecordStage", "io_settings"]
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,6 @@ sees only this test's claim checks.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import uuid
 from pathlib import Path
