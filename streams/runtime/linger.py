@@ -42,9 +42,12 @@ class Linger:
         self._held: deque[Held] = deque()
         self._timer: asyncio.TimerHandle | None = None
 
-    def hold(self, out: Out, now: float | None = None) -> Held:
-        """Hold ``out`` (take it back with ``take``); the caller sends it itself when
-        ``delay_ms`` is 0."""
+    def hold(self, out: Out, now: float | None = None) -> Held | None:
+        """Hold ``out`` (take it back with ``take``); with ``delay_ms`` 0 it is sent at once
+        and None comes back."""
+        if self.delay_ms <= 0:
+            self._send([out])
+            return None
         held = Held(out, (self._clock() if now is None else now) + self.delay_ms)
         self._held.append(held)
         if self._timer is None:

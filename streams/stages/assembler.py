@@ -210,11 +210,7 @@ class AssemblerStage(RecordStage):
             accepted = Event(m.id, EventKind.ACCEPTED, 0, m.accepted_at_ms,
                              payload={"task": m.task, "parts": m.n_parts, "deadline_at_ms": m.deadline_at_ms})
             if ("accepted", 0) not in part.sent.get(key, ()):
-                out = out_map(m.reply_to, m.id, accepted.to_wire())
-                if self.accepted_linger.delay_ms > 0:
-                    entry.accepted = self.accepted_linger.hold(out, now)
-                else:
-                    self.io.deliver([out])
+                entry.accepted = self.accepted_linger.hold(out_map(m.reply_to, m.id, accepted.to_wire()), now)
         if result.emit is not None or result.forward is not None:
             self._answer(part, key, entry, result)
 

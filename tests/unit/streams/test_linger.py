@@ -71,3 +71,10 @@ async def test_the_timer_sends_what_is_held_without_another_call() -> None:
             break
         await asyncio.sleep(0.01)
     assert [[o.key for o in outs] for outs in sent] == [[b"a"]]
+
+
+async def test_with_no_delay_an_output_is_sent_at_once() -> None:
+    sent: list[list] = []
+    linger = Linger(0.0, sent.append)
+    assert linger.hold(out("a")) is None
+    assert [[o.key for o in outs] for outs in sent] == [[b"a"]] and len(linger) == 0
