@@ -51,6 +51,32 @@ LOAD_STALE_MS = 3_000.0
 """A load report older than this is a replica gone: its queued work is not counted."""
 
 
+class BoxCpu:
+    """The box's idle cores between two reads of ``/proc/stat`` (Linux), out of ``cores``: what
+    the policy's cores rule measures instead of guessing from the pools' threads. It counts
+    every process of the box, the broker, Redis and whatever else runs there, not only ours."""
+
+    def __init__(self, cores: int, path: str = "/proc/stat") -> None:
+        self.cores, self.path = cores, path
+        self._last: tuple[float, float] | None = None
+
+    def idle_cores(self) -> float | None:
+        """Idle cores since the last call; None on the first call or where it cannot be read."""
+        try:
+            with open(self.path) as f:
+                fields = [float(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        if len(fields) < 5:
+            return None
+        total, idle = sum(fields[:8]), fields[3] + fields[4]  # idle + iowait
+        last, self._last = self._last, (total, idle)
+        if last is None or total <= last[0]:
+            return None
+        busy = (1.0 - (idle - last[1]) / (total - last[0])) * (os.cpu_count() or 1)
+        return max(0.0, self.cores - busy)
+
+
 def cores(settings: Settings) -> int:
     return settings.autoscale.cpu_cores or os.cpu_count() or 1
 
@@ -83,6 +109,8 @@ def signals(prefix: str, pools: Iterable[str], live: Mapping[str, int], rows: It
     by_group = {group_id(prefix, stage): stage for stage in pools}
     lag: dict[str, Counter[str]] = {stage: Counter() for stage in pools}
     queued: Counter[str] = Counter()
+    running: dict[str, list[float]] = {stage: [] for stage in pools}
+    items: dict[str, int | None] = {stage: 0 for stage in pools}
     for row in rows or ():
         stage, lane = by_group.get(row.group), lane_of(row.topic)
         if stage is not None and lane is not None:
@@ -90,11 +118,18 @@ def signals(prefix: str, pools: Iterable[str], live: Mapping[str, int], rows: It
     for report in (loads or {}).values():
         try:
             stage, at, ms = str(report["stage"]), float(report["at"]), float(report["queued_ms"])
+            in_service = min(ms, float(report.get("running_ms", 0.0)))
+            held = None if report.get("items") is None else int(report["items"])
         except (KeyError, TypeError, ValueError):
             continue
         if stage in lag and now_ms - at <= LOAD_STALE_MS:
             queued[stage] += ms
-    return [PoolSignal(stage, live.get(stage, 0), dict(lag[stage]), queued[stage]) for stage in pools]
+            running[stage].append(in_service)
+            before = items[stage]
+            items[stage] = None if before is None or held is None else before + held
+    return [PoolSignal(stage, live.get(stage, 0), dict(lag[stage]), queued[stage], tuple(running[stage]),
+                       items[stage] if running[stage] else None)
+            for stage in pools]
 
 
 class _Metrics:
@@ -117,6 +152,7 @@ class LocalScaler:
         self.rules = rules(settings)
         self.policy = ScalePolicy(self.rules, up_window_s=a.up_window_s, down_window_s=a.down_window_s,
                                   idle_s=a.idle_s, cpu_cores=cores(settings))
+        self.cpu = BoxCpu(cores(settings))
         self.metrics = _Metrics()
         self.health = WorkerHealth()
         self.health.stage = AUTOSCALER
@@ -161,7 +197,7 @@ class LocalScaler:
         for s in sigs:
             self.metrics.replicas.labels(s.stage).set(s.replicas)
         free = [s for s in sigs if s.stage not in self._busy]
-        decisions = self.policy.decide(now, free)
+        decisions = self.policy.decide(now, free, self.cpu.idle_cores())
         for d in decisions:
             self._record(d)
             if not d.held:

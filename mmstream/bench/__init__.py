@@ -31,7 +31,7 @@ _WHERE = {
     "fairness": ("ABUSE_SHAPES", "AbuseBounds", "abuse_request", "abuser_plan", "victim_schedule"),
     "fairness_run": ("run_fairness",),
     "results": ("Record", "build_run", "overhead"),
-    "run": ("proc_cpu_s", "proc_peak_rss_mb", "run_bench"),
+    "run": ("CpuTally", "proc_cpu_s", "proc_peak_rss_mb", "run_bench"),
     "workloads": ("CHAT_PROMPTS", "FLOOR_TEXT_WORDS", "MIXED_KINDS", "SAMPLE_PHOTOS", "WORDS", "arrival_offsets",
                   "chat_request", "floor_text", "mixed_request", "request_kind", "sample_images", "schedule",
                   "text_request"),

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 MODES = ("pipeline", "monolithic", "server")
-WORKLOADS = ("text", "mixed", "chat", "chat-mm", "capacity", "fairness", "retrieve", "rag")
+WORKLOADS = ("text", "mixed", "chat", "chat-mm", "capacity", "images", "audio", "fairness", "retrieve", "rag")
 SCHEDULERS = ("continuous", "static")
 LM_PRECISIONS = ("q4_1", "fp32", "int8")
 
@@ -22,8 +22,9 @@ class BenchConfig:
 
     workload: str = "text"
     """``text`` (one text part), ``mixed`` (``workloads.MIXED_KINDS``), ``chat`` (generate
-    requests, ``workloads.CHAT_PROMPTS``), ``capacity`` or ``fairness`` (``bench.fairness``:
-    tenant B's rt text alone, then beside tenant A's flood of the worst requests allowed)."""
+    requests, ``workloads.CHAT_PROMPTS``), ``capacity``, ``images`` (its photos alone), ``audio``
+    (spoken clips alone) or ``fairness`` (``bench.fairness``: tenant B's rt text alone, then
+    beside tenant A's flood of the worst requests allowed)."""
     rate: float = 20.0
     """Offered requests per second (used when ``rates`` is empty)."""
     duration_s: float = 20.0

@@ -54,6 +54,29 @@ def proc_cpu_s(pid: int) -> float | None:
         return None
 
 
+class CpuTally:
+    """CPU seconds per process name over a run, also of processes that start or stop during it
+    (a scaler's replicas, a spare turned into one): each pid counts from its first read (from
+    zero when it started after the run began) to its last read, under the name it had last."""
+
+    def __init__(self, procs: Sequence[tuple[str, int]]) -> None:
+        self.first = {pid: cpu for _, pid in procs if (cpu := proc_cpu_s(pid)) is not None}
+        self.last: dict[int, tuple[str, float]] = {}
+        self.read(procs)
+
+    def read(self, procs: Sequence[tuple[str, int]]) -> None:
+        for name, pid in procs:
+            cpu = proc_cpu_s(pid)
+            if cpu is not None:
+                self.last[pid] = (name, cpu)
+
+    def per_name(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for pid, (name, cpu) in self.last.items():
+            out[name] = round(out.get(name, 0.0) + cpu - self.first.get(pid, 0.0), 3)
+        return out
+
+
 def proc_peak_rss_mb(pid: int) -> float | None:
     """Peak resident set (VmHWM) of ``pid`` since it started, in MiB; None if it is gone."""
     try:
@@ -93,7 +116,7 @@ async def run_bench(settings: Settings, cfg: BenchConfig, progress: bool = True)
     loading a model raises.
     """
     mono = cfg.mode in ("monolithic", "server")
-    images = cfg.workload in ("mixed", "capacity", "chat-mm")
+    images = cfg.workload in ("mixed", "capacity", "images", "chat-mm")
     engines = await asyncio.to_thread(Engines, settings, images,
                                       mono and cfg.workload == "mixed", mono and cfg.workload in ("chat", "chat-mm"))
     floor = engines.floor_ms(floor_text(), sample_images()[0] if images else None,
@@ -164,10 +187,10 @@ async def _run_pipeline(settings: Settings, cfg: BenchConfig, rate: float, progr
                     settings.kafka.topic_prefix)
     async with Client(settings.kafka.bootstrap, settings.kafka.topic_prefix,
                       security=KafkaSecurity.from_settings(settings.kafka)) as client:
-        cpu0 = {name: proc_cpu_s(pid) for name, pid in workers}
+        tally = CpuTally(workers)
         own0 = time.process_time()
         one_lane = "lanes" in cfg.levers_off
-        sampler = Sampler(Supervisor(settings)) if cfg.rate_schedule else None
+        sampler = Sampler(Supervisor(settings), lambda: tally.read(_workers(settings))) if cfg.rate_schedule else None
         if sampler is not None:
             sampler.start()
         start_ms = time.time() * 1000.0
@@ -175,10 +198,10 @@ async def _run_pipeline(settings: Settings, cfg: BenchConfig, rate: float, progr
                                              lambda r: dataclasses.replace(r, lane=Lane.RT) if one_lane else r)
         replicas_over_time = await sampler.stop() if sampler is not None else []
         workers = _workers(settings)  # a scaler may have started some: count every one still alive
-        cpu1 = {name: proc_cpu_s(pid) for name, pid in workers}
+        tally.read(workers)
         own_cpu_s = time.process_time() - own0
     records = [_pipeline_record(req, sub) for req, sub in pairs]
-    worker_cpu = {n: round(cpu1[n] - cpu0[n], 3) for n in cpu0 if cpu0[n] is not None and cpu1.get(n) is not None}
+    worker_cpu = tally.per_name()
     ok = sum(r.outcome == "ok" for r in records)
     cpu = {
         "scope": "sum of the pipeline's processes on this machine: workers, and the broker and Redis when local "

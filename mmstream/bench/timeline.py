@@ -14,7 +14,7 @@ import asyncio
 import math
 import time
 from collections import Counter
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from mmstream.bench.results import Record
 
@@ -28,18 +28,21 @@ def _pct(values: Sequence[float], q: float) -> float | None:
 
 def windows(records: Iterable[Record], start_ms: float, width_s: float = 5.0) -> list[dict[str, Any]]:
     """One entry per window from the first to the last due record: ``t`` (seconds from start),
-    ``offered`` (req/s), ``outcomes`` and ``text_p50_ms``/``text_p99_ms`` (answered rt text)."""
+    ``offered`` (req/s), ``outcomes``, ``text_p50_ms``/``text_p99_ms`` (answered rt text) and
+    ``p50_ms``/``p99_ms`` (every answered request, of any kind and lane)."""
     by: dict[int, list[Record]] = {}
     for r in records:
         by.setdefault(int((r.sent_at_ms - start_ms) / 1000.0 // width_s), []).append(r)
     out = []
     for i in range(max(by) + 1 if by else 0):
         mine = by.get(i, [])
-        text = [r.done_at_ms - r.sent_at_ms for r in mine
-                if r.outcome == "ok" and r.done_at_ms is not None and r.lane == "rt" and r.parts == ("text",)]
+        ok = [r for r in mine if r.outcome == "ok" and r.done_at_ms is not None]
+        text = [r.done_at_ms - r.sent_at_ms for r in ok if r.lane == "rt" and r.parts == ("text",)]
+        every = [r.done_at_ms - r.sent_at_ms for r in ok]
         out.append({"t": round(i * width_s, 1), "offered": round(len(mine) / width_s, 2),
                     "outcomes": dict(Counter(r.outcome or "lost" for r in mine)),
-                    "text_p50_ms": _pct(text, 0.50), "text_p99_ms": _pct(text, 0.99)})
+                    "text_p50_ms": _pct(text, 0.50), "text_p99_ms": _pct(text, 0.99),
+                    "p50_ms": _pct(every, 0.50), "p99_ms": _pct(every, 0.99)})
     return out
 
 
@@ -60,10 +63,12 @@ def settle(wins: Sequence[dict[str, Any]], steps_at_s: Sequence[float], bound_ms
 
 
 class Sampler:
-    """Counts live replicas per stage once a second while running (``start``/``stop``)."""
+    """Counts live replicas per stage once a second while running (``start``/``stop``), and
+    calls ``also`` (in a thread) at each count: the bench reads its processes' CPU there, so a
+    replica that stops before the end still counts."""
 
-    def __init__(self, supervisor: Any, every_s: float = 1.0) -> None:
-        self.supervisor, self.every_s = supervisor, every_s
+    def __init__(self, supervisor: Any, also: Callable[[], None] | None = None, every_s: float = 1.0) -> None:
+        self.supervisor, self.also, self.every_s = supervisor, also, every_s
         self.samples: list[dict[str, Any]] = []
         self._task: asyncio.Task[None] | None = None
 
@@ -71,6 +76,8 @@ class Sampler:
         while True:
             live = Counter(w.stage for w in await asyncio.to_thread(self.supervisor.workers) if w.alive)
             self.samples.append({"t": round(time.monotonic() - t0, 1), **dict(sorted(live.items()))})
+            if self.also is not None:
+                await asyncio.to_thread(self.also)
             await asyncio.sleep(self.every_s)
 
     def start(self) -> None:

@@ -195,9 +195,32 @@ def capacity_request(rng: random.Random, lane: str) -> Request:
                 break
         part = Part(Modality.TEXT, text=" ".join(_sentence(rng) for _ in range(n)))
     else:
-        data, mime = sized_photos()[rng.randrange(len(sized_photos()))]
-        part = Part(Modality.IMAGE, data=_with_comment(data, rng.getrandbits(64)), mime=mime)
+        part = _sized_photo(rng)
     return Request(id=new_id(), parts=(part,), lane=Lane(lane), tenant=f"capacity-{rng.getrandbits(48):012x}")
+
+
+def images_request(rng: random.Random, lane: str) -> Request:
+    """The capacity mix's photos alone (one of 256-1024 px, bytes of its own, a tenant of its
+    own): a load on one single-threaded stage, the image encoder, that leaves the box's other
+    cores free, which is the load a second replica of that stage is for."""
+    part = _sized_photo(rng)
+    return Request(id=new_id(), parts=(part,), lane=Lane(lane), tenant=f"capacity-{rng.getrandbits(48):012x}")
+
+
+def audio_request(rng: random.Random, lane: str) -> Request:
+    """A spoken clip of 5 to 15 words alone (espeak-ng, as the mixed workload's), a tenant of
+    its own: a load on the audio encoder, a pool that starts at zero and is one engine thread
+    per replica, so a step of it is what the scaler's wake, growth and idle stop are for."""
+    clip = samples.speech(_text(rng, rng.randint(5, 15)))
+    if clip is None:
+        raise RuntimeError("the audio workload needs espeak-ng (apt-get install espeak-ng)")
+    part = Part(Modality.AUDIO, data=clip, mime="audio/wav")
+    return Request(id=new_id(), parts=(part,), lane=Lane(lane), tenant=f"capacity-{rng.getrandbits(48):012x}")
+
+
+def _sized_photo(rng: random.Random) -> Part:
+    data, mime = sized_photos()[rng.randrange(len(sized_photos()))]
+    return Part(Modality.IMAGE, data=_with_comment(data, rng.getrandbits(64)), mime=mime)
 
 
 @functools.lru_cache(maxsize=1)
@@ -237,7 +260,8 @@ def schedule(cfg: BenchConfig, rate: float) -> tuple[list[float], list[Request]]
         make_chat = chat_request if cfg.workload == "chat" else chat_mm_request
         requests = [make_chat(rng, cfg.lane, cfg.chat_max_tokens) for _ in offsets]
     else:
-        make = {"text": text_request, "mixed": mixed_request, "capacity": capacity_request}[cfg.workload]
+        make = {"text": text_request, "mixed": mixed_request, "capacity": capacity_request,
+                "images": images_request, "audio": audio_request}[cfg.workload]
         requests = [make(rng, cfg.lane) for _ in offsets]
     shape = random.Random(f"{cfg.seed}:{rate}:shape")  # lanes and repeats, independent of content
     for i, req in enumerate(requests):

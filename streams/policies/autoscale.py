@@ -5,7 +5,11 @@ the replicas alive, the consumer lag per lane (read from the broker) and the eng
 replicas report queued (predicted ms, ``streams.policies.load``). Per pool:
 
 - **demand** is the replicas that signal needs: ``ceil(max(lag[lane] / lag_per_replica[lane],
-  queued_ms / target_queued_ms))``; 0 with no lag and nothing queued.
+  held / target_queued_ms))``; 0 with no lag and nothing queued. ``held`` is the queued work
+  with each replica's batch in service counted at most ``target_queued_ms``: a replica busy
+  with one 850 ms audio clip and nothing behind it needs no second replica (another would
+  take nothing from it), while one clip waiting behind it does; and never more replicas
+  than the jobs the pool holds (``items``: a job runs on one replica).
 - **wanted** is demand within ``[min, max]``, except that a pool with work never wants 0,
   and an idle pool whose min is 0 keeps one replica until it has been idle ``idle_s``; then
   it stops at once (``reason="idle"``: ``idle_s`` was its window).
@@ -15,10 +19,14 @@ replicas report queued (predicted ms, ``streams.policies.load``). Per pool:
   the window costs no replica.
 - **down**: when every wanted of the last ``down_window_s`` was below the current count and
   the last change is that long ago, to the *most* of them.
-- **cores**: a replica beyond a pool's first is started only while the threads of every
-  busy replica (one with work to do, counted by each pool's demand) and its own fit in
-  ``cpu_cores``. On a box whose cores are already busy, another replica only splits the same
-  cores and adds a context switch, so the policy holds (``reason="cpu"``) instead.
+- **cores**: a replica beyond a pool's first is started only where the box has cores for it.
+  With the box's idle cores measured (``decide(..., idle_cores=)``, averaged over the up
+  window), each added replica needs half of its threads' cores idle (``MIN_IDLE_SHARE``), and
+  what one pool's growth takes is gone for the next pool in the same call. Without a
+  measurement, the threads of every busy replica (one with work to do, counted by each pool's
+  demand) and its own must fit in ``cpu_cores``. On a box whose cores are already busy,
+  another replica only splits the same cores and adds a context switch, so the policy holds
+  (``reason="cpu"``) instead.
 
 Each call returns a ``Decision`` per pool whose count should change, and one with
 ``held=True`` per pool that wanted more and was refused by cores or by its max: the scaler
@@ -51,7 +59,17 @@ class PoolSignal:
     lag: Mapping[str, int] = field(default_factory=dict)
     """Lane -> records of consumer lag over the pool's topics."""
     queued_ms: float = 0.0
-    """Engine work the pool's replicas report queued (ms), summed."""
+    """Engine work the pool's replicas report queued (ms), summed: the batches in service too."""
+    running_ms: tuple[float, ...] = ()
+    """Per replica reporting one, the part of ``queued_ms`` that is its batch in service (ms)."""
+    items: int | None = None
+    """Jobs the replicas hold or have not read yet, summed (None: not every replica says):
+    the queued work cannot ask for more replicas than this, one job runs on one replica."""
+
+def held_ms(sig: PoolSignal, target_ms: float) -> float:
+    """The queued work that asks for replicas: each batch in service counts at most ``target_ms``
+    (one replica's worth: a batch cannot be split over replicas), what waits counts whole."""
+    return sig.queued_ms - sum(max(0.0, r - target_ms) for r in sig.running_ms)
 
 
 @dataclass(frozen=True)
@@ -65,10 +83,17 @@ class Decision:
     held: bool = False
 
 
+MIN_IDLE_SHARE = 0.5
+"""With idle cores measured, a replica beyond a pool's first starts only while at least this
+share of its threads' cores is idle: a process that would get less only slows the others."""
+
+
 def demand(rule: PoolRule, sig: PoolSignal) -> tuple[int, str]:
     """Replicas the signal needs, and which part of it asked (``lag`` or ``queued``)."""
     by_lag = max((sig.lag.get(lane, 0) / per for lane, per in rule.lag_per_replica.items() if per > 0), default=0.0)
-    by_queue = sig.queued_ms / rule.target_queued_ms if rule.target_queued_ms > 0 else 0.0
+    by_queue = held_ms(sig, rule.target_queued_ms) / rule.target_queued_ms if rule.target_queued_ms > 0 else 0.0
+    if sig.items is not None:
+        by_queue = min(by_queue, float(sig.items))
     need = max(by_lag, by_queue)
     return (math.ceil(need) if need > 0 else 0), ("lag" if by_lag >= by_queue else "queued")
 
@@ -84,15 +109,22 @@ class ScalePolicy:
         """Stage -> when the policy first saw it (windows count from there)."""
         self._changed: dict[str, float] = {}
         self._busy_at: dict[str, float] = {}
+        self._free: float | None = None
+        """Idle cores not yet given to a pool in the current call (None: not measured)."""
+        self._idle: deque[tuple[float, float]] = deque()
+        """(when, idle cores measured then), over the last up window."""
 
     def changed(self, stage: str, now: float) -> None:
         """Tell the policy a pool's count was changed (by it or by hand) at ``now``."""
         self._changed[stage] = now
 
-    def decide(self, now: float, signals: Iterable[PoolSignal]) -> list[Decision]:
+    def decide(self, now: float, signals: Iterable[PoolSignal], idle_cores: float | None = None) -> list[Decision]:
+        """``idle_cores``: the box's cores idle since the last call, measured (None: not known;
+        then the cores rule counts the busy pools' threads instead)."""
         sigs = {s.stage: s for s in signals if s.stage in self.rules}
         needs = {st: demand(self.rules[st], s) for st, s in sigs.items()}
         busy = {st: min(sigs[st].replicas, n) * self.rules[st].threads for st, (n, _) in needs.items()}
+        self._free = self._idle_mean(now, idle_cores)
         out = []
         for stage, sig in sigs.items():
             rule, (need, why) = self.rules[stage], needs[stage]
@@ -111,6 +143,22 @@ class ScalePolicy:
                 if not d.held:
                     self._changed[stage] = now
         return out
+
+    def _idle_mean(self, now: float, idle_cores: float | None) -> float | None:
+        if idle_cores is None:
+            self._idle.clear()
+            return None
+        self._idle.append((now, max(0.0, idle_cores)))
+        while self._idle and self._idle[0][0] < now - self.up_window_s:
+            self._idle.popleft()
+        return sum(x for _, x in self._idle) / len(self._idle)
+
+    def _fits(self, rule: PoolRule, cur: int, others_busy: int) -> int:
+        """The most replicas the pool may have now by the cores rule."""
+        threads = max(1, rule.threads)
+        if self._free is None:
+            return (self.cpu_cores - others_busy) // threads
+        return cur + math.floor(self._free / threads + (1.0 - MIN_IDLE_SHARE))
 
     def _wanted_now(self, stage: str, rule: PoolRule, sig: PoolSignal, need: int, now: float) -> int:
         if need > 0:
@@ -143,11 +191,13 @@ class ScalePolicy:
         up = self._window(stage, now, self.up_window_s)
         if up and min(up) > cur:
             target = min(up)
-            fits = (self.cpu_cores - others_busy) // max(1, rule.threads)
+            fits = self._fits(rule, cur, others_busy)
             if target > fits:
                 if fits <= cur:
                     return Decision(stage, cur, cur, "cpu", need, held=True)
                 target = fits
+            if self._free is not None:  # taken: the next pool of this call sees the rest
+                self._free = max(0.0, self._free - (target - cur) * max(1, rule.threads))
             return Decision(stage, cur, target, why, need)
         down = self._window(stage, now, self.down_window_s)
         cooled = now - self._changed.get(stage, self._since[stage]) >= self.down_window_s

@@ -213,12 +213,16 @@ class EncoderStage(RecordStage):
                 continue  # on no partition: the lane's total counts it
             key = f"{origin.topic}:{origin.partition}"
             parts[key] = parts.get(key, 0.0) + ms
-        typical = core.typical_ms()
+        typical, unread = core.typical_ms(), 0
         for lane, topics in (("rt", self.rt_topics), ("bulk", self.bulk_topics)):
-            lanes[lane] += sum(self.io.backlog(t) for t in topics) * typical + core.preparing_ms[lane]
-        queued_rt = core.running_ms + core.direct_ms + lanes["rt"]
+            backlog = sum(self.io.backlog(t) for t in topics)
+            unread += backlog
+            lanes[lane] += backlog * typical + core.preparing_ms[lane]
+        in_service = core.running_ms + core.direct_ms
+        queued_rt = in_service + lanes["rt"]
         out = {"stage": self.stage, "at": now_ms(), "queued_ms": round(queued_rt + lanes["bulk"], 3),
-               "queued_rt_ms": round(queued_rt, 3),
+               "queued_rt_ms": round(queued_rt, 3), "running_ms": round(in_service, 3),
+               "items": core.held + unread,
                "partitions": {k: round(v, 3) for k, v in parts.items()},
                "assigned": sorted(f"{tp.topic}:{tp.partition}" for tp in self.io.assignment()),
                "item_ms": merge_item_costs(core.item_costs())}

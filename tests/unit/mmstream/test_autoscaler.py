@@ -2,9 +2,12 @@
 and what `mmstream scale` reads back."""
 
 import asyncio
+import os
 from pathlib import Path
 
-from mmstream.autoscaler import lane_of, rules, signals
+import pytest
+
+from mmstream.autoscaler import BoxCpu, lane_of, rules, signals
 from mmstream.scale_cli import last_decisions
 from schemas.settings import Settings
 from streams.observe.lagmon import LagRow
@@ -13,17 +16,42 @@ from streams.observe.lagmon import LagRow
 def test_signals_sum_lag_per_lane_and_fresh_queued_work_per_pool():
     rows = [LagRow("mm-encode-text", "mm.encode.text.rt", 0, 5, 9, 4), LagRow("mm-encode-text", "mm.encode.text.rt", 1, 0, 3, 3),
             LagRow("mm-encode-text", "mm.encode.text.bulk", 0, 0, 7, 7), LagRow("mm-other", "mm.encode.text.rt", 0, 0, 9, 9)]
-    loads = {"encode.text-0": {"stage": "encode.text", "at": 10_000, "queued_ms": 120.0},
+    loads = {"encode.text-0": {"stage": "encode.text", "at": 10_000, "queued_ms": 120.0, "running_ms": 15.0,
+                               "items": 9},
+             "encode.text-2": {"stage": "encode.text", "at": 10_000, "queued_ms": 30.0},  # no running_ms: older worker
              "encode.text-1": {"stage": "encode.text", "at": 10_000 - 5_000, "queued_ms": 900.0},  # stale: gone
              "x": {"stage": "encode.text"}}  # torn: skipped
     (text, audio) = signals("mm", ["encode.text", "encode.audio"], {"encode.text": 2}, rows, loads, now_ms=10_500)
-    assert (text.replicas, dict(text.lag), text.queued_ms) == (2, {"rt": 7, "bulk": 7}, 120.0)
-    assert (audio.replicas, dict(audio.lag), audio.queued_ms) == (0, {}, 0.0)
+    assert (text.replicas, dict(text.lag), text.queued_ms, text.running_ms) == (2, {"rt": 7, "bulk": 7}, 150.0,
+                                                                                (15.0, 0.0))
+    assert text.items is None  # encode.text-2 did not say: no cap
+    assert (audio.replicas, dict(audio.lag), audio.queued_ms, audio.running_ms, audio.items) == (0, {}, 0.0, (), None)
+    loads["encode.text-2"]["items"] = 1
+    (text,) = signals("mm", ["encode.text"], {"encode.text": 2}, rows, loads, now_ms=10_500)
+    assert text.items == 10
 
 
 def test_a_source_that_failed_adds_nothing():
     (text,) = signals("mm", ["encode.text"], {"encode.text": 1}, None, None, now_ms=0)
     assert (dict(text.lag), text.queued_ms) == ({}, 0.0)
+
+
+def test_box_cpu_reads_idle_cores_between_two_reads_of_proc_stat(tmp_path, monkeypatch):
+    stat = tmp_path / "stat"
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    box = BoxCpu(2, str(stat))
+    stat.write_text("cpu  100 0 100 800 0 0 0 0 0 0\ncpu0 1 2 3 4\n")
+    assert box.idle_cores() is None  # one read: no interval yet
+    stat.write_text("cpu  250 0 100 850 0 0 0 0 0 0\n")  # 150 busy, 50 idle of 200: 1.5 cores busy
+    assert box.idle_cores() == pytest.approx(0.5)
+    stat.write_text("cpu  250 0 100 950 50 0 0 0 0 0\n")  # all idle (iowait counts idle)
+    assert box.idle_cores() == pytest.approx(2.0)
+    assert BoxCpu(1, str(stat)).idle_cores() is None
+    stat.write_text("cpu  450 0 100 950 50 0 0 0 0 0\n")
+    one = BoxCpu(1, str(stat))  # a scaler given one core of the two: what is busy counts against it
+    one._last = (1350.0, 1000.0)
+    assert one.idle_cores() == 0.0
+    assert BoxCpu(2, str(tmp_path / "missing")).idle_cores() is None
 
 
 def test_lanes_of_topics():

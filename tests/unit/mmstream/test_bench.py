@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import subprocess
+import sys
+import time
 
 import pytest
 from hypothesis import given
@@ -14,6 +17,7 @@ from hypothesis import strategies as st
 
 from mmstream.bench import (
     BenchConfig,
+    CpuTally,
     Record,
     arrival_offsets,
     build_run,
@@ -204,6 +208,25 @@ def test_process_accounting_reads_proc() -> None:
     assert proc_cpu_s(os.getpid()) > 0
     assert proc_peak_rss_mb(os.getpid()) > 1
     assert proc_cpu_s(2 ** 22 + 12345) is None
+
+
+def test_cpu_tally_counts_processes_that_start_or_stop_during_the_run() -> None:
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ntime.sleep(30)"
+    tally = CpuTally([("me", os.getpid())])
+    sum(i * i for i in range(300_000))
+    child = subprocess.Popen([sys.executable, "-c", burn])  # a replica started after the run began
+    try:
+        deadline = time.monotonic() + 20
+        while (proc_cpu_s(child.pid) or 0.0) < 0.3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        tally.read([("me", os.getpid()), ("encode.audio[1]", child.pid)])
+    finally:
+        child.kill()
+        child.wait()
+    tally.read([("me", os.getpid()), ("encode.audio[1]", child.pid)])  # gone now: its last read stands
+    got = tally.per_name()
+    assert got["encode.audio[1]"] >= 0.3  # counted from zero, not dropped for missing the first read
+    assert 0 < got["me"] < proc_cpu_s(os.getpid())  # from the tally's first read, not since exec
 
 
 # -- one run's JSON --------------------------------------------------------------------------------

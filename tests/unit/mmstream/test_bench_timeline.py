@@ -40,6 +40,7 @@ def test_windows_report_offered_rate_outcomes_and_text_percentiles():
     w0, w1 = windows(records, start_ms=0.0, width_s=5.0)
     assert (w0["t"], w0["offered"], w0["outcomes"], w0["text_p50_ms"], w0["text_p99_ms"]) == (0.0, 0.4, {"ok": 2}, 100.0, 300.0)
     assert w1["outcomes"] == {"ok": 2, "lost": 1, "overloaded": 1} and w1["text_p99_ms"] == 900.0  # the image request apart
+    assert (w0["p50_ms"], w0["p99_ms"], w1["p50_ms"], w1["p99_ms"]) == (100.0, 300.0, 900.0, 2000.0)  # every answered one
 
 
 def test_settle_is_the_time_from_a_step_until_p99_stays_under_the_bound():

@@ -1,5 +1,7 @@
 """The scaling policy alone: windows, wake, idle, cores and bounds, on a clock the test turns."""
 
+import dataclasses
+
 import pytest
 
 from schemas.settings import Settings, SettingsError
@@ -29,6 +31,23 @@ def test_demand_is_the_larger_of_lag_and_queued_work_per_replica():
     assert demand(rule, PoolSignal("s", 1, {"rt": 1})) == (1, "lag")
     assert demand(rule, PoolSignal("s", 1, {"rt": 101, "bulk": 10})) == (3, "lag")
     assert demand(rule, PoolSignal("s", 1, {"bulk": 200}, queued_ms=600)) == (3, "queued")
+
+
+def test_a_long_batch_in_service_counts_one_replica_and_what_waits_behind_it_counts_whole():
+    rule = PoolRule(0, 8, LAG, 250.0)
+    one_clip = PoolSignal("encode.audio", 1, queued_ms=850.0, running_ms=(850.0,))
+    assert demand(rule, one_clip) == (1, "queued")  # a second replica would take nothing from it
+    behind = PoolSignal("encode.audio", 1, queued_ms=1700.0, running_ms=(850.0,))
+    assert demand(rule, behind) == (5, "queued")  # 250 + 850 waiting: the waiting clip starts at once elsewhere
+    two_busy = PoolSignal("encode.audio", 2, queued_ms=1700.0, running_ms=(850.0, 850.0))
+    assert demand(rule, two_busy) == (2, "queued")
+    short = PoolSignal("encode.text", 1, queued_ms=600.0, running_ms=(20.0,))
+    assert demand(rule, short) == (3, "queued")  # short batches: as if counted whole
+    assert demand(rule, PoolSignal("encode.text", 1, queued_ms=600.0)) == (3, "queued")  # no running_ms reported
+    # never more replicas than jobs: one clip being prepared (not yet in service) is one job
+    assert demand(rule, PoolSignal("encode.audio", 1, queued_ms=850.0, items=1)) == (1, "queued")
+    assert demand(rule, dataclasses.replace(behind, items=2)) == (2, "queued")
+    assert demand(rule, dataclasses.replace(short, items=40)) == (3, "queued")
 
 
 def test_a_burst_shorter_than_the_up_window_costs_no_replica():
@@ -92,6 +111,31 @@ def test_a_replica_that_would_only_fight_for_busy_cores_is_held():
     # the image pool idle: its replica needs no core, so text may take the second one (and no more)
     got = run(p, 5, 5, PoolSignal("encode.text", 1, {"rt": 500}), PoolSignal("encode.image", 1))
     assert [(d.stage, d.target, d.held) for _, d in got] == [("encode.text", 2, False)]
+
+
+def test_with_idle_cores_measured_a_replica_starts_where_half_its_cores_are_idle():
+    rules = {"encode.audio": PoolRule(0, 4, LAG, 250.0), "encode.text": PoolRule(1, 4, LAG, 250.0)}
+    p = policy(cores=2, **rules)
+    hot = PoolSignal("encode.audio", 1, queued_ms=1700.0, running_ms=(850.0,))
+    busy_router = PoolSignal("encode.text", 1, {"rt": 10})  # by threads alone: no core left for audio
+    got = [d for t in range(0, 3) for d in p.decide(t, [hot, busy_router], idle_cores=0.8)]
+    assert [(d.stage, d.current, d.target, d.held) for d in got] == [("encode.audio", 1, 2, False)]
+    p = policy(cores=2, **rules)
+    got = [d for t in range(0, 4) for d in p.decide(t, [hot, busy_router], idle_cores=0.4)]
+    assert got and all(d.held and d.reason == "cpu" for d in got)
+    # the mean over the up window: one idle reading among busy ones does not make room
+    p = policy(cores=2, **rules)
+    got = [d for t, idle in enumerate((0.1, 0.1, 1.0)) for d in p.decide(t, [hot], idle_cores=idle)]
+    assert got and all(d.held for d in got)
+
+
+def test_cores_given_to_one_pool_are_gone_for_the_next_in_the_same_call():
+    rules = {"encode.audio": PoolRule(0, 4, LAG, 250.0), "encode.image": PoolRule(1, 4, LAG, 250.0)}
+    p = policy(cores=4, **rules)
+    hot = [PoolSignal("encode.audio", 1, queued_ms=2000.0), PoolSignal("encode.image", 1, queued_ms=2000.0)]
+    got = [d for t in range(0, 3) for d in p.decide(t, hot, idle_cores=1.0)]
+    assert [(d.stage, d.target, d.held) for d in got if not d.held] == [("encode.audio", 2, False)]
+    assert any(d.stage == "encode.image" and d.held and d.reason == "cpu" for d in got)
 
 
 def test_waking_is_never_held_for_cores():

@@ -187,6 +187,9 @@ async def test_the_load_report_counts_what_the_core_holds_and_is_preparing(stage
     report, each = stage.report(), stage.core.model.per_item_ms(3000)  # the prepared length: 3000 here
     assert report["partitions"] == {f"{PREFIX}.encode.text.rt:0": pytest.approx(3 * each, abs=0.01)}
     assert report["queued_rt_ms"] >= 3 * each and report["tenants_rt"] == {"t": pytest.approx(3 * each, abs=0.01)}
+    # the scaler's view: the direct run is the batch in service, and four jobs are held in all
+    assert report["running_ms"] == pytest.approx(stage.core.direct_ms, abs=0.01) and report["running_ms"] > 0
+    assert report["items"] == 4
     loop_task = asyncio.create_task(stage.core.run(lambda: False))
     stage.gate.set()
     await _until(lambda: stage.core.held == 0, "all answered")
