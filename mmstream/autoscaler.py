@@ -33,14 +33,14 @@ from prometheus_client import CollectorRegistry, Counter as PromCounter, Gauge
 from redis.exceptions import RedisError
 
 from mmstream.k8s_scalers import pool_topics
-from mmstream.supervisor import AUTOSCALER, SPARE, Supervisor
+from mmstream.supervisor import AUTOSCALER, SPARE, Supervisor, proc_cpu_s
 from schemas.settings import Settings
 from streams.stores import load_reports
 from streams.app import group_id
 from streams.observe.health import WorkerHealth
 from streams.observe.lagmon import LagReader, LagRow
 from streams.observe.http import serve
-from streams.policies.autoscale import Decision, PoolRule, PoolSignal, ScalePolicy
+from streams.policies.autoscale import CpuReading, Decision, PoolRule, PoolSignal, ScalePolicy
 from streams.connection import client_kwargs
 from schemas.topics import TopicNames
 from workers.redisconn import connect_async
@@ -52,13 +52,32 @@ LOAD_STALE_MS = 3_000.0
 
 
 class BoxCpu:
-    """The box's idle cores between two reads of ``/proc/stat`` (Linux), out of ``cores``: what
-    the policy's cores rule measures instead of guessing from the pools' threads. It counts
-    every process of the box, the broker, Redis and whatever else runs there, not only ours."""
+    """The box's idle cores between two reads of ``/proc/stat`` (Linux), out of ``cores``, and
+    the cores each pool's processes used meanwhile: what the policy's cores rule measures
+    instead of guessing from the pools' threads. Idle counts every process of the box, the
+    broker, Redis and whatever else runs there, not only ours."""
 
     def __init__(self, cores: int, path: str = "/proc/stat") -> None:
         self.cores, self.path = cores, path
         self._last: tuple[float, float] | None = None
+        self._procs: dict[int, tuple[float, float]] = {}
+        """pid -> (when, its CPU seconds then), from the last read."""
+
+    def reading(self, procs: Iterable[tuple[str, int]]) -> CpuReading | None:
+        """What the box and each pool (``(stage, pid)`` of its live replicas) did since the
+        last call; None where the box's CPU cannot be read."""
+        idle = self.idle_cores()
+        now, used, seen = time.monotonic(), Counter[str](), {}
+        for stage, pid in procs:
+            cpu = proc_cpu_s(pid)
+            if cpu is None:
+                continue
+            seen[pid] = (now, cpu)
+            last = self._procs.get(pid)
+            if last is not None and now > last[0]:
+                used[stage] += (cpu - last[1]) / (now - last[0])
+        self._procs = seen
+        return None if idle is None else CpuReading(idle, dict(used))
 
     def idle_cores(self) -> float | None:
         """Idle cores since the last call; None on the first call or where it cannot be read."""
@@ -197,7 +216,8 @@ class LocalScaler:
         for s in sigs:
             self.metrics.replicas.labels(s.stage).set(s.replicas)
         free = [s for s in sigs if s.stage not in self._busy]
-        decisions = self.policy.decide(now, free, self.cpu.idle_cores())
+        procs = [(w.stage, w.pid) for w in self.supervisor.workers() if w.alive]
+        decisions = self.policy.decide(now, free, self.cpu.reading(procs))
         for d in decisions:
             self._record(d)
             if not d.held:

@@ -9,6 +9,10 @@ from pathlib import Path
 from typing import Any
 
 
+HELPERS = {"t", "autoscale", "spare"}
+"""Not pools: the time column, the scaler itself, its warm spare."""
+
+
 def plot(series: list[list[dict[str, Any]]], names: list[str], out_dir: Path, plt: Any) -> list[str]:
     timed = [(name, run["timeline"]) for name, runs in zip(names, series) for run in runs if run.get("timeline")]
     if not timed:
@@ -24,7 +28,9 @@ def plot(series: list[list[dict[str, Any]]], names: list[str], out_dir: Path, pl
                  marker=".", color=f"C{i}", label=f"{name}: {what}")
         if i == 0:
             rate.step(xs, [w["offered"] for w in wins], where="post", color="grey", alpha=0.5, label="offered")
-        stages = sorted({k for s in t["replicas"] for k in s if k != "t"})
+        # the pools that changed: a flat line per fixed pool hides the one that moved
+        stages = sorted(k for k in {k for s in t["replicas"] for k in s} - HELPERS
+                        if len({s.get(k, 0) for s in t["replicas"]}) > 1)
         styles = ("-", "--", ":", "-.")
         for j, stage in enumerate(stages):
             reps.step([s["t"] for s in t["replicas"]], [s.get(stage, 0) for s in t["replicas"]], where="post",
@@ -33,7 +39,7 @@ def plot(series: list[list[dict[str, Any]]], names: list[str], out_dir: Path, pl
     lat.set(ylabel="p99 per 5 s window (ms, log)", yscale="log", title="latency and replicas over time")
     rate.set_ylabel("offered req/s")
     lat.legend(loc="upper left", fontsize="small")
-    reps.set(xlabel="seconds from the first arrival", ylabel="live replicas")
+    reps.set(xlabel="seconds from the first arrival", ylabel="live replicas (pools that changed)")
     reps.legend(fontsize="x-small", ncol=3)
     for ax in (lat, reps):
         ax.grid(True, alpha=0.3)

@@ -88,6 +88,19 @@ def _alive(pid: int) -> bool:
         return True
 
 
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of ``pid`` from /proc/<pid>/stat; None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) * _TICK_S  # utime, stime (fields 14, 15)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def parse_replicas(specs: list[str]) -> dict[str, int]:
     """``["encode.text=2"]`` -> ``{"encode.text": 2}``; raises ``ValueError`` on bad input."""
     return parse_assignments(specs, whole_number, "STAGE=N (--replicas)")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
 import resource
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ from mmstream.levers import own_pipeline
 from mmstream.levers import replicas as lever_replicas
 from mmstream.monolith import Engines, ModelServer, Monolith
 from mmstream.stats import summary
-from mmstream.supervisor import AUTOSCALER, Supervisor
+from mmstream.supervisor import AUTOSCALER, Supervisor, proc_cpu_s
 from schemas.request import Lane, Request
 from schemas.settings import Settings
 from streams.sdk.client import Client, Submission, new_id
@@ -40,19 +39,6 @@ from streams.policies.batching import BatchLimits
 log = logging.getLogger(__name__)
 
 # -- process accounting --------------------------------------------------------------
-
-_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
-
-
-def proc_cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of ``pid`` from /proc/<pid>/stat; None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) * _TICK_S  # utime, stime (fields 14, 15)
-    except (OSError, IndexError, ValueError):
-        return None
-
 
 class CpuTally:
     """CPU seconds per process name over a run, also of processes that start or stop during it

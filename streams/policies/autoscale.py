@@ -19,11 +19,14 @@ replicas report queued (predicted ms, ``streams.policies.load``). Per pool:
   the window costs no replica.
 - **down**: when every wanted of the last ``down_window_s`` was below the current count and
   the last change is that long ago, to the *most* of them.
-- **cores**: a replica beyond a pool's first is started only where the box has cores for it.
-  With the box's idle cores measured (``decide(..., idle_cores=)``, averaged over the up
-  window), each added replica needs half of its threads' cores idle (``MIN_IDLE_SHARE``), and
-  what one pool's growth takes is gone for the next pool in the same call. Without a
-  measurement, the threads of every busy replica (one with work to do, counted by each pool's
+- **cores**: a replica beyond a pool's first is started only where the box has cores for it
+  and the pool uses the cores it has. With CPU measured (``decide(..., cpu=)``: the box's idle
+  cores and each pool's used cores, averaged over the up window), each added replica needs
+  half of its threads' cores idle (``MIN_IDLE_SHARE``), what one pool's growth takes is gone
+  for the next pool in the same call, and the pool's replicas must keep ``MIN_BUSY_SHARE`` of
+  their threads' cores busy: a pool whose work waits on something else (a consumer-group
+  rebalance after its last change, the broker) gains nothing from another process, and the
+  cores a rebalance leaves idle are not free for long. Without a measurement, the threads of every busy replica (one with work to do, counted by each pool's
   demand) and its own must fit in ``cpu_cores``. On a box whose cores are already busy,
   another replica only splits the same cores and adds a context switch, so the policy holds
   (``reason="cpu"``) instead.
@@ -84,8 +87,19 @@ class Decision:
 
 
 MIN_IDLE_SHARE = 0.5
-"""With idle cores measured, a replica beyond a pool's first starts only while at least this
-share of its threads' cores is idle: a process that would get less only slows the others."""
+"""With CPU measured, a replica beyond a pool's first starts only while at least this share of
+its threads' cores is idle: a process that would get less only slows the others."""
+MIN_BUSY_SHARE = 0.75
+"""... and only while the pool's replicas keep at least this share of their threads' cores busy."""
+
+
+@dataclass(frozen=True)
+class CpuReading:
+    """The box's CPU over the last interval, measured (``mmstream.autoscaler.BoxCpu``)."""
+
+    idle_cores: float
+    used_cores: Mapping[str, float] = field(default_factory=dict)
+    """Pool -> cores its replicas used."""
 
 
 def demand(rule: PoolRule, sig: PoolSignal) -> tuple[int, str]:
@@ -111,20 +125,22 @@ class ScalePolicy:
         self._busy_at: dict[str, float] = {}
         self._free: float | None = None
         """Idle cores not yet given to a pool in the current call (None: not measured)."""
-        self._idle: deque[tuple[float, float]] = deque()
-        """(when, idle cores measured then), over the last up window."""
+        self._cpu: deque[tuple[float, CpuReading]] = deque()
+        """(when, what was measured then), over the last up window."""
+        self._used: dict[str, float] = {}
+        """Pool -> cores it used, the mean over the up window (with ``_free``)."""
 
     def changed(self, stage: str, now: float) -> None:
         """Tell the policy a pool's count was changed (by it or by hand) at ``now``."""
         self._changed[stage] = now
 
-    def decide(self, now: float, signals: Iterable[PoolSignal], idle_cores: float | None = None) -> list[Decision]:
-        """``idle_cores``: the box's cores idle since the last call, measured (None: not known;
-        then the cores rule counts the busy pools' threads instead)."""
+    def decide(self, now: float, signals: Iterable[PoolSignal], cpu: CpuReading | None = None) -> list[Decision]:
+        """``cpu``: the box's CPU since the last call, measured (None: not known; then the
+        cores rule counts the busy pools' threads instead)."""
         sigs = {s.stage: s for s in signals if s.stage in self.rules}
         needs = {st: demand(self.rules[st], s) for st, s in sigs.items()}
         busy = {st: min(sigs[st].replicas, n) * self.rules[st].threads for st, (n, _) in needs.items()}
-        self._free = self._idle_mean(now, idle_cores)
+        self._free = self._cpu_mean(now, cpu)
         out = []
         for stage, sig in sigs.items():
             rule, (need, why) = self.rules[stage], needs[stage]
@@ -144,20 +160,27 @@ class ScalePolicy:
                     self._changed[stage] = now
         return out
 
-    def _idle_mean(self, now: float, idle_cores: float | None) -> float | None:
-        if idle_cores is None:
-            self._idle.clear()
+    def _cpu_mean(self, now: float, cpu: CpuReading | None) -> float | None:
+        """The mean idle cores over the up window (None: not measured); sets ``_used``."""
+        if cpu is None:
+            self._cpu.clear()
+            self._used = {}
             return None
-        self._idle.append((now, max(0.0, idle_cores)))
-        while self._idle and self._idle[0][0] < now - self.up_window_s:
-            self._idle.popleft()
-        return sum(x for _, x in self._idle) / len(self._idle)
+        self._cpu.append((now, cpu))
+        while self._cpu and self._cpu[0][0] < now - self.up_window_s:
+            self._cpu.popleft()
+        n = len(self._cpu)
+        pools = {p for _, c in self._cpu for p in c.used_cores}
+        self._used = {p: sum(c.used_cores.get(p, 0.0) for _, c in self._cpu) / n for p in pools}
+        return sum(max(0.0, c.idle_cores) for _, c in self._cpu) / n
 
-    def _fits(self, rule: PoolRule, cur: int, others_busy: int) -> int:
+    def _fits(self, stage: str, rule: PoolRule, cur: int, others_busy: int) -> int:
         """The most replicas the pool may have now by the cores rule."""
         threads = max(1, rule.threads)
         if self._free is None:
             return (self.cpu_cores - others_busy) // threads
+        if self._used.get(stage, 0.0) < MIN_BUSY_SHARE * cur * threads:
+            return cur
         return cur + math.floor(self._free / threads + (1.0 - MIN_IDLE_SHARE))
 
     def _wanted_now(self, stage: str, rule: PoolRule, sig: PoolSignal, need: int, now: float) -> int:
@@ -191,7 +214,7 @@ class ScalePolicy:
         up = self._window(stage, now, self.up_window_s)
         if up and min(up) > cur:
             target = min(up)
-            fits = self._fits(rule, cur, others_busy)
+            fits = self._fits(stage, rule, cur, others_busy)
             if target > fits:
                 if fits <= cur:
                     return Decision(stage, cur, cur, "cpu", need, held=True)

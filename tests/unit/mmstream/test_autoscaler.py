@@ -3,6 +3,7 @@ and what `mmstream scale` reads back."""
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,17 @@ def test_box_cpu_reads_idle_cores_between_two_reads_of_proc_stat(tmp_path, monke
     one._last = (1350.0, 1000.0)
     assert one.idle_cores() == 0.0
     assert BoxCpu(2, str(tmp_path / "missing")).idle_cores() is None
+
+
+def test_box_cpu_reading_has_each_pools_used_cores():
+    box = BoxCpu(2)
+    assert box.reading([("encode.audio", os.getpid())]) is None  # the first read: no interval yet
+    t = time.process_time()
+    while time.process_time() - t < 0.2:
+        pass
+    got = box.reading([("encode.audio", os.getpid()), ("encode.text", 2 ** 22 + 12345)])
+    assert got is not None and 0.3 < got.used_cores["encode.audio"] <= 1.2  # this process spun most of it
+    assert "encode.text" not in got.used_cores and 0.0 <= got.idle_cores <= 2.0
 
 
 def test_lanes_of_topics():

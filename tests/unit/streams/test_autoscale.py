@@ -6,7 +6,7 @@ import pytest
 
 from schemas.settings import Settings, SettingsError
 from schemas.settings_autoscale import parse_pools
-from streams.policies.autoscale import Decision, PoolRule, PoolSignal, ScalePolicy, demand
+from streams.policies.autoscale import CpuReading, Decision, PoolRule, PoolSignal, ScalePolicy, demand
 
 LAG = {"rt": 50, "bulk": 200}
 
@@ -113,27 +113,42 @@ def test_a_replica_that_would_only_fight_for_busy_cores_is_held():
     assert [(d.stage, d.target, d.held) for _, d in got] == [("encode.text", 2, False)]
 
 
-def test_with_idle_cores_measured_a_replica_starts_where_half_its_cores_are_idle():
+def cpu(idle: float, **used: float) -> CpuReading:
+    return CpuReading(idle, {k.replace("_", "."): v for k, v in used.items()})
+
+
+def test_with_cpu_measured_a_replica_starts_where_half_its_cores_are_idle_and_the_pool_uses_its_own():
     rules = {"encode.audio": PoolRule(0, 4, LAG, 250.0), "encode.text": PoolRule(1, 4, LAG, 250.0)}
     p = policy(cores=2, **rules)
     hot = PoolSignal("encode.audio", 1, queued_ms=1700.0, running_ms=(850.0,))
     busy_router = PoolSignal("encode.text", 1, {"rt": 10})  # by threads alone: no core left for audio
-    got = [d for t in range(0, 3) for d in p.decide(t, [hot, busy_router], idle_cores=0.8)]
+    got = [d for t in range(0, 3) for d in p.decide(t, [hot, busy_router], cpu(0.8, encode_audio=0.95))]
     assert [(d.stage, d.current, d.target, d.held) for d in got] == [("encode.audio", 1, 2, False)]
     p = policy(cores=2, **rules)
-    got = [d for t in range(0, 4) for d in p.decide(t, [hot, busy_router], idle_cores=0.4)]
+    got = [d for t in range(0, 4) for d in p.decide(t, [hot, busy_router], cpu(0.4, encode_audio=0.95))]
     assert got and all(d.held and d.reason == "cpu" for d in got)
     # the mean over the up window: one idle reading among busy ones does not make room
     p = policy(cores=2, **rules)
-    got = [d for t, idle in enumerate((0.1, 0.1, 1.0)) for d in p.decide(t, [hot], idle_cores=idle)]
+    got = [d for t, idle in enumerate((0.1, 0.1, 1.0)) for d in p.decide(t, [hot], cpu(idle, encode_audio=0.95))]
     assert got and all(d.held for d in got)
+
+
+def test_a_pool_that_does_not_use_its_cores_gets_no_more_replicas_even_with_cores_idle():
+    # two replicas, one of them still joining (a rebalance): the work waits on the group, not on cores
+    p = policy(cores=4, **{"encode.audio": PoolRule(0, 4, LAG, 250.0)})
+    hot = PoolSignal("encode.audio", 2, {"bulk": 900}, queued_ms=3000.0)
+    got = [d for t in range(0, 4) for d in p.decide(t, [hot], cpu(2.5, encode_audio=0.9))]
+    assert got and all(d.held and d.reason == "cpu" for d in got)
+    p = policy(cores=4, **{"encode.audio": PoolRule(0, 4, LAG, 250.0)})
+    got = [d for t in range(0, 3) for d in p.decide(t, [hot], cpu(2.5, encode_audio=1.9))]
+    assert [(d.current, d.target, d.held) for d in got] == [(2, 4, False)]
 
 
 def test_cores_given_to_one_pool_are_gone_for_the_next_in_the_same_call():
     rules = {"encode.audio": PoolRule(0, 4, LAG, 250.0), "encode.image": PoolRule(1, 4, LAG, 250.0)}
     p = policy(cores=4, **rules)
     hot = [PoolSignal("encode.audio", 1, queued_ms=2000.0), PoolSignal("encode.image", 1, queued_ms=2000.0)]
-    got = [d for t in range(0, 3) for d in p.decide(t, hot, idle_cores=1.0)]
+    got = [d for t in range(0, 3) for d in p.decide(t, hot, cpu(1.0, encode_audio=1.0, encode_image=1.0))]
     assert [(d.stage, d.target, d.held) for d in got if not d.held] == [("encode.audio", 2, False)]
     assert any(d.stage == "encode.image" and d.held and d.reason == "cpu" for d in got)
 
