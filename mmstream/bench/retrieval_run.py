@@ -10,7 +10,8 @@ the vectors topic, as a user would) and wait until the retrieve stage holds all 
   query (``corpus.near_duplicate``). Reported: e2e percentiles (the standard run JSON), the
   retrieve stage's service time, and the share answered by reuse.
 - ``rag``: the same open-loop generate requests (a question, ``collection``, ``k``) against
-  two pipelines, the prefix cache on and off (``generator.prefix_cache_mb`` 0), with
+  three pipelines, the prefix cache on, off (``generator.prefix_cache_mb`` 0) and off again
+  (the control: how often two runs without the cache agree), with
   questions drawn from a few topics so that requests retrieve the same passages; reported:
   TTFT per pipeline, their ratio, and whether the answers agree.
 """
@@ -51,18 +52,28 @@ async def run_retrieval(settings: Settings, cfg: BenchConfig, progress: bool = T
             runs = [await _retrieve_run(s, cfg, rate, held_out, progress) for rate in (cfg.rates or (cfg.rate,))]
         return {"workload": "retrieve", "documents": len(docs), "runs": runs}
     out: dict[str, Any] = {"workload": "rag", "documents": len(docs), "runs": []}
-    for label, env in (("prefix cache on", {}), ("prefix cache off", {"MMSTREAM_GENERATOR_PREFIX_CACHE_MB": "0"})):
-        async with own_pipeline(settings, cfg.levers_off, "rag", extra_env={**_env(), **env}) as s:
+    lm = {"MMSTREAM_GENERATOR_PRECISION": cfg.lm_precision} if cfg.lm_precision else {}
+    off_env = {"MMSTREAM_GENERATOR_PREFIX_CACHE_MB": "0"}
+    # The second pipeline without the cache is the control: answers that differ between two
+    # runs of the same code and traffic are the engine's, not the cache's.
+    for label, env in (("prefix cache on", {}), ("prefix cache off", off_env), ("prefix cache off, again", off_env)):
+        async with own_pipeline(settings, cfg.levers_off, "rag", extra_env={**_env(), **lm, **env}) as s:
             await _fill(s, docs, progress)
             run = await _rag_run(s, cfg, cfg.rate, docs, progress)
             run["label"] = label
             out["runs"].append(run)
-    on, off = (r["ttft_ms"] for r in out["runs"])
+    on, off = (r["ttft_ms"] for r in out["runs"][:2])
     out["ttft_p50_off_over_on"] = round(off["p50"] / on["p50"], 2) if on.get("p50") and off.get("p50") else None
     answers = [r.pop("answers") for r in out["runs"]]
-    both = [(a, b) for a, b in zip(*answers) if a is not None and b is not None]
-    out["same_answers"], out["compared_answers"] = sum(a == b for a, b in both), len(both)
+    out["same_answers"], out["compared_answers"] = agreement(answers[0], answers[1])
+    out["same_answers_off_vs_off"], out["compared_answers_off_vs_off"] = agreement(answers[1], answers[2])
     return out
+
+
+def agreement(a: list[str | None], b: list[str | None]) -> tuple[int, int]:
+    """(same, compared): of the requests both runs answered, how many got the same text."""
+    both = [(x, y) for x, y in zip(a, b) if x is not None and y is not None]
+    return sum(x == y for x, y in both), len(both)
 
 
 def _env() -> dict[str, str]:

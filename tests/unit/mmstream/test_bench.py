@@ -278,3 +278,10 @@ def test_a_sweep_validates_and_a_broken_run_does_not() -> None:
     assert any("p50" in p for p in info.value.problems)
     assert schema_problems(True, {"type": "number"}) and not schema_problems(3, {"type": "number"})
     assert schema_problems({"mode": "x"}, RUN_SCHEMA)
+
+
+def test_rag_agreement_compares_only_what_both_runs_answered() -> None:
+    from mmstream.bench.retrieval_run import agreement
+
+    assert agreement(["a", "b", None, "d", "e"], ["a", "x", "c", None, "e"]) == (2, 3)
+    assert agreement([], []) == (0, 0)
