@@ -26,6 +26,7 @@ from typing import Any
 
 from mmstream.bench.config import BenchConfig
 from mmstream.bench.results import Record, build_run
+from mmstream.bench.retrieval_recall import recall_report
 from mmstream.bench.run import _pipeline_record, send_and_drain
 from mmstream.bench.workloads import arrival_offsets
 from mmstream.levers import own_pipeline
@@ -49,7 +50,8 @@ async def run_retrieval(settings: Settings, cfg: BenchConfig, progress: bool = T
     if cfg.workload == "retrieve":
         async with own_pipeline(settings, cfg.levers_off, "retrieve", extra_env=_env()) as s:
             await _fill(s, docs, progress)
-            runs = [await _retrieve_run(s, cfg, rate, held_out, progress) for rate in (cfg.rates or (cfg.rate,))]
+            runs = [await _retrieve_run(s, cfg, rate, held_out, progress, len(docs))
+                    for rate in (cfg.rates or (cfg.rate,))]
         return {"workload": "retrieve", "documents": len(docs), "runs": runs}
     out: dict[str, Any] = {"workload": "rag", "documents": len(docs), "runs": []}
     lm = {"MMSTREAM_GENERATOR_PRECISION": cfg.lm_precision} if cfg.lm_precision else {}
@@ -118,7 +120,7 @@ def _queries(cfg: BenchConfig, rate: float, held_out: list[C.Passage]) -> tuple[
 
 
 async def _retrieve_run(s: Settings, cfg: BenchConfig, rate: float, held_out: list[C.Passage],
-                        progress: bool) -> dict[str, Any]:
+                        progress: bool, documents: int) -> dict[str, Any]:
     offsets, queries = _queries(cfg, rate, held_out)
     requests = [Request(id=new_id(), parts=(Part(Modality.TEXT, text=q),), task=Task.RETRIEVE,
                         params=Params(collection=COLLECTION, k=K), lane=Lane(cfg.lane)) for q in queries]
@@ -129,10 +131,15 @@ async def _retrieve_run(s: Settings, cfg: BenchConfig, rate: float, held_out: li
         rec.kind = "retrieve"
     run = build_run("pipeline", cfg, rate, records, sent_s, {}, {})
     service = [st["service_ms"] for r in records for st in r.stages if st.get("stage") == "retrieve"]
-    reused = [((sub.terminal.payload or {}).get("index") or {}).get("reused") for _, sub in pairs
-              if sub.terminal is not None and sub.terminal.kind == "result"]
+    results = [(sub.terminal.payload or {}) if sub.terminal is not None and sub.terminal.kind == "result" else None
+               for _, sub in pairs]
+    reused = [(p.get("index") or {}).get("reused") if p is not None else None for p in results]
+    answered = [x for x, p in zip(reused, results) if p is not None]
     run["retrieval"] = {"k": K, "near_duplicate_share": cfg.repeat, "retrieve_service_ms": summary(service),
-                        "reused_share": round(sum(bool(x) for x in reused) / len(reused), 4) if reused else None}
+                        "reused_share": round(sum(bool(x) for x in answered) / len(answered), 4) if answered else None}
+    answers = [[str(h.get("id")) for h in p.get("hits") or ()] if p is not None else None for p in results]
+    run["retrieval"]["recall"] = await recall_report(s, COLLECTION, [r.parts[0].text or "" for r, _ in pairs],
+                                                     answers, reused, K, documents)
     return run
 
 

@@ -107,3 +107,7 @@ async def test_the_retrieve_run_indexes_its_corpus_and_answers_every_search(infr
     assert doc["documents"] == 40 and run["requests"]["lost"] == 0 and run["requests"]["ok"] == run["requests"]["sent"]
     assert run["retrieval"]["retrieve_service_ms"]["count"] == run["requests"]["ok"]
     assert run["latency_ms"]["retrieve"]["e2e"]["count"] == run["requests"]["ok"]
+    recall = run["retrieval"]["recall"]  # from the retrieve stage's own snapshot of the 40 passages
+    assert recall is not None and recall["queries"] == run["requests"]["ok"]
+    assert recall["reused"]["queries"] + recall["searched"]["queries"] == recall["queries"]
+    assert 0.0 < recall["plain"] <= 1.0 and 0.0 < recall["answered"] <= 1.0

@@ -285,3 +285,15 @@ def test_rag_agreement_compares_only_what_both_runs_answered() -> None:
 
     assert agreement(["a", "b", None, "d", "e"], ["a", "x", "c", None, "e"]) == (2, 3)
     assert agreement([], []) == (0, 0)
+
+
+def test_recall_against_exact_and_its_summary_split_by_reuse() -> None:
+    from mmstream.bench.retrieval_recall import recall, summarize
+
+    assert recall(["a", "b", "x"], ["a", "b", "c", "d"]) == 0.5 and recall(["a"], []) == 1.0
+    got = summarize([(1.0, 1.0, False), (1.0, 0.8, True), (0.9, 0.9, True)])
+    assert (got["queries"], got["plain"], got["answered"]) == (3, 0.9667, 0.9)
+    assert got["answered_minus_plain_points"] == -6.67
+    assert got["reused"] == {"queries": 2, "plain": 0.95, "answered": 0.85}
+    assert got["searched"] == {"queries": 1, "plain": 1.0, "answered": 1.0}
+    assert summarize([])["answered_minus_plain_points"] is None

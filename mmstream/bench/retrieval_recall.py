@@ -1,0 +1,100 @@
+"""Recall@k of what a retrieve run answered: the check that near-duplicate reuse costs at most
+a point of recall on the run's own stream of queries (issue 23), measured end to end.
+
+After the timed run, the bench restores the retrieve replica's latest snapshot of the collection
+(the stage writes one within ``retrieval.snapshot_every_s`` of its last change) and embeds the
+run's queries with the text encoder the pipeline serves, in this process (the same model,
+precision and preprocessing as ``encode.text``, so the same vectors). Per answered query it
+takes three top-k lists:
+
+- **exact**: every document scored (``CollectionIndex.exact_search``);
+- **plain**: the graph's search as the stage runs it with no reuse cache;
+- **answered**: the ids the pipeline returned (searched or reused).
+
+It reports the mean recall@k against exact of the plain and the answered lists, their
+difference in points, and the same split by whether the answer was a reuse. Plain and
+answered differ only by reuse: the graph, ef and over-fetch are the stage's own, restored
+from its snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from schemas.settings import Settings
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_WAIT_S = 60.0
+"""How long to wait for a snapshot holding every document (the stage writes one within its
+``snapshot_every_s``, 30 s by default, of its last change)."""
+
+
+def recall(got: Sequence[str], exact: Sequence[str]) -> float:
+    """Share of ``exact`` that ``got`` holds (1.0 when ``exact`` is empty)."""
+    return len(set(got) & set(exact)) / len(exact) if exact else 1.0
+
+
+def summarize(rows: Sequence[tuple[float, float, bool]]) -> dict[str, Any]:
+    """Rows of (plain recall, answered recall, reused) -> the report's numbers."""
+    def mean(xs: list[float]) -> float | None:
+        return round(sum(xs) / len(xs), 4) if xs else None
+
+    out: dict[str, Any] = {"queries": len(rows), "plain": mean([p for p, _, _ in rows]),
+                           "answered": mean([a for _, a, _ in rows])}
+    out["answered_minus_plain_points"] = (round(100 * (out["answered"] - out["plain"]), 2)
+                                          if rows else None)
+    for label, flag in (("reused", True), ("searched", False)):
+        mine = [(p, a) for p, a, r in rows if r is flag]
+        out[label] = {"queries": len(mine), "plain": mean([p for p, _ in mine]), "answered": mean([a for _, a in mine])}
+    return out
+
+
+async def recall_report(settings: Settings, collection: str, queries: Sequence[str],
+                        answers: Sequence[list[str] | None], reused: Sequence[bool | None], k: int,
+                        documents: int) -> dict[str, Any] | None:
+    """The recall block of a retrieve run's report, or None (logged) when no snapshot of the
+    collection holding ``documents`` could be read in time."""
+    index = await _latest_index(settings, collection, documents)
+    if index is None:
+        log.warning("recall not measured: no snapshot of %r holding %d documents", collection, documents)
+        return None
+    vectors = await asyncio.to_thread(_embed, settings, list(queries))
+    rows = []
+    for query, vec, got, was_reused in zip(queries, vectors, answers, reused):
+        if got is None or isinstance(vec, Exception):
+            continue
+        exact = [h.doc_id for h in index.exact_search(vec, k)]
+        plain = [h.doc_id for h in index.search(vec, k)]
+        rows.append((recall(plain, exact), recall(got, exact), bool(was_reused)))
+    return {"k": k, **summarize(rows)}
+
+
+async def _latest_index(settings: Settings, collection: str, documents: int) -> Any:
+    from workers.retrieval.index import CollectionIndex
+
+    root = settings.local.state_dir / "faust" / settings.kafka.topic_prefix
+    deadline = time.monotonic() + SNAPSHOT_WAIT_S
+    while True:
+        for where in sorted(root.glob(f"retrieve-*/retrieval/*/{collection}/*/index")):
+            got = await asyncio.to_thread(CollectionIndex.restore, Path(where))
+            if got is not None and len(got[0]) >= documents:
+                return got[0]
+        if time.monotonic() > deadline:
+            return None
+        await asyncio.sleep(2.0)
+
+
+def _embed(settings: Settings, texts: list[str]) -> list[Any]:
+    from streams.observe.metrics import Metrics
+    from streams.stages.runner import _text_embedder
+
+    embedder = _text_embedder(settings, Metrics(), "bench")
+    out: list[Any] = []
+    for i in range(0, len(texts), 64):
+        out += embedder.embed(texts[i:i + 64], "bench-recall")
+    return out
