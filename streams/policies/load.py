@@ -6,9 +6,7 @@ the records not yet fetched), per partition, and what one more item costs it by 
 knows this exactly; the router could only guess it from consumer lag. On top of a report the
 router adds what it sent itself after that report was made (less ``fetch_lag_ms``: what the
 encoder has surely fetched by then is in its report), so a burst cannot all be admitted on
-one stale number; and, given the time, it takes off what the engine has served since the
-report (``served_since``: the queue drains a millisecond of predicted work per millisecond),
-so a steady stream is not counted as piling up between two reads of the reports.
+one stale number.
 
 ``wait_ms(stage, lane)`` is what a new part would wait: the least-loaded replica's queue (the
 partitioner sends the part there) — for ``rt``, only the rt work queued there and the batch
@@ -126,33 +124,26 @@ class LoadView:
     def _replicas(self, stage: str) -> list[Report]:
         return [r for r in self.reports.values() if r.stage == stage]
 
-    def wait_ms(self, stage: str, lane: str = "bulk", tenant: str | None = None, own_ms: float = 0.0,
-                now_ms: float | None = None) -> float:
+    def wait_ms(self, stage: str, lane: str = "bulk", tenant: str | None = None, own_ms: float = 0.0) -> float:
         """What a new part of ``lane`` waits at ``stage``; with ``tenant`` (rt), by fair order
-        where the replica reports its tenants (``own_ms``: what the part itself costs). With
-        ``now_ms``, less what each replica's engine has served since its report
-        (``served_since``); without it, as if it had served nothing."""
+        where the replica reports its tenants (``own_ms``: what the part itself costs)."""
         def counted(topic: str) -> bool:
             return _stage_of(topic) == stage and (lane != "rt" or topic.endswith(".rt"))
 
         replicas = self._replicas(stage)
         if not replicas:
             return sum(x.ms for x in self._sent_since(None, counted))
-        return min(self._replica_wait(r, self._sent_since(r, counted), lane, tenant, own_ms, now_ms)
-                   for r in replicas)
+        return min(self._replica_wait(r, self._sent_since(r, counted), lane, tenant, own_ms) for r in replicas)
 
     @staticmethod
-    def _replica_wait(r: Report, sent: list[Sent], lane: str, tenant: str | None, own_ms: float,
-                      now_ms: float | None) -> float:
-        queued = r.queued_rt_ms if lane == "rt" else r.queued_ms
-        served = 0.0 if now_ms is None else served_since(queued, r.at_ms, sent, now_ms)
+    def _replica_wait(r: Report, sent: list[Sent], lane: str, tenant: str | None, own_ms: float) -> float:
         if lane != "rt" or tenant is None or r.tenants_rt is None:
-            return queued + sum(x.ms for x in sent) - served
+            return (r.queued_rt_ms if lane == "rt" else r.queued_ms) + sum(x.ms for x in sent)
         tenants = dict(r.tenants_rt)
         for x in sent:
             tenants[x.tenant] = tenants.get(x.tenant, 0.0) + x.ms
         base = max(0.0, r.queued_rt_ms - sum(r.tenants_rt.values()) - r.rest_rt[0])
-        return max(0.0, fair_wait_ms(base, tenants, r.rest_rt, tenant, own_ms) - served)
+        return fair_wait_ms(base, tenants, r.rest_rt, tenant, own_ms)
 
     def item_ms(self, stage: str, length: float) -> float | None:
         """What one item of ``length`` costs at ``stage``, from its freshest report; None
@@ -164,12 +155,12 @@ class LoadView:
         return None
 
     def queued_ms(self, lane: str = "bulk", tenant: str | None = None,
-                  own_ms: Mapping[str, float] | None = None, now_ms: float | None = None) -> dict[str, float]:
+                  own_ms: Mapping[str, float] | None = None) -> dict[str, float]:
         """Stage -> what a new ``lane`` part (of ``tenant``, costing ``own_ms[stage]``) would
-        wait there (ms); ``now_ms`` as for ``wait_ms``."""
+        wait there (ms)."""
         stages = {r.stage for r in self.reports.values()} | {_stage_of(t) for t in self.sent_ms}
         own = own_ms or {}
-        return {s: self.wait_ms(s, lane, tenant, own.get(s, 0.0), now_ms) for s in stages}
+        return {s: self.wait_ms(s, lane, tenant, own.get(s, 0.0)) for s in stages}
 
     @property
     def total_ms(self) -> float:
@@ -188,22 +179,6 @@ class LoadView:
                 if p >= 0:
                     out.setdefault(topic, {})[p] = out.get(topic, {}).get(p, 0.0) + ms
         return out
-
-
-def served_since(queued_ms: float, report_at_ms: float, sent: Iterable[Sent], now_ms: float) -> float:
-    """Engine work (ms) a replica has served between its report and ``now_ms``, had it worked
-    whenever it had work: it reported ``queued_ms`` at ``report_at_ms``, then received ``sent``
-    (at their times) and serves one millisecond of predicted work per millisecond (the
-    calibrated cost model's promise). Without it a router that reads reports once a second
-    counts a second of sends as all still queued: at 60 images/s of 8 ms, 480 ms, which is
-    rt's whole bound, though the engine served them as they came."""
-    held, t, served = max(0.0, queued_ms), report_at_ms, 0.0
-    for x in sorted(sent, key=lambda x: x.at_ms):
-        if x.at_ms > now_ms:
-            break
-        step = min(held, max(0.0, x.at_ms - t))
-        served, held, t = served + step, held - step + x.ms, max(t, x.at_ms)
-    return served + min(held, max(0.0, now_ms - t))
 
 
 def _topic_partition(s: Any) -> tuple[str, int]:

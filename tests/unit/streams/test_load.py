@@ -1,8 +1,6 @@
 """The router's view of the load, from the encoders' reports plus what it sent since."""
 
-import pytest
-
-from streams.policies.load import LoadView, Sent, served_since
+from streams.policies.load import LoadView
 
 
 def report(stage, at, queued, partitions, item_ms):
@@ -91,37 +89,3 @@ def test_what_was_sent_to_a_partition_counts_for_the_replica_reading_it_even_wit
     assert view.wait_ms("encode.text", "rt") == 50.0  # b is now the least loaded: a holds the 400 sent to it
     view.note_sent("mm.encode.text.rt", 3, 400.0, 1010.0)
     assert view.wait_ms("encode.text", "rt") == 400.0
-
-
-def test_with_the_time_given_what_the_engine_served_since_its_report_is_taken_off() -> None:
-    view = LoadView()
-    view.update_reports({"encode.image/a": report("encode.image", 1000.0, 100.0, {"mm.encode.image.rt:0": 100.0},
-                                                  {"1": 8.0})}, now_ms=1000.0)
-    for i in range(60):  # a second of 60 images/s, 8 ms each, after the report
-        view.note_sent("mm.encode.image.rt", 0, 8.0, 1000.0 + 1000.0 * i / 60)
-    assert view.wait_ms("encode.image", "rt") == 100.0 + 480.0  # no time given: nothing served
-    # the 100 ms queued drained in the first 100 ms; each image after it is served before the next comes
-    assert view.wait_ms("encode.image", "rt", now_ms=1992.0) == 0.0
-    last = 1000.0 + 1000.0 * 59 / 60  # the last one, sent at 1983.3, is done 8 ms later
-    assert view.wait_ms("encode.image", "rt", now_ms=last + 2.0) == pytest.approx(6.0)
-    assert view.queued_ms("rt", now_ms=1992.0) == {"encode.image": 0.0}
-
-
-def test_served_since_is_a_queue_that_drains_one_ms_per_ms_and_fills_with_what_was_sent() -> None:
-    sent = [Sent(100.0, "t", 0, 50.0), Sent(110.0, "t", 0, 50.0), Sent(400.0, "t", 0, 10.0)]
-    # 30 queued at 0: served by 30; idle to 100; 50 + 50 by 200; idle to 400; 10 by 410
-    assert served_since(30.0, 0.0, sent, 500.0) == 140.0
-    assert served_since(30.0, 0.0, sent, 150.0) == 80.0  # 30, then 50 of the 100 sent at 100-110
-    assert served_since(500.0, 0.0, sent, 200.0) == 200.0  # busy throughout: served what the time allows
-    assert served_since(0.0, 300.0, [Sent(250.0, "t", 0, 40.0)], 320.0) == 20.0  # sent before the report
-    assert served_since(10.0, 100.0, [], 50.0) == 0.0  # a report from the future: nothing served
-
-
-def test_with_fair_order_what_was_served_comes_off_the_fair_wait() -> None:
-    view = LoadView()
-    rep = report("encode.text", 1000.0, 300.0, {"mm.encode.text.rt:0": 300.0}, {"16": 1.0})
-    rep.update(queued_rt_ms=300.0, tenants_rt={"a": 200.0, "b": 100.0}, rest_rt=[0.0, 0])
-    view.update_reports({"encode.text/a": rep}, now_ms=1000.0)
-    assert view.wait_ms("encode.text", "rt", "b", 10.0) == 100.0 + 110.0  # b's own, then a's turn
-    assert view.wait_ms("encode.text", "rt", "b", 10.0, now_ms=1150.0) == 60.0
-    assert view.wait_ms("encode.text", "rt", "b", 10.0, now_ms=2000.0) == 0.0
