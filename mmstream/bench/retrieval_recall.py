@@ -74,6 +74,37 @@ async def recall_report(settings: Settings, collection: str, queries: Sequence[s
     return {"k": k, **summarize(rows)}
 
 
+def sweep(index: Any, vectors: Sequence[Any], k: int, settings: Sequence[tuple[int, float]],
+          max_entries: int) -> list[dict[str, Any]]:
+    """The run's queries replayed in order through the reuse cache at each ``(pool size,
+    threshold)``, as the retrieve stage would have answered them (``RetrievalCore.search``'s
+    path): per setting, the share of searches avoided and recall@k against exact search and
+    against plain search. Pure compute over a restored index; no pipeline."""
+    from streams.policies.reuse import NearDuplicateCache
+
+    qs = [v for v in vectors if not isinstance(v, Exception)]
+    exact = [[h.doc_id for h in index.exact_search(q, k)] for q in qs]
+    plain = [recall([h.doc_id for h in index.search(q, k)], e) for q, e in zip(qs, exact)]
+    out = []
+    for pool, threshold in settings:
+        cache = NearDuplicateCache(threshold, max_entries, pool_size=pool)
+        got, reused = [], 0
+        for q in qs:
+            found = cache.lookup(q, k, None, rescore=lambda ids, qv, kk: index.rescore(ids, qv, kk))
+            if found is None:
+                hits, candidates = index.search_with_pool(q, k, pool_size=pool)
+                cache.store(q, k, None, hits, candidates)
+            else:
+                hits, reused = list(found), reused + 1
+            got.append([h.doc_id for h in hits])
+        answered = [recall(g, e) for g, e in zip(got, exact)]
+        n = len(qs) or 1
+        out.append({"pool": pool, "threshold": threshold, "avoided": round(reused / n, 4),
+                    "recall_plain": round(sum(plain) / n, 4), "recall_answered": round(sum(answered) / n, 4),
+                    "points": round(100 * (sum(answered) - sum(plain)) / n, 2)})
+    return out
+
+
 async def _latest_index(settings: Settings, collection: str, documents: int) -> Any:
     from workers.retrieval.index import CollectionIndex
 
@@ -98,3 +129,45 @@ def _embed(settings: Settings, texts: list[str]) -> list[Any]:
     for i in range(0, len(texts), 64):
         out += embedder.embed(texts[i:i + 64], "bench-recall")
     return out
+
+
+SWEEP = ((100, 0.80), (100, 0.85), (100, 0.90), (200, 0.70), (200, 0.75), (200, 0.80), (200, 0.85))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m mmstream.bench.retrieval_recall --prefix P --docs N --rate R [--seed S]
+    [--repeat X] [--duration D]``: the reuse sweep over the queries a retrieve bench run sent
+    (the same flags regenerate them), against the index the run's retrieve stage snapshot
+    (its topic prefix ``P``, from the run's log or ``mmstream status``)."""
+    import argparse
+    import json
+
+    from mmstream.bench.config import BenchConfig
+    from mmstream.bench.retrieval_run import COLLECTION, K, _queries
+    from workers.retrieval import corpus as C
+
+    ap = argparse.ArgumentParser(prog="python -m mmstream.bench.retrieval_recall")
+    ap.add_argument("--prefix", required=True)
+    ap.add_argument("--docs", type=int, required=True)
+    ap.add_argument("--rate", type=float, required=True)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--repeat", type=float, default=0.5)
+    ap.add_argument("--duration", type=float, default=20.0)
+    ap.add_argument("--max-entries", type=int, default=1024)
+    args = ap.parse_args(argv)
+    settings = Settings.from_env({"MMSTREAM_KAFKA_TOPIC_PREFIX": args.prefix})
+    cfg = BenchConfig(workload="retrieve", rate=args.rate, duration_s=args.duration, seed=args.seed,
+                      repeat=args.repeat, docs=args.docs)
+    held_out = C.load_corpus(limit=args.docs + 1000)[args.docs:]
+    _, queries = _queries(cfg, args.rate, held_out)
+    index = asyncio.run(_latest_index(settings, COLLECTION, args.docs))
+    if index is None:
+        print(f"no snapshot of {COLLECTION!r} with {args.docs} documents under prefix {args.prefix}")
+        return 1
+    rows = sweep(index, _embed(settings, queries), K, SWEEP, args.max_entries)
+    print(json.dumps({"queries": len(queries), "documents": len(index), "sweep": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

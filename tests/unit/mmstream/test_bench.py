@@ -297,3 +297,21 @@ def test_recall_against_exact_and_its_summary_split_by_reuse() -> None:
     assert got["reused"] == {"queries": 2, "plain": 0.95, "answered": 0.85}
     assert got["searched"] == {"queries": 1, "plain": 1.0, "answered": 1.0}
     assert summarize([])["answered_minus_plain_points"] is None
+
+
+def test_the_reuse_sweep_replays_queries_through_the_cache_against_a_real_index() -> None:
+    import numpy as np
+
+    from mmstream.bench.retrieval_recall import sweep
+    from workers.retrieval.index import CollectionIndex
+
+    rng = np.random.default_rng(3)
+    index = CollectionIndex(16)
+    docs = rng.normal(size=(300, 16)).astype(np.float32)
+    index.upsert_many([(f"d{i}", v, None) for i, v in enumerate(docs)])
+    base = rng.normal(size=(20, 16)).astype(np.float32)
+    queries = [*base, *(b + 0.01 * rng.normal(size=16).astype(np.float32) for b in base)]  # each asked twice
+    got = {(r["pool"], r["threshold"]): r for r in sweep(index, queries, 5, [(100, 0.99), (100, 0.999999)], 64)}
+    near = got[(100, 0.99)]
+    assert near["avoided"] == 0.5 and near["recall_plain"] > 0.9 and near["points"] > -5  # the 20 retypes answered
+    assert got[(100, 0.999999)]["avoided"] == 0.0 and got[(100, 0.999999)]["points"] == 0.0
