@@ -57,6 +57,8 @@ class CoreLimits:
     reuse_threshold: float = 0.80
     reuse_entries: int = 1024
     """Per collection; 0 turns reuse off."""
+    reuse_pool: int = 200
+    """Candidates each search keeps for the near-duplicates that reuse it (0: its hits only)."""
 
 
 @dataclass
@@ -149,7 +151,8 @@ class RetrievalCore:
 
     def _cache(self) -> NearDuplicateCache | None:
         lim = self.limits
-        return NearDuplicateCache(lim.reuse_threshold, lim.reuse_entries) if lim.reuse_entries else None
+        return (NearDuplicateCache(lim.reuse_threshold, lim.reuse_entries, pool_size=lim.reuse_pool)
+                if lim.reuse_entries else None)
 
     def _changed(self, c: Collection) -> None:
         c.epoch += 1

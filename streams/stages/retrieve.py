@@ -63,7 +63,8 @@ VECTORS_BATCH = 2000
 def core_limits(settings: Settings) -> CoreLimits:
     r = settings.retrieval
     return CoreLimits(max_docs=r.max_docs, max_collections=r.max_collections, overfetch=r.overfetch,
-                      ef=r.ef_search, reuse_threshold=r.reuse_threshold, reuse_entries=r.reuse_entries)
+                      ef=r.ef_search, reuse_threshold=r.reuse_threshold, reuse_entries=r.reuse_entries,
+                      reuse_pool=r.reuse_pool)
 
 
 class RetrieveStage(RecordStage):
