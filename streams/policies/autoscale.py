@@ -26,10 +26,10 @@ replicas report queued (predicted ms, ``streams.policies.load``). Per pool:
   for the next pool in the same call, and the pool's replicas must keep ``MIN_BUSY_SHARE`` of
   their threads' cores busy: a pool whose work waits on something else (a consumer-group
   rebalance after its last change, the broker) gains nothing from another process, and the
-  cores a rebalance leaves idle are not free for long. Without a measurement, the threads of every busy replica (one with work to do, counted by each pool's
-  demand) and its own must fit in ``cpu_cores``. On a box whose cores are already busy,
-  another replica only splits the same cores and adds a context switch, so the policy holds
-  (``reason="cpu"``) instead.
+  cores a rebalance leaves idle are not free for long. Without a measurement, the threads of
+  every busy replica (one with work to do, counted by each pool's demand) and its own must
+  fit in ``cpu_cores``. On a box whose cores are already busy, another replica only splits
+  the same cores and adds a context switch, so the policy holds (``reason="cpu"``) instead.
 
 Each call returns a ``Decision`` per pool whose count should change, and one with
 ``held=True`` per pool that wanted more and was refused by cores or by its max: the scaler
@@ -68,6 +68,7 @@ class PoolSignal:
     items: int | None = None
     """Jobs the replicas hold or have not read yet, summed (None: not every replica says):
     the queued work cannot ask for more replicas than this, one job runs on one replica."""
+
 
 def held_ms(sig: PoolSignal, target_ms: float) -> float:
     """The queued work that asks for replicas: each batch in service counts at most ``target_ms``
