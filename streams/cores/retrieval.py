@@ -38,7 +38,7 @@ import numpy as np
 
 from schemas.documents import VectorRecord, parse_vector_key
 from schemas.tensor import from_wire
-from streams.policies.reuse import NearDuplicateCache
+from streams.policies.reuse import DEFAULT_POOL_SIZE, NearDuplicateCache
 from workers.retrieval.index import CollectionIndex
 from workers.retrieval.results import Hit, IndexFullError
 
@@ -57,7 +57,7 @@ class CoreLimits:
     reuse_threshold: float = 0.80
     reuse_entries: int = 1024
     """Per collection; 0 turns reuse off."""
-    reuse_pool: int = 200
+    reuse_pool: int = DEFAULT_POOL_SIZE
     """Candidates each search keeps for the near-duplicates that reuse it (0: its hits only)."""
 
 
