@@ -15,6 +15,7 @@ while it is neither stopping nor crashed, live unless it crashed. The records it
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 import faust
@@ -33,6 +34,12 @@ def group_id(topic_prefix: str, stage: str) -> str:
     return f"{topic_prefix}-{stage.replace('.', '-')}"
 
 
+def stage_datadir(settings: Settings, stage: str, replica: int = 0) -> Path:
+    """Where one replica of a stage keeps its local state (Faust's datadir, the retrieve
+    stage's snapshots)."""
+    return settings.local.state_dir / "faust" / settings.kafka.topic_prefix / f"{stage}-{replica}"
+
+
 def create_app(settings: Settings, stage: str, replica: int = 0, health: WorkerHealth | None = None) -> faust.App:
     """A Faust app whose id (and so consumer group) is ``<prefix>-<stage>``.
 
@@ -40,7 +47,7 @@ def create_app(settings: Settings, stage: str, replica: int = 0, health: WorkerH
     them. Faust's web server is off: each worker serves Prometheus metrics on its own port.
     """
     k = settings.kafka
-    datadir = settings.local.state_dir / "faust" / k.topic_prefix / f"{stage}-{replica}"
+    datadir = stage_datadir(settings, stage, replica)
     datadir.parent.mkdir(parents=True, exist_ok=True)
     app = faust.App(
         group_id(k.topic_prefix, stage),

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from pathlib import Path
 from typing import Any, Sequence
 
 from schemas.settings import Settings
@@ -59,13 +58,14 @@ async def recall_report(settings: Settings, collection: str, queries: Sequence[s
                         documents: int) -> dict[str, Any] | None:
     """The recall block of a retrieve run's report, or None (logged) when no snapshot of the
     collection holding ``documents`` could be read in time."""
-    index = await _latest_index(settings, collection, documents)
+    embedder = await asyncio.to_thread(_embedder, settings)
+    index = await _latest_index(settings, embedder.identity, collection, documents)
     if index is None:
         log.warning("recall not measured: no snapshot of %r holding %d documents", collection, documents)
         return None
-    vectors = await asyncio.to_thread(_embed, settings, list(queries))
+    vectors = await asyncio.to_thread(_embed, embedder, list(queries))
     rows = []
-    for query, vec, got, was_reused in zip(queries, vectors, answers, reused):
+    for vec, got, was_reused in zip(vectors, answers, reused):
         if got is None or isinstance(vec, Exception):
             continue
         exact = [h.doc_id for h in index.exact_search(vec, k)]
@@ -105,26 +105,34 @@ def sweep(index: Any, vectors: Sequence[Any], k: int, settings: Sequence[tuple[i
     return out
 
 
-async def _latest_index(settings: Settings, collection: str, documents: int) -> Any:
-    from workers.retrieval.index import CollectionIndex
+async def _latest_index(settings: Settings, model: str, collection: str, documents: int) -> Any:
+    """The collection's index as the retrieve replica's last whole snapshot holds it, read the
+    way the stage itself restores (``RetrievalCore.restore``), once it holds ``documents``."""
+    from streams.app import stage_datadir
+    from streams.cores.retrieval import RetrievalCore
+    from streams.stages.retrieve import SNAPSHOTS, STAGE
 
-    root = settings.local.state_dir / "faust" / settings.kafka.topic_prefix
+    where = stage_datadir(settings, STAGE) / SNAPSHOTS
     deadline = time.monotonic() + SNAPSHOT_WAIT_S
     while True:
-        for where in sorted(root.glob(f"retrieve-*/retrieval/*/{collection}/*/index")):
-            got = await asyncio.to_thread(CollectionIndex.restore, Path(where))
-            if got is not None and len(got[0]) >= documents:
-                return got[0]
+        core = RetrievalCore(model)
+        if await asyncio.to_thread(core.restore, where):
+            found = [c.index for (_, name), c in core.collections.items() if name == collection]
+            if found and len(found[0]) >= documents:
+                return found[0]
         if time.monotonic() > deadline:
             return None
         await asyncio.sleep(2.0)
 
 
-def _embed(settings: Settings, texts: list[str]) -> list[Any]:
+def _embedder(settings: Settings) -> Any:
     from streams.observe.metrics import Metrics
-    from streams.stages.runner import _text_embedder
+    from streams.stages.runner import text_embedder
 
-    embedder = _text_embedder(settings, Metrics(), "bench")
+    return text_embedder(settings, Metrics(), "bench")
+
+
+def _embed(embedder: Any, texts: list[str]) -> list[Any]:
     out: list[Any] = []
     for i in range(0, len(texts), 64):
         out += embedder.embed(texts[i:i + 64], "bench-recall")
@@ -160,11 +168,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                       repeat=args.repeat, docs=args.docs)
     held_out = C.load_corpus(limit=args.docs + 1000)[args.docs:]
     _, queries = _queries(cfg, args.rate, held_out)
-    index = asyncio.run(_latest_index(settings, COLLECTION, args.docs))
+    embedder = _embedder(settings)
+    index = asyncio.run(_latest_index(settings, embedder.identity, COLLECTION, args.docs))
     if index is None:
         print(f"no snapshot of {COLLECTION!r} with {args.docs} documents under prefix {args.prefix}")
         return 1
-    rows = sweep(index, _embed(settings, queries), K, SWEEP, args.max_entries)
+    rows = sweep(index, _embed(embedder, queries), K, SWEEP, args.max_entries)
     print(json.dumps({"queries": len(queries), "documents": len(index), "sweep": rows}, indent=1))
     return 0
 

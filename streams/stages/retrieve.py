@@ -60,6 +60,10 @@ SNAPSHOT_WRITER_MAX_S = 600.0
 VECTORS_BATCH = 2000
 
 
+SNAPSHOTS = "retrieval"
+"""The directory under the replica's datadir (``streams.app.stage_datadir``) its snapshots go to."""
+
+
 def core_limits(settings: Settings) -> CoreLimits:
     r = settings.retrieval
     return CoreLimits(max_docs=r.max_docs, max_collections=r.max_collections, overfetch=r.overfetch,
@@ -81,7 +85,7 @@ class RetrieveStage(RecordStage):
         self.lock = asyncio.Lock()
         """Held around every use of the core: the vectors loop, searches and a snapshot's fork."""
         self.ready = asyncio.Event()
-        self.snapshots = Path(app.conf.datadir) / "retrieval"
+        self.snapshots = Path(app.conf.datadir) / SNAPSHOTS
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="engine-retrieve")
         self.answers = AnswerLedger(names.retrieve_done, DONE_RETENTION_MS)
         self.lag = 0

@@ -96,7 +96,7 @@ def _router(app: faust.App, settings: Settings, metrics: Metrics) -> None:
     install_router(app, settings, metrics, encoders)
 
 
-def _text_embedder(settings: Settings, metrics: Metrics, stage: str) -> Any:
+def text_embedder(settings: Settings, metrics: Metrics, stage: str) -> Any:
     """The text encoder ``encode.text`` serves, in this process (same model, version, cache):
     a ``workers.retrieval.embed.TextEmbedder``."""
     from workers.retrieval.embed import TextEmbedder
@@ -110,13 +110,13 @@ def _text_embedder(settings: Settings, metrics: Metrics, stage: str) -> Any:
 def _indexer(app: faust.App, settings: Settings, metrics: Metrics) -> None:
     from streams.stages.indexer import install_indexer
 
-    install_indexer(app, settings, metrics, _text_embedder(settings, metrics, "index"))
+    install_indexer(app, settings, metrics, text_embedder(settings, metrics, "index"))
 
 
 def _retrieve(app: faust.App, settings: Settings, metrics: Metrics) -> None:
     from streams.stages.retrieve import install_retrieve
 
-    install_retrieve(app, settings, metrics, _text_embedder(settings, metrics, "retrieve"))
+    install_retrieve(app, settings, metrics, text_embedder(settings, metrics, "retrieve"))
 
 
 def _installer(stage: str) -> Installer:
