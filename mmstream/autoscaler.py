@@ -188,9 +188,6 @@ class LocalScaler:
         self.redis = connect_async(settings.redis.url, settings.redis.tls_ca, socket_timeout=0.5,
                                    socket_connect_timeout=0.5)
 
-    def live(self) -> Counter[str]:
-        return Counter(w.stage for w in self.supervisor.workers() if w.alive)
-
     async def _lag(self) -> list[LagRow] | None:
         try:
             await self.reader.start()
@@ -208,7 +205,8 @@ class LocalScaler:
 
     async def tick(self) -> list[Decision]:
         rows, loads = await asyncio.gather(self._lag(), self._loads())
-        live = self.live()
+        procs = [(w.stage, w.pid) for w in self.supervisor.workers() if w.alive]
+        live = Counter(stage for stage, _ in procs)
         now = time.monotonic()
         sigs = signals(self.settings.kafka.topic_prefix, self.rules, live, rows, loads, time.time() * 1000)
         if rows is None:  # without lag a pool with records waiting looks idle: decide nothing this tick
@@ -216,7 +214,6 @@ class LocalScaler:
         for s in sigs:
             self.metrics.replicas.labels(s.stage).set(s.replicas)
         free = [s for s in sigs if s.stage not in self._busy]
-        procs = [(w.stage, w.pid) for w in self.supervisor.workers() if w.alive]
         decisions = self.policy.decide(now, free, self.cpu.reading(procs))
         for d in decisions:
             self._record(d)
