@@ -81,13 +81,20 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 def _workers(settings: Settings) -> list[tuple[str, int]]:
     """Every process the pipeline runs on this machine, named: its workers, and the local
     broker and Redis when this machine runs them (their CPU per request counts too)."""
-    procs = [(f"{w.stage}[{w.replica}]", w.pid) for w in Supervisor(settings).workers() if w.alive]
+    return _named(Supervisor(settings).workers()) + _services(settings)
+
+
+def _named(workers: Sequence[Any]) -> list[tuple[str, int]]:
+    return [(f"{w.stage}[{w.replica}]", w.pid) for w in workers if w.alive]
+
+
+def _services(settings: Settings) -> list[tuple[str, int]]:
+    """The local broker and Redis, when this machine runs them."""
     try:
         kafka, redis = localstack.status(settings, REPO_ROOT)
-    except Exception:  # external services, or none: the workers alone
-        return procs
-    procs += [(name, st.pid) for name, st in (("broker", kafka), ("redis", redis)) if st.pid]
-    return procs
+    except Exception:  # external services, or none
+        return []
+    return [(name, st.pid) for name, st in (("broker", kafka), ("redis", redis)) if st.pid]
 
 
 # -- running ---------------------------------------------------------------------------
@@ -176,7 +183,9 @@ async def _run_pipeline(settings: Settings, cfg: BenchConfig, rate: float, progr
         tally = CpuTally(workers)
         own0 = time.process_time()
         one_lane = "lanes" in cfg.levers_off
-        sampler = Sampler(Supervisor(settings), lambda: tally.read(_workers(settings))) if cfg.rate_schedule else None
+        services = _services(settings)
+        sampler = (Sampler(Supervisor(settings), lambda live: tally.read(_named(live) + services))
+                   if cfg.rate_schedule else None)
         if sampler is not None:
             sampler.start()
         start_ms = time.time() * 1000.0

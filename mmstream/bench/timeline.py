@@ -64,20 +64,22 @@ def settle(wins: Sequence[dict[str, Any]], steps_at_s: Sequence[float], bound_ms
 
 class Sampler:
     """Counts live replicas per stage once a second while running (``start``/``stop``), and
-    calls ``also`` (in a thread) at each count: the bench reads its processes' CPU there, so a
-    replica that stops before the end still counts."""
+    hands the live workers it read to ``also`` (in a thread): the bench reads their CPU there,
+    so a replica that stops before the end still counts."""
 
-    def __init__(self, supervisor: Any, also: Callable[[], None] | None = None, every_s: float = 1.0) -> None:
+    def __init__(self, supervisor: Any, also: Callable[[list[Any]], None] | None = None,
+                 every_s: float = 1.0) -> None:
         self.supervisor, self.also, self.every_s = supervisor, also, every_s
         self.samples: list[dict[str, Any]] = []
         self._task: asyncio.Task[None] | None = None
 
     async def _run(self, t0: float) -> None:
         while True:
-            live = Counter(w.stage for w in await asyncio.to_thread(self.supervisor.workers) if w.alive)
+            workers = [w for w in await asyncio.to_thread(self.supervisor.workers) if w.alive]
+            live = Counter(w.stage for w in workers)
             self.samples.append({"t": round(time.monotonic() - t0, 1), **dict(sorted(live.items()))})
             if self.also is not None:
-                await asyncio.to_thread(self.also)
+                await asyncio.to_thread(self.also, workers)
             await asyncio.sleep(self.every_s)
 
     def start(self) -> None:
