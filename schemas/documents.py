@@ -3,10 +3,14 @@
 A collection is the compacted topic ``<prefix>.docs.<tenant>.<collection>``, keyed by the
 document id (UTF-8). A record's value is a document map (msgpack, or JSON for shell tools)::
 
-    {v: 1, text: str, meta: {key: str | int | float | bool}}
+    {v: 1, text: str, meta: {key: str | int | float | bool}}                  a passage
+    {v: 1, image: bytes | ref: str, mime: str, text?: str, meta: {...}}      an image
 
 and a record without a value (a tombstone) deletes the document. Compaction keeps the last
-record per id, so the topic is the collection.
+record per id, so the topic is the collection. An image document is embedded by the image
+encoder and searched by image queries (its ``text``, a caption, is what a hit shows); a
+passage by the text encoder and searched by text queries. ``ref`` is a claim check in the
+tenant's namespace (``redis:<key>``, as a request part's), read when the document is indexed.
 
 The indexing stage embeds each document and writes a vector record to the internal,
 compacted ``<prefix>.vectors`` topic, keyed by ``vector_key(tenant, collection, model,
@@ -47,13 +51,35 @@ def doc_id_of(key: bytes | None) -> str:
     return doc_id
 
 
+IMAGE_MIMES = frozenset({"image/jpeg", "image/png", "image/webp"})
+READY_PREFIX = "\x00ready:"
+"""The doc id of a ready marker: no document id can start with it (ids are printable)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Document:
     text: str
     meta: dict[str, Any] = field(default_factory=dict)
+    image: bytes | None = None
+    ref: str | None = None
+    mime: str | None = None
+
+    @property
+    def modality(self) -> str:
+        return "image" if self.image is not None or self.ref is not None else "text"
 
     def to_wire(self) -> dict[str, Any]:
-        return {"v": VERSION, "text": self.text, "meta": dict(self.meta)}
+        out: dict[str, Any] = {"v": VERSION, "text": self.text, "meta": dict(self.meta)}
+        for k in ("image", "ref", "mime"):
+            if getattr(self, k) is not None:
+                out[k] = getattr(self, k)
+        return out
+
+
+def ready_key(tenant: str, collection: str, model: str, partition: int) -> bytes:
+    """The vectors-topic key of the indexing stage's marker that ``model``'s space has caught
+    up with one partition of the collection's topic (value: ``{"ready": [partition, partitions]}``)."""
+    return vector_key(tenant, collection, model, f"{READY_PREFIX}{partition}")
 
 
 def decode_document(value: bytes, max_chars: int, max_meta_keys: int) -> Document:
@@ -69,9 +95,10 @@ def decode_document(value: bytes, max_chars: int, max_meta_keys: int) -> Documen
     if obj.get("v", VERSION) != VERSION:
         raise WireError(ErrorCode.INVALID_REQUEST, f"document version {obj.get('v')!r} is not supported "
                         f"(v{VERSION})", "v")
-    text = obj.get("text")
-    if not isinstance(text, str) or not text.strip():
-        raise WireError(ErrorCode.INVALID_REQUEST, "a document needs a non-empty text", "text")
+    image, ref, mime = _image_of(obj)
+    text = obj.get("text", "" if image is not None or ref is not None else None)
+    if not isinstance(text, str) or (image is None and ref is None and not text.strip()):
+        raise WireError(ErrorCode.INVALID_REQUEST, "a document needs a non-empty text, or an image", "text")
     if len(text) > max_chars:
         raise WireError(ErrorCode.PAYLOAD_TOO_LARGE, f"document text is {len(text)} characters; the limit is "
                         f"{max_chars}", "text")
@@ -86,7 +113,23 @@ def decode_document(value: bytes, max_chars: int, max_meta_keys: int) -> Documen
         if not ok:
             raise WireError(ErrorCode.INVALID_REQUEST, f"meta.{k[:40]} must be a string (up to 256 characters), "
                             "a number or a boolean", f"meta.{k[:40]}")
-    return Document(text, dict(meta))
+    return Document(text, dict(meta), image, ref, mime)
+
+
+def _image_of(obj: dict[str, Any]) -> tuple[bytes | None, str | None, str | None]:
+    image, ref, mime = obj.get("image"), obj.get("ref"), obj.get("mime")
+    if image is None and ref is None:
+        return None, None, None
+    if image is not None and ref is not None:
+        raise WireError(ErrorCode.INVALID_REQUEST, "an image document has image bytes or a ref, not both", "ref")
+    if image is not None and not (isinstance(image, bytes) and image):
+        raise WireError(ErrorCode.INVALID_REQUEST, "image must be bytes (msgpack bin)", "image")
+    if ref is not None and not (isinstance(ref, str) and ref.startswith("redis:") and len(ref) <= 512):
+        raise WireError(ErrorCode.INVALID_REQUEST, "ref must be a claim check, redis:<key>", "ref")
+    if mime not in IMAGE_MIMES:
+        raise WireError(ErrorCode.UNSUPPORTED_MEDIA, f"an image document's mime is one of {', '.join(sorted(IMAGE_MIMES))}",
+                        "mime")
+    return image, ref, mime
 
 
 def vector_key(tenant: str, collection: str, model: str, doc_id: str) -> bytes:

@@ -127,6 +127,10 @@ class EncodedPart(_Job):
     nonce: str | None = omit_none()
     """The encode job's nonce, copied: the assembler drops a part whose nonce its
     request's manifest does not carry."""
+    space: str | None = omit_none()
+    """The identity of the encoder that made ``embedding`` (name/version/precision/
+    preprocessing): which vector space it lives in. A retrieve stage searches only the
+    documents embedded in the same space."""
 
     TYPE = "part"
 
@@ -230,6 +234,8 @@ class RetrieveJob(_RequestJob):
     modality: str = "text"
     query: dict[str, Any] | None = None
     query_text: str | None = None
+    space: str | None = None
+    """The encoder identity ``query`` was made by (None: the retrieve stage's text encoder's)."""
     generate: dict[str, Any] | None = None
     """The ``GenerateJob`` map to forward (RAG), or None: answer the client with the hits."""
     trace: list[Any] = field(default_factory=list)

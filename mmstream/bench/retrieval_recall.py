@@ -117,7 +117,8 @@ async def _latest_index(settings: Settings, model: str, collection: str, documen
     while True:
         core = RetrievalCore(model)
         if await asyncio.to_thread(core.restore, where):
-            found = [c.index for (_, name), c in core.collections.items() if name == collection]
+            found = [c.index for (_, name, space), c in core.collections.items()
+                     if name == collection and space == model]
             if found and len(found[0]) >= documents:
                 return found[0]
         if time.monotonic() > deadline:
@@ -127,9 +128,9 @@ async def _latest_index(settings: Settings, model: str, collection: str, documen
 
 def _embedder(settings: Settings) -> Any:
     from streams.observe.metrics import Metrics
-    from streams.stages.runner import text_embedder
+    from streams.stages.runner import embedder
 
-    return text_embedder(settings, Metrics(), "bench")
+    return embedder(settings, Metrics(), "bench")
 
 
 def _embed(embedder: Any, texts: list[str]) -> list[Any]:

@@ -2,14 +2,24 @@
 searches against it and their near-duplicate reuse. No Kafka: the retrieve stage feeds it
 vector records and asks it questions; tests drive it alone.
 
-- ``apply(partition, offset, key, record)``: one record of ``<p>.vectors`` (a ``VectorRecord``
-  or a tombstone). Indexes are per (tenant, collection), in the space of one encoder
-  identity (``model``): records of another model are counted and skipped, so a model
-  change never mixes spaces. An upsert or delete invalidates exactly the cached answers it
-  could change (``streams.policies.reuse``).
-- ``search(tenant, collection, query, k, where)``: ANN over-fetch, exact rescoring, filter,
-  top-k (``workers.retrieval.index``); answered from a cached near-duplicate's candidate
-  pool when one is within the threshold. A tenant only ever reaches its own collections.
+- ``apply(partition, offset, key, record)``: one record of ``<p>.vectors`` (a ``VectorRecord``,
+  a tombstone, or the indexing stage's ready marker). Indexes are per (tenant, collection,
+  space): a space is one encoder identity (``model``: name/version/precision/preprocessing),
+  so text and image documents of a collection, and the old and new vectors of a model
+  change, are kept apart and never mixed. An upsert or delete invalidates exactly the
+  cached answers it could change (``streams.policies.reuse``).
+- ``search(tenant, collection, query, k, where, space)``: ANN over-fetch, exact rescoring,
+  filter, top-k (``workers.retrieval.index``) in the query's space; answered from a cached
+  near-duplicate's candidate pool when one is within the threshold. A tenant only ever
+  reaches its own collections.
+- **Model changes.** An indexing stage with a new encoder identity re-embeds every
+  collection into its new space in the background and writes a ready marker per
+  partition of the collection once it has caught up with it (``schemas.documents``). Until
+  a space is ready, a query in it is refused (``NotReady``, retriable) where another space
+  of the collection is ready, rather than answered from part of the collection; queries in
+  the old space go on being answered by the old index. ``retire(now)`` drops a space of a
+  model once a newer space of the same model name has been ready for ``retire_after_s``
+  and the old one has not been searched for as long.
 - ``snapshot(directory)`` / ``restore(directory)``: every changed collection's index and
   passage texts, then a manifest naming each collection's snapshot and the topic position
   they all reflect (written last, atomically): a restart restores them and reads the topic
@@ -23,6 +33,7 @@ Not thread-safe: the stage calls it from one thread (its event loop).
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
 import logging
 import os
@@ -36,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from schemas.documents import VectorRecord, parse_vector_key
+from schemas.documents import READY_PREFIX, VectorRecord, parse_vector_key
 from schemas.tensor import from_wire
 from streams.policies.reuse import DEFAULT_POOL_SIZE, NearDuplicateCache
 from workers.retrieval.index import CollectionIndex
@@ -44,7 +55,8 @@ from workers.retrieval.results import Hit, IndexFullError
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
-FORMAT = 1
+FORMAT = 2
+"""2: collections per space (format 1, one space, is not read: the topic rebuilds)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +71,8 @@ class CoreLimits:
     """Per collection; 0 turns reuse off."""
     reuse_pool: int = DEFAULT_POOL_SIZE
     """Candidates each search keeps for the near-duplicates that reuse it (0: its hits only)."""
+    retire_after_s: float = 3600.0
+    """How long a replaced space stays searchable after its successor is ready (and unsearched)."""
 
 
 @dataclass
@@ -71,6 +85,7 @@ class Collection:
     dirty: bool = True
     snapshot_id: str = ""
     updated_at: float = 0.0
+    searched_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,20 +95,47 @@ class Answer:
     reused: bool
     documents: int
     epoch: int
+    space: str = ""
+    """The encoder identity whose space answered."""
 
 
 class UnknownCollection(LookupError):
     code = "not_found"
 
 
+class NotReady(LookupError):
+    """The query's space of the collection is still being embedded while another space of it
+    is ready (a model change in progress): retriable."""
+
+
+@dataclass
+class Readiness:
+    """Which partitions of a collection's documents topic the indexer of one space has caught
+    up with, out of how many; ``at``: when the last one came (0 until all have)."""
+
+    partitions: int = 0
+    seen: set[int] = field(default_factory=set)
+    at: float = 0.0
+
+    @property
+    def ready(self) -> bool:
+        return self.partitions > 0 and len(self.seen) >= self.partitions
+
+
+Key = tuple[str, str, str]
+"""(tenant, collection, space)."""
+
+
 class RetrievalCore:
     def __init__(self, model: str, limits: CoreLimits = CoreLimits()) -> None:
         self.model = model
+        """The space of a query that names none (the text encoder this stage embeds with)."""
         self.limits = limits
-        self.collections: dict[tuple[str, str], Collection] = {}
+        self.collections: dict[Key, Collection] = {}
+        self.readiness: dict[Key, Readiness] = {}
         self.position: dict[int, int] = {}
         """Vectors partition -> the next offset to apply (what the indexes reflect)."""
-        self.skipped = {"other_model": 0, "malformed": 0, "full": 0, "too_many_collections": 0}
+        self.skipped = {"malformed": 0, "full": 0, "too_many_collections": 0}
         self.searches = 0
 
     # -- the vectors topic ---------------------------------------------------------------------
@@ -106,10 +148,10 @@ class RetrievalCore:
             self.skipped["malformed"] += 1
             return
         tenant, name, model, doc_id = where
-        if model != self.model:
-            self.skipped["other_model"] += 1
+        if doc_id.startswith(READY_PREFIX):
+            self._ready_marker((tenant, name, model), value)
             return
-        c = self.collections.get((tenant, name))
+        c = self.collections.get((tenant, name, model))
         if value is None:
             if c is not None and c.index.delete(doc_id):
                 c.texts.pop(doc_id, None)
@@ -127,10 +169,10 @@ class RetrievalCore:
             self.skipped["malformed"] += 1  # a value that disagrees with its key is not ours
             return
         if c is None:
-            if sum(1 for t, _ in self.collections if t == tenant) >= self.limits.max_collections:
-                self.skipped["too_many_collections"] += 1
+            if sum(1 for t, _, _ in self.collections if t == tenant) >= self.limits.max_collections:
+                self.skipped["too_many_collections"] += 1  # a collection in two spaces counts twice
                 return
-            c = self.collections[(tenant, name)] = self._new(len(vector))
+            c = self.collections[(tenant, name, model)] = self._new(len(vector))
         try:
             c.index.upsert(doc_id, vector, rec.meta)
         except IndexFullError:
@@ -143,6 +185,23 @@ class RetrievalCore:
         if c.cache is not None:
             c.cache.invalidate_upsert(doc_id, vector, rec.meta)
         self._changed(c)
+
+    def _ready_marker(self, key: Key, value: dict[str, Any] | None) -> None:
+        got = (value or {}).get("ready")
+        if not (isinstance(got, list) and len(got) == 2 and all(isinstance(x, int) and x >= 0 for x in got)
+                and got[0] < got[1] <= 4096):
+            self.skipped["malformed"] += 1
+            return
+        r = self.readiness.setdefault(key, Readiness())
+        was = r.ready
+        r.partitions = got[1]
+        r.seen.add(got[0])
+        if r.ready and not was:
+            r.at = time.time()
+
+    def ready(self, tenant: str, collection: str, space: str) -> bool:
+        r = self.readiness.get((tenant, collection, space))
+        return r is not None and r.ready
 
     def _new(self, dim: int) -> Collection:
         lim = self.limits
@@ -161,18 +220,28 @@ class RetrievalCore:
 
     # -- searches --------------------------------------------------------------------------
 
-    def has(self, tenant: str, collection: str) -> bool:
-        return (tenant, collection) in self.collections
+    def has(self, tenant: str, collection: str, space: str | None = None) -> bool:
+        return (tenant, collection, space or self.model) in self.collections
+
+    def spaces(self, tenant: str, collection: str) -> list[str]:
+        return sorted(m for t, n, m in self.collections if (t, n) == (tenant, collection))
 
     def search(self, tenant: str, collection: str, query: np.ndarray, k: int,
-               where: dict[str, Any] | None = None) -> Answer:
-        """The best ``k`` documents of the tenant's collection for ``query``; raises
-        ``UnknownCollection`` when the tenant has no such collection (with documents), and
-        ``ValueError`` for a query of the wrong dimension."""
-        c = self.collections.get((tenant, collection))
+               where: dict[str, Any] | None = None, space: str | None = None) -> Answer:
+        """The best ``k`` documents of the tenant's collection for ``query``, a vector in
+        ``space`` (None: this core's ``model``); raises ``UnknownCollection`` when the tenant
+        has no such collection (with documents) in that space, ``NotReady`` when that space is
+        still being embedded while another is ready, and ``ValueError`` for a query of the
+        wrong dimension."""
+        space = space or self.model
+        c = self.collections.get((tenant, collection, space))
+        if not self.ready(tenant, collection, space) and any(
+                self.ready(tenant, collection, m) for m in self.spaces(tenant, collection) if m != space):
+            raise NotReady(collection)
         if c is None or len(c.index) == 0:
             raise UnknownCollection(collection)
         self.searches += 1
+        c.searched_at = time.time()
         q = np.asarray(query, dtype=np.float32).reshape(-1)
         hits = None
         if c.cache is not None:
@@ -184,7 +253,33 @@ class RetrievalCore:
             hits, pool = c.index.search_with_pool(q, k, where=where, pool_size=pool_size)
             if c.cache is not None:
                 c.cache.store(q, k, where, hits, pool)
-        return Answer(hits, [c.texts.get(h.doc_id, "") for h in hits], reused, len(c.index), c.epoch)
+        return Answer(hits, [c.texts.get(h.doc_id, "") for h in hits], reused, len(c.index), c.epoch, space)
+
+    def retire(self, now: float) -> list[Key]:
+        """Drop each space that a newer ready space of the same model name has replaced for
+        ``retire_after_s``, unless it was searched since then, and each never-ready space of a
+        ready collection that has not changed for as long (a re-embed given up); returns what
+        was dropped. A space still being built is kept."""
+        after = self.limits.retire_after_s
+        dropped = []
+        for key in list(self.collections):
+            t, n, m = key
+            c, mine = self.collections[key], self._ready_at(key)
+            newer = [r.at for (t2, n2, m2), r in self.readiness.items()
+                     if (t2, n2) == (t, n) and m2 != m and r.ready and _model_name(m2) == _model_name(m)
+                     and r.at > mine]
+            if not newer:
+                continue
+            since = min(newer) if mine else max(min(newer), c.updated_at)
+            if now - since >= after and now - c.searched_at >= after:
+                del self.collections[key]
+                self.readiness.pop(key, None)
+                dropped.append(key)
+        return dropped
+
+    def _ready_at(self, key: Key) -> float:
+        r = self.readiness.get(key)
+        return r.at if r is not None and r.ready else 0.0
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -256,18 +351,21 @@ class RetrievalCore:
 
     def _plan(self) -> "SnapshotPlan":
         written, named = [], []
-        for (tenant, name), c in self.collections.items():
+        for (tenant, name, model), c in self.collections.items():
             if c.dirty or not c.snapshot_id:
                 sid = uuid.uuid4().hex[:12]
-                written.append((tenant, name, sid, c.epoch))
+                written.append((tenant, name, model, sid, c.epoch))
             else:
                 sid = c.snapshot_id
-            named.append((tenant, name, sid))
-        return SnapshotPlan(dict(self.position), written, named)
+            named.append((tenant, name, model, sid))
+        ready = [[t, n, m, sorted(r.seen), r.partitions, r.at] for (t, n, m), r in self.readiness.items()]
+        return SnapshotPlan(dict(self.position), written, named, ready)
 
     def _mark(self, plan: "SnapshotPlan") -> None:
-        for tenant, name, sid, epoch in plan.written:
-            c = self.collections[(tenant, name)]
+        for tenant, name, model, sid, epoch in plan.written:
+            c = self.collections.get((tenant, name, model))
+            if c is None:  # retired since the plan
+                continue
             c.snapshot_id = sid
             c.dirty = c.epoch != epoch  # changed since the snapshot's state: still to write
 
@@ -275,18 +373,20 @@ class RetrievalCore:
         """The state of the last whole snapshot in ``directory`` (True), or nothing changed
         and False: the topic is then read from the start."""
         m = _read_manifest(Path(directory))
-        if m is None or m.get("format") != FORMAT or m.get("model") != self.model:
+        if m is None or m.get("format") != FORMAT:
             return False
-        restored: dict[tuple[str, str], Collection] = {}
-        for t, n, sid in m.get("collections", []):
-            where = Path(directory) / t / n / sid
+        restored: dict[Key, Collection] = {}
+        for t, n, model, sid in m.get("collections", []):
+            where = Path(directory) / t / n / _space_dir(model) / sid
             got = CollectionIndex.restore(where / "index")
             texts = _read_json(where / "texts.json")
             if got is None or texts is None or got[1].get("id") != sid or texts.get("id") != sid:
                 log.warning("retrieval: the snapshot of %s/%s is not whole; rebuilding every index from the topic", t, n)
                 return False
-            restored[(t, n)] = Collection(got[0], dict(texts["texts"]), self._cache(), dirty=False, snapshot_id=sid)
+            restored[(t, n, model)] = Collection(got[0], dict(texts["texts"]), self._cache(), dirty=False,
+                                                 snapshot_id=sid)
         self.collections = restored
+        self.readiness = {(t, n, mo): Readiness(parts, set(seen), at) for t, n, mo, seen, parts, at in m.get("ready", [])}
         self.position = {int(p): int(o) for p, o in m.get("position", {}).items()}
         return True
 
@@ -294,11 +394,13 @@ class RetrievalCore:
 @dataclass(frozen=True, slots=True)
 class SnapshotPlan:
     """What one snapshot writes: the position it reflects, the collections written anew
-    (tenant, name, snapshot id, epoch at the plan) and every collection the manifest names."""
+    (tenant, name, space, snapshot id, epoch at the plan), every collection the manifest
+    names (tenant, name, space, snapshot id) and the spaces' readiness."""
 
     position: dict[int, int]
-    written: list[tuple[str, str, str, int]]
-    named: list[tuple[str, str, str]]
+    written: list[tuple[str, str, str, str, int]]
+    named: list[tuple[str, str, str, str]]
+    ready: list[list[Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -326,18 +428,29 @@ def _write_snapshot(core: RetrievalCore, plan: SnapshotPlan, directory: Path) ->
     """The collections of ``plan.written``, then the manifest (atomically), then every
     snapshot folder of a named collection that the manifest does not name."""
     directory.mkdir(parents=True, exist_ok=True)
-    for tenant, name, sid, _ in plan.written:
-        c = core.collections[(tenant, name)]
-        where = directory / tenant / name / sid
+    for tenant, name, model, sid, _ in plan.written:
+        c = core.collections[(tenant, name, model)]
+        where = directory / tenant / name / _space_dir(model) / sid
         c.index.snapshot(where / "index", {"id": sid})
         _write_json(where / "texts.json", {"id": sid, "texts": c.texts})
-    manifest = {"format": FORMAT, "model": core.model, "position": {str(p): o for p, o in plan.position.items()},
-                "collections": [list(n) for n in plan.named]}
+    manifest = {"format": FORMAT, "position": {str(p): o for p, o in plan.position.items()},
+                "collections": [list(n) for n in plan.named], "ready": plan.ready}
     _write_json(directory / MANIFEST, manifest)
-    for tenant, name, sid in plan.named:
-        for old in (directory / tenant / name).iterdir():
-            if old.name != sid:
-                shutil.rmtree(old, ignore_errors=True)
+    named = {(t, n, _space_dir(m)): sid for t, n, m, sid in plan.named}
+    for t, n in {(t, n) for t, n, _, _ in plan.named}:
+        for space in (directory / t / n).iterdir():  # retired spaces and older snapshots go
+            for old in space.iterdir() if space.is_dir() else []:
+                if named.get((t, n, space.name)) != old.name:
+                    shutil.rmtree(old, ignore_errors=True)
+
+
+def _space_dir(model: str) -> str:
+    """A space's folder name: an identity holds slashes."""
+    return "s" + hashlib.sha256(model.encode()).hexdigest()[:16]
+
+
+def _model_name(identity: str) -> str:
+    return identity.split("/", 1)[0]
 
 
 def _die_with(parent: int) -> None:

@@ -302,7 +302,7 @@ def _complete(state: Assembly, now_ms: float, deadline_hit: bool) -> Step:
         done = replace(state, status=advance(state.status, RequestStatus.FORWARDED), done_at_ms=now_ms)
         parts = [{"index": r["index"], "modality": r["modality"], "cache": r["cache"]} for r in results]
         return Step(done, forward=_search(m, now_ms, timings, query=results[0]["embedding"],
-                                          modality=results[0]["modality"], parts=parts))
+                                          modality=results[0]["modality"], space=_space(state, 0), parts=parts))
     if len(failed) == len(results):
         status = RequestStatus.DEADLINE_EXCEEDED if deadline_hit and not state.parts else RequestStatus.FAILED
         error = _summary_error(failed, deadline_hit and not state.parts)
@@ -315,6 +315,12 @@ def _complete(state: Assembly, now_ms: float, deadline_hit: bool) -> Step:
                       timings=timings, cache=cache)
     done = replace(state, status=advance(state.status, status), done_at_ms=now_ms)
     return Step(done, emit=event, reply_to=m.reply_to)
+
+
+def _space(state: Any, i: int) -> str | None:
+    """The encoder identity that embedded part ``i`` (None when the part did not say)."""
+    p = state.parts.get(i)
+    return p.space if p is not None else None
 
 
 def _search(m: Manifest, now_ms: float, timings: dict[str, Any], **what: Any) -> RetrieveJob:

@@ -231,9 +231,16 @@ class Client:
 
     async def put_document(self, collection: str, doc_id: str, text: str,
                            meta: dict[str, Any] | None = None) -> None:
-        """Add or replace one document (indexed in the background; a search sees it once the
+        """Add or replace one passage (indexed in the background; a search sees it once the
         retrieve stage has applied its vector)."""
         value = pack(Document(text, dict(meta or {})).to_wire())
+        await self._send_document(collection, doc_id, value)
+
+    async def put_image(self, collection: str, doc_id: str, image: bytes | None = None, mime: str = "image/jpeg",
+                        caption: str = "", meta: dict[str, Any] | None = None, ref: str | None = None) -> None:
+        """Add or replace one image document: its bytes inline, or ``ref``, a claim check of this
+        tenant's (``redis:<key>``). Image queries find it; ``caption`` is the text its hits show."""
+        value = pack(Document(caption, dict(meta or {}), image, ref, mime).to_wire())
         await self._send_document(collection, doc_id, value)
 
     async def delete_document(self, collection: str, doc_id: str) -> None:

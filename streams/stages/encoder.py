@@ -185,7 +185,7 @@ class EncoderStage(RecordStage):
         part = EncodedPart(id=job.id, part=job.part, modality=self._modality(job), sent_at_ms=now_ms(),
                            embedding=to_wire(out.embedding, self.wire_dtype), extras=out.extras,
                            trace=job.trace + ([span] if span else []), chunk=job.chunk, cache=out.cache,
-                           tenant=job.tenant, nonce=job.nonce)
+                           tenant=job.tenant, nonce=job.nonce, space=self.runner.identity or None)
         return out_map(self.names.encoded(job.lane), request_key(job.tenant, job.id), part.to_wire())
 
     def _failed(self, job: EncodeJob, err: WireError, span: list[Any] | None = None) -> Out:

@@ -3,18 +3,25 @@
 It subscribes by pattern to ``<p>.docs.<tenant>.<collection>`` (topics created while it runs
 are found at the next metadata refresh), takes the tenant and the collection from the topic
 name (the broker's ACLs let only that tenant write there), embeds each document with the
-text encoder the pipeline serves (``workers.retrieval.embed``: same model, version and reuse
-cache as ``encode.text``) and writes a ``schemas.documents.VectorRecord`` to the compacted
-``<p>.vectors`` topic; a tombstone becomes a tombstone there. Its input is committed only
-after the vectors are with the broker, so a crash repeats documents (an upsert of the same
-vector: harmless) and never loses one.
+encoder the pipeline serves for its modality (``workers.retrieval.embed``: same model,
+version and reuse cache as ``encode.text`` for a passage, ``encode.image`` for an image) and
+writes a ``schemas.documents.VectorRecord`` to the compacted ``<p>.vectors`` topic; a
+tombstone becomes a tombstone there (in every space it serves: a document's modality may
+have changed). Its input is committed only after the vectors are with the broker, so a crash
+repeats documents (an upsert of the same vector: harmless) and never loses one.
+
+When a poll finds nothing new, every partition of a collection it has caught up with for the
+first time in this process gets a ready marker per space (``schemas.documents.ready_key``):
+what tells the retrieve stage that a space holds the whole collection.
 
 A document it cannot index (a bad key, undecodable, over ``retrieval.max_doc_chars``) is
 dead-lettered alone with its stable code: a collection has no reply topic to answer on.
 
-Its consumer group is named after the encoder's identity: a new model version starts a new
+Its consumer group is named after the encoders' identities: a new model version starts a new
 group, which reads every collection from the beginning and writes vectors in the new space
-beside the old ones (keys carry the model), while the old ones still answer.
+beside the old ones (keys carry the model), while the old ones still answer (documents of
+the unchanged modality are re-read too: their embeddings are reuse-cache hits and their
+vectors the same keys).
 """
 
 from __future__ import annotations
@@ -26,10 +33,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import faust
+from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
 from schemas.codec import pack
-from schemas.documents import VectorRecord, decode_document, doc_id_of, vector_key
+from schemas.documents import Document, VectorRecord, decode_document, doc_id_of, ready_key, vector_key
 from schemas.errors import WireError
 from schemas.settings import Settings
 from schemas.tensor import to_wire
@@ -38,30 +46,33 @@ from streams.observe.metrics import Metrics
 from streams.observe.metrics_retrieval import RetrievalMetrics
 from streams.runtime.produce import Out
 from streams.runtime.stage import RecordStage
-from workers.retrieval.embed import TextEmbedder
+from workers.retrieval.embed import Embedder
 
 log = logging.getLogger(__name__)
 STAGE = "index"
 
 
-def indexer_group(prefix: str, identity: str) -> str:
-    """The indexing stage's consumer group for one encoder identity."""
-    digest = hashlib.sha256(identity.encode()).hexdigest()[:12]
+def indexer_group(prefix: str, identities: list[str]) -> str:
+    """The indexing stage's consumer group for the encoder identities it embeds with."""
+    digest = hashlib.sha256("|".join(sorted(identities)).encode()).hexdigest()[:12]
     return f"{prefix}-index-{digest}"
 
 
 class IndexerStage(RecordStage):
     stage = STAGE
 
-    def __init__(self, app: faust.App, settings: Settings, metrics: Metrics, embedder: TextEmbedder) -> None:
+    def __init__(self, app: faust.App, settings: Settings, metrics: Metrics, embedders: dict[str, Embedder]) -> None:
         names = topic_names(settings)
         super().__init__(app, settings, [], [], pattern=names.docs_pattern(),
-                         group_id=indexer_group(settings.kafka.topic_prefix, embedder.identity))
+                         group_id=indexer_group(settings.kafka.topic_prefix, [e.identity for e in embedders.values()]))
         self.metrics = metrics
         self.rmetrics = RetrievalMetrics(metrics)
-        self.embedder = embedder
+        self.embedders = embedders
+        """Modality -> its encoder's embedder (text always; image where the deployment serves it)."""
         self.r = settings.retrieval
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="engine-index")
+        self.marked: set[tuple[str, int]] = set()
+        """(docs topic, partition) whose ready markers this process wrote."""
 
     def lane_of_topic(self, topic: str) -> str:
         return "bulk"  # indexing is background work: no rt records to put first
@@ -73,7 +84,7 @@ class IndexerStage(RecordStage):
         last: dict[tuple[str, bytes | None], int] = {}
         for i, r in enumerate(records):
             last[(r.topic, r.key)] = i
-        plan: list[tuple[ConsumerRecord, bytes, Any]] = []  # (record, vector key, None | Document)
+        plan: list[tuple[ConsumerRecord, str | None, Any]] = []  # (record, model, (tenant, collection, id, None | Document))
         for i, r in enumerate(records):
             where = self.names.parse_docs(r.topic)
             if where is None:
@@ -89,24 +100,32 @@ class IndexerStage(RecordStage):
             except WireError as exc:
                 self._dead(r, f"{exc.code}: {exc.message}")
                 continue
-            plan.append((r, vector_key(tenant, collection, self.embedder.identity, doc_id), (tenant, collection,
-                                                                                              doc_id, doc)))
+            embedder = None if doc is None else self.embedders.get(doc.modality)
+            if doc is not None and embedder is None:
+                self._dead(r, f"unsupported_media: this deployment does not serve {doc.modality} documents")
+                continue
+            plan.append((r, None if embedder is None else embedder.identity, (tenant, collection, doc_id, doc)))
         vectors = await self._embed([p for p in plan if p[2][3] is not None])
         outs: list[Out] = []
-        for r, key, (tenant, collection, doc_id, doc) in plan:
-            if doc is None:
-                outs.append(Out(self.names.vectors, key, None))  # type: ignore[arg-type]  # a tombstone
+        for r, model, (tenant, collection, doc_id, doc) in plan:
+            if doc is None:  # a tombstone in every space: the document may have changed modality
+                outs.extend(Out(self.names.vectors, vector_key(tenant, collection, e.identity, doc_id), None)  # type: ignore[arg-type]
+                            for e in self.embedders.values())
                 self.rmetrics.indexed("delete")
                 continue
+            stale = [e.identity for e in self.embedders.values() if e.identity != model]
+            outs.extend(Out(self.names.vectors, vector_key(tenant, collection, m, doc_id), None)  # type: ignore[arg-type]
+                        for m in stale)  # an id that was a passage and is now an image leaves the text space
+            assert model is not None
             v = vectors[id(r)]
             if isinstance(v, Exception):
                 self._dead(r, f"{getattr(v, 'code', 'internal')}: the document could not be embedded: "
                               f"{type(v).__name__}")
                 continue
-            rec = VectorRecord(tenant=tenant, collection=collection, doc=doc_id, model=self.embedder.identity,
+            rec = VectorRecord(tenant=tenant, collection=collection, doc=doc_id, model=model,
                                vector=to_wire(v, "float16"), text=doc.text, meta=doc.meta,
                                source=[r.partition, r.offset])
-            outs.append(Out(self.names.vectors, key, pack(rec.to_wire())))
+            outs.append(Out(self.names.vectors, vector_key(tenant, collection, model, doc_id), pack(rec.to_wire())))
             self.rmetrics.indexed("upsert")
         done = [r for r in records if (r.topic, r.partition, r.offset) not in self.io.handed]
         if outs:
@@ -114,14 +133,43 @@ class IndexerStage(RecordStage):
         elif done:
             self.io.finish(done)
 
-    async def _embed(self, todo: list[tuple[ConsumerRecord, bytes, Any]]) -> dict[int, Any]:
+    async def _embed(self, todo: list[tuple[ConsumerRecord, str | None, Any]]) -> dict[int, Any]:
         """id(record) -> its document's unit vector or the exception that refused it."""
         out: dict[int, Any] = {}
         for batch in _batches(todo, self.r.index_batch):
+            doc: Document = batch[0][2][3]
             got = await asyncio.get_running_loop().run_in_executor(
-                self.executor, self.embedder.embed, [p[2][3].text for p in batch], batch[0][2][0])
+                self.executor, self.embedders[doc.modality].embed, [p[2][3] for p in batch], batch[0][2][0])
             out.update((id(p[0]), v) for p, v in zip(batch, got))
         return out
+
+    async def idle(self) -> None:
+        """Nothing new in this poll: a ready marker, per space, for each partition caught up with
+        for the first time in this process (its documents' vectors went out before it)."""
+        consumer = self.io.consumer
+        if consumer is None:
+            return
+        outs: list[Out] = []
+        for tp in consumer.assignment():
+            if (tp.topic, tp.partition) in self.marked:
+                continue
+            where = self.names.parse_docs(tp.topic)
+            high = consumer.highwater(tp)
+            if where is None or high is None or await consumer.position(tp) < high:
+                continue
+            partitions = len(consumer.partitions_for_topic(tp.topic) or ())
+            if partitions == 0:
+                continue
+            self.marked.add((tp.topic, tp.partition))
+            value = pack({"ready": [tp.partition, partitions]})
+            outs.extend(Out(self.names.vectors, ready_key(*where, e.identity, tp.partition), value)
+                        for e in self.embedders.values())
+        if outs:
+            self.io.deliver(outs)
+
+    async def on_revoked(self, tps: set[TopicPartition]) -> None:
+        await super().on_revoked(tps)
+        self.marked -= {(tp.topic, tp.partition) for tp in tps}
 
     def _dead(self, r: ConsumerRecord, reason: str) -> None:
         self.metrics.to_dlq(STAGE)
@@ -129,13 +177,14 @@ class IndexerStage(RecordStage):
 
 
 def _batches(todo: list[Any], size: int) -> list[list[Any]]:
-    """``todo`` (``(record, key, (tenant, ...))``) cut into engine calls of at most ``size``
-    documents, each of one tenant (the reuse cache keys on the tenant)."""
-    by_tenant: dict[str, list[Any]] = {}
+    """``todo`` (``(record, model, (tenant, ..., document))``) cut into engine calls of at most
+    ``size`` documents, each of one tenant (the reuse cache keys on the tenant) and modality."""
+    by_tenant: dict[tuple[str, str], list[Any]] = {}
     for t in todo:
-        by_tenant.setdefault(t[2][0], []).append(t)
+        by_tenant.setdefault((t[2][0], t[2][3].modality), []).append(t)
     return [items[i:i + size] for items in by_tenant.values() for i in range(0, len(items), size)]
 
 
-def install_indexer(app: faust.App, settings: Settings, metrics: Metrics, embedder: TextEmbedder) -> IndexerStage:
-    return IndexerStage(app, settings, metrics, embedder).install()
+def install_indexer(app: faust.App, settings: Settings, metrics: Metrics,
+                    embedders: dict[str, Embedder]) -> IndexerStage:
+    return IndexerStage(app, settings, metrics, embedders).install()

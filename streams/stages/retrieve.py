@@ -7,9 +7,13 @@ Two inputs:
   restored from its last snapshot and the topic read from that position; searches wait until
   the replica has caught up with the end of the topic as it was when it started.
 - ``<p>.retrieve.<lane>`` (its consumer group, rt first): ``RetrieveJob`` s from the
-  assembler. A ``retrieve`` job carries its query's embedding from the encoder pool; a
+  assembler. A ``retrieve`` job carries its query's embedding from the encoder pool and the
+  identity of the encoder that made it (``space``): a text query searches the collection's
+  passages, an image query its images, each in the space of the query's model version; a
   retrieval-augmented ``generate`` job carries its question, embedded here with the text
-  model the documents were indexed with (``workers.retrieval.embed``).
+  encoder (``workers.retrieval.embed``). A query in a space still being re-embedded (a
+  model change) while another space of the collection is ready is refused as
+  ``overloaded`` with ``retry_after_ms``, never answered from part of the collection.
 
 Answers, exactly once like the generator's: the ``result`` (or ``error``) event on the
 job's reply topic, or for RAG the ``GenerateJob`` with its passages on
@@ -43,13 +47,13 @@ from schemas.settings import Settings
 from schemas.tensor import from_wire
 from schemas.trace import now_ms
 from streams.app import topic_names
-from streams.cores.retrieval import Answer, CoreLimits, RetrievalCore, UnknownCollection
+from streams.cores.retrieval import Answer, CoreLimits, NotReady, RetrievalCore, UnknownCollection
 from streams.observe.metrics import Metrics
 from streams.observe.metrics_retrieval import RetrievalMetrics
 from streams.runtime.produce import Out, out_map
 from streams.runtime.recovery import AnswerLedger, recover, stage_timings
 from streams.runtime.stage import RecordStage
-from workers.retrieval.embed import TextEmbedder
+from workers.retrieval.embed import Embedder
 
 log = logging.getLogger(__name__)
 STAGE = "retrieve"
@@ -58,6 +62,8 @@ DONE_RETENTION_MS = 600_000.0
 SNAPSHOT_WRITER_MAX_S = 600.0
 """A snapshot writer still running after this is killed (100k passages take ~2 s to write)."""
 VECTORS_BATCH = 2000
+REEMBED_RETRY_MS = 5000
+RETIRE_EVERY_S = 60.0
 
 
 SNAPSHOTS = "retrieval"
@@ -68,14 +74,14 @@ def core_limits(settings: Settings) -> CoreLimits:
     r = settings.retrieval
     return CoreLimits(max_docs=r.max_docs, max_collections=r.max_collections, overfetch=r.overfetch,
                       ef=r.ef_search, reuse_threshold=r.reuse_threshold, reuse_entries=r.reuse_entries,
-                      reuse_pool=r.reuse_pool)
+                      reuse_pool=r.reuse_pool, retire_after_s=r.retire_after_s)
 
 
 class RetrieveStage(RecordStage):
     stage = STAGE
 
     def __init__(self, app: faust.App, settings: Settings, metrics: Metrics, core: RetrievalCore,
-                 embedder: TextEmbedder | None) -> None:
+                 embedder: Embedder | None) -> None:
         names = topic_names(settings)
         super().__init__(app, settings, [names.retrieve("rt")], [names.retrieve("bulk")])
         self.metrics = metrics
@@ -95,6 +101,7 @@ class RetrieveStage(RecordStage):
     async def on_started(self) -> None:
         await super().on_started()
         self.supervise("vectors", self._vectors_forever)
+        self.supervise("retire", self._retire_forever)
         if self.r.snapshot_every_s > 0:
             self.supervise("snapshots", self._snapshots_forever)
 
@@ -148,6 +155,13 @@ class RetrieveStage(RecordStage):
                     self._note()
         finally:
             await consumer.stop()
+
+    async def _retire_forever(self) -> None:
+        while not self.should_stop:
+            await asyncio.sleep(RETIRE_EVERY_S)
+            async with self.lock:
+                for t, n, m in self.core.retire(time.time()):
+                    log.info("retrieve: %s/%s: the space of %s is retired (a newer one answers)", t, n, m)
 
     async def _snapshots_forever(self) -> None:
         while not self.should_stop:
@@ -212,11 +226,19 @@ class RetrieveStage(RecordStage):
             query = await self._query(job)
             async with self.lock:
                 t0 = time.perf_counter()
-                answer = self.core.search(job.tenant, job.collection, query, job.k, job.where)
+                answer = self.core.search(job.tenant, job.collection, query, job.k, job.where,
+                                          space=job.space if job.query is not None else None)
                 self.rmetrics.observe_search(time.perf_counter() - t0, answer.reused)
         except UnknownCollection:
-            self._fail(job, r, WireError(ErrorCode.INVALID_REQUEST, f"collection {job.collection!r} has no documents "
+            what = "images" if job.modality == "image" and job.query is not None else "documents"
+            self._fail(job, r, WireError(ErrorCode.INVALID_REQUEST, f"collection {job.collection!r} has no {what} "
                                          "(put some with `mmstream collection put`)", "params.collection"), started)
+            return
+        except NotReady:
+            self._fail(job, r, WireError(ErrorCode.OVERLOADED, f"collection {job.collection!r} is being embedded again "
+                                         "for the model that encoded this query (a model change); its previous "
+                                         "index answers queries of the previous model", "params.collection",
+                                         REEMBED_RETRY_MS), started)
             return
         except (ValueError, TypeError) as exc:
             self._fail(job, r, WireError(ErrorCode.INVALID_REQUEST, f"the query cannot search this collection: "
@@ -244,7 +266,7 @@ class RetrieveStage(RecordStage):
                 for h, t in zip(a.hits, a.texts)]
         ev = Event(job.id, EventKind.RESULT, TERMINAL_SEQ, now, timings=stage_timings(job, STAGE, started, now), payload={
             "task": "retrieve", "collection": job.collection, "hits": hits, "parts": job.parts,
-            "index": {"documents": a.documents, "version": a.epoch, "reused": a.reused}})
+            "index": {"documents": a.documents, "version": a.epoch, "reused": a.reused, "model": a.space}})
         self._terminal(job, r, [out_map(job.reply_to, job.id, ev.to_wire())])
         self.metrics.request_done(STAGE, "ok")
         self.metrics.observe_e2e("retrieve", job.lane, now - job.client_sent_at_ms)
@@ -321,6 +343,6 @@ def _cut(text: str, limit: int) -> str:
     return (head.rsplit(" ", 1)[0] if " " in head else head) + " ..."
 
 
-def install_retrieve(app: faust.App, settings: Settings, metrics: Metrics, embedder: TextEmbedder | None) -> None:
+def install_retrieve(app: faust.App, settings: Settings, metrics: Metrics, embedder: Embedder | None) -> None:
     core = RetrievalCore(embedder.identity if embedder is not None else "", core_limits(settings))
     RetrieveStage(app, settings, metrics, core, embedder).install()

@@ -96,27 +96,31 @@ def _router(app: faust.App, settings: Settings, metrics: Metrics) -> None:
     install_router(app, settings, metrics, encoders)
 
 
-def text_embedder(settings: Settings, metrics: Metrics, stage: str) -> Any:
-    """The text encoder ``encode.text`` serves, in this process (same model, version, cache):
-    a ``workers.retrieval.embed.TextEmbedder``."""
-    from workers.retrieval.embed import TextEmbedder
+def embedder(settings: Settings, metrics: Metrics, stage: str, modality: str = "text") -> Any:
+    """The encoder ``encode.<modality>`` serves, in this process (same model, version,
+    cache): a ``workers.retrieval.embed.Embedder``."""
+    from workers.retrieval.embed import Embedder
 
-    spec = modalities.get("text")
+    spec = modalities.get(modality)
     if spec is None or spec.runner is None:
-        raise ValueError("the retrieval stages need the text modality's encoder")
-    return TextEmbedder(spec.front(settings, metrics, stage))
+        raise ValueError(f"the retrieval stages need the {modality} modality's encoder")
+    return Embedder(spec.front(settings, metrics, stage), modality)
 
 
 def _indexer(app: faust.App, settings: Settings, metrics: Metrics) -> None:
+    """Passages with the text encoder; images too where the deployment serves images."""
     from streams.stages.indexer import install_indexer
 
-    install_indexer(app, settings, metrics, text_embedder(settings, metrics, "index"))
+    embedders = {"text": embedder(settings, metrics, "index")}
+    if "image" in modalities.served(settings):
+        embedders["image"] = embedder(settings, metrics, "index", "image")
+    install_indexer(app, settings, metrics, embedders)
 
 
 def _retrieve(app: faust.App, settings: Settings, metrics: Metrics) -> None:
     from streams.stages.retrieve import install_retrieve
 
-    install_retrieve(app, settings, metrics, text_embedder(settings, metrics, "retrieve"))
+    install_retrieve(app, settings, metrics, embedder(settings, metrics, "retrieve"))
 
 
 def _installer(stage: str) -> Installer:

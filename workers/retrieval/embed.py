@@ -1,8 +1,10 @@
-"""Texts to unit vectors with the text encoder the pipeline serves: the same ``EncoderFront``
-an ``encode.text`` worker drives (same model, version, precision and preprocessing, and the
-same Redis reuse cache), called in this process. The indexing stage embeds documents with it
-and the retrieve stage embeds the question of a retrieval-augmented generate request, so a
-document, a query from the encoder pool and a RAG question share one vector space.
+"""Documents to unit vectors with an encoder the pipeline serves: the same ``EncoderFront``
+an ``encode.<modality>`` worker drives (same model, version, precision and preprocessing, and
+the same Redis reuse cache), called in this process. The indexing stage embeds passages with
+the text encoder's and images with the image encoder's; the retrieve stage embeds the
+question of a retrieval-augmented generate request with the text encoder's. So a document,
+a query from the encoder pool and a RAG question of one modality share one vector space,
+named by the encoder's ``identity``.
 
 Documents longer than the model's input are embedded from their first tokens only (MiniLM
 reads 128): the text the passage gives a prompt is the whole document all the same.
@@ -14,22 +16,33 @@ from typing import Any
 
 import numpy as np
 
+from schemas.documents import Document
 from schemas.jobs import EncodeJob
 from workers.outputs import Encoded, EncoderRunner, Prepared
 
 
-class TextEmbedder:
-    """``embed(texts, tenant)``: per text its float32 unit vector, or the exception that
-    refused it (one bad text never fails the others). Not thread-safe: one thread calls it."""
+class Embedder:
+    """``embed(items, tenant)``: per item (a text, or for the image encoder a ``Document``
+    with its image bytes or ref) its float32 unit vector, or the exception that refused it
+    (one bad item never fails the others). Not thread-safe: one thread calls it."""
 
-    def __init__(self, front: EncoderRunner) -> None:
+    def __init__(self, front: EncoderRunner, modality: str = "text") -> None:
         self.front = front
+        self.modality = modality
         self.identity: str = front.identity
         """name/version/precision/preprocessing: which vector space the outputs live in."""
 
-    def embed(self, texts: list[str], tenant: str) -> list[np.ndarray | Exception]:
-        jobs = [EncodeJob(id=f"embed-{i}", part=0, n_parts=1, modality="text", lane="bulk", tenant=tenant,
-                          deadline_at_ms=float("inf"), sent_at_ms=0.0, text=t) for i, t in enumerate(texts)]
+    def _job(self, i: int, item: str | Document, tenant: str) -> EncodeJob:
+        base = dict(id=f"embed-{i}", part=0, n_parts=1, modality=self.modality, lane="bulk", tenant=tenant,
+                    deadline_at_ms=float("inf"), sent_at_ms=0.0)
+        if isinstance(item, str):
+            return EncodeJob(**base, text=item)
+        if self.modality == "text":
+            return EncodeJob(**base, text=item.text)
+        return EncodeJob(**base, data=item.image, ref=item.ref, mime=item.mime)
+
+    def embed(self, items: list[str] | list[Document], tenant: str) -> list[np.ndarray | Exception]:
+        jobs = [self._job(i, t, tenant) for i, t in enumerate(items)]
         items = self.front.prepare_many(jobs)
         todo = [i for i, it in enumerate(items) if isinstance(it, Prepared)]
         out: list[Any] = list(items)

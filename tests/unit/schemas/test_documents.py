@@ -28,6 +28,26 @@ def test_a_document_decodes_from_msgpack_or_json_and_every_bound_names_its_field
         assert err.value.field == field, raw
 
 
+def test_an_image_document_carries_bytes_or_a_claim_check_and_a_known_mime():
+    doc = decode_document(msgpack.packb({"image": b"\xff\xd8jpeg", "mime": "image/jpeg", "meta": {"a": 1}}), 100, 4)
+    assert doc.modality == "image" and doc.image == b"\xff\xd8jpeg" and doc.text == "" and doc.meta == {"a": 1}
+    ref = decode_document(msgpack.packb({"ref": "redis:mm:claim:acme:x", "mime": "image/png", "text": "cap"}), 100, 4)
+    assert ref.modality == "image" and ref.ref == "redis:mm:claim:acme:x" and ref.text == "cap"
+    assert decode_document(msgpack.packb(doc.to_wire()), 100, 4) == doc
+    assert decode_document(msgpack.packb({"text": "plain"}), 100, 4).modality == "text"
+    cases = {
+        msgpack.packb({"image": b"x", "mime": "video/x-mm-jpeg-frames"}): "mime",  # internal types are not documents
+        msgpack.packb({"image": b"x"}): "mime", msgpack.packb({"image": "x", "mime": "image/png"}): "image",
+        msgpack.packb({"image": b"x", "ref": "redis:k", "mime": "image/png"}): "ref",
+        msgpack.packb({"ref": "file:///etc/passwd", "mime": "image/png"}): "ref",
+        msgpack.packb({"image": b"x", "mime": "image/png", "text": "x" * 101}): "text",
+    }
+    for raw, field in cases.items():
+        with pytest.raises(WireError) as err:
+            decode_document(raw, 100, 4)
+        assert err.value.field == field, raw
+
+
 def test_document_ids_are_bounded_printable_utf8():
     assert doc_id_of("ünïcode-1".encode()) == "ünïcode-1"
     for bad in (None, b"", b"\xff", b"a\nb", b"x" * 257):

@@ -7,7 +7,7 @@ import pytest
 
 from schemas.documents import VectorRecord, vector_key
 from schemas.tensor import to_wire
-from streams.cores.retrieval import CoreLimits, RetrievalCore, UnknownCollection
+from streams.cores.retrieval import CoreLimits, NotReady, RetrievalCore, UnknownCollection, _space_dir
 
 MODEL = "m/1/int8/p1"
 DIM = 16
@@ -79,14 +79,19 @@ def test_a_tenant_never_reaches_another_tenants_collection(core):
     assert [h.doc_id for h in core.search("acme", "kb", vec(1), 5).hits] == ["mine"]
 
 
-def test_records_of_another_model_malformed_ones_and_past_the_bounds_are_counted_and_skipped(core):
+def test_records_of_another_model_go_to_their_own_space_and_malformed_ones_and_past_the_bounds_are_skipped(core):
     feed = Feed(core)
-    feed.put("d", vec(1), model="m/2/int8/p1")
+    feed.put("d", vec(1), tenant="t2", model="m/2/int8/p1")
+    assert core.has("t2", "kb", "m/2/int8/p1") and not core.has("t2", "kb")
+    with pytest.raises(UnknownCollection):  # a query of the default space never sees another's vectors
+        core.search("t2", "kb", vec(1), 1)
+    assert core.search("t2", "kb", vec(1), 1, space="m/2/int8/p1").hits[0].doc_id == "d"
     feed.raw(b"not a key", {"x": 1})
     feed.raw(vector_key("acme", "kb", MODEL, "d"), {"v": 1, "type": "vector"})
     rec = VectorRecord(tenant="forged", collection="kb", doc="d", model=MODEL, vector=to_wire(vec(1)), text="")
     feed.raw(vector_key("acme", "kb", MODEL, "d"), rec.to_wire())  # value and key disagree
-    assert core.skipped["other_model"] == 1 and core.skipped["malformed"] == 3 and not core.collections
+    feed.raw(vector_key("acme", "kb", MODEL, "\x00ready:0"), {"ready": [3, 2]})  # a marker past its partitions
+    assert core.skipped["malformed"] == 4 and not core.has("acme", "kb")
     feed.put("a", vec(1), coll="c1")
     feed.put("b", vec(1), coll="c2")
     feed.put("c", vec(1), coll="c3")  # a third collection of the tenant: over max_collections
@@ -106,19 +111,23 @@ def test_a_snapshot_restores_every_collection_and_the_position(core, tmp_path):
     feed.put("late", vec(99))  # after the snapshot: replayed from the topic
     back = RetrievalCore(MODEL)
     assert back.restore(tmp_path)
-    assert back.position == {0: 12} and set(back.collections) == {("acme", "kb"), ("acme", "other")}
+    assert back.position == {0: 12} and set(back.collections) == {("acme", "kb", MODEL), ("acme", "other", MODEL)}
     a = back.search("acme", "kb", vec(3), 1)
     assert a.hits[0].doc_id == "d3" and a.texts == ["text of d3"]
     # A second snapshot rewrites only what changed and drops what no manifest names.
     core.snapshot(tmp_path)
-    assert len(list((tmp_path / "acme" / "kb").iterdir())) == 1
+    assert len(list((tmp_path / "acme" / "kb").rglob("texts.json"))) == 1
 
 
 def test_a_damaged_or_foreign_snapshot_is_not_restored(core, tmp_path):
     feed = Feed(core)
     feed.put("d", vec(1))
     core.snapshot(tmp_path)
-    assert not RetrievalCore("another/model").restore(tmp_path)
+    manifest = tmp_path / "manifest.json"
+    good = manifest.read_text()
+    manifest.write_text(good.replace('"format": 2', '"format": 1'))  # one space per snapshot: not ours
+    assert not RetrievalCore(MODEL).restore(tmp_path)
+    manifest.write_text(good)
     for f in (tmp_path / "acme" / "kb").rglob("texts.json"):
         f.write_text("{")
     fresh = RetrievalCore(MODEL)
@@ -149,14 +158,14 @@ def test_a_forked_snapshot_holds_the_state_of_its_start_while_searches_and_updat
     back = RetrievalCore(MODEL)
     assert back.restore(tmp_path)
     assert back.position == {0: 12}  # the position of the fork's state: the topic replays the rest
-    assert "late" not in back.collections[("acme", "kb")].texts
+    assert "late" not in back.collections[("acme", "kb", MODEL)].texts
     assert back.search("acme", "kb", vec(3), 1).hits[0].doc_id == "d3"
     # The next snapshot writes the changes and drops the first one's folder.
     assert _finished(p2 := core.snapshot_begin(tmp_path)) and core.snapshot_finish(p2) and not core.dirty
     again = RetrievalCore(MODEL)
     assert again.restore(tmp_path) and again.position == {0: feed.offset}
     assert again.search("acme", "kb", vec(99), 1).hits[0].doc_id == "late"
-    assert len(list((tmp_path / "acme" / "kb").iterdir())) == 1
+    assert len(list((tmp_path / "acme" / "kb").rglob("texts.json"))) == 1
 
 
 def test_a_failed_snapshot_writer_leaves_the_last_whole_snapshot_and_the_collections_dirty(core, tmp_path,
@@ -175,13 +184,73 @@ def test_a_failed_snapshot_writer_leaves_the_last_whole_snapshot_and_the_collect
     assert _finished(pending) is False and not core.snapshot_finish(pending)
     assert core.dirty
     back = RetrievalCore(MODEL)
-    assert back.restore(tmp_path) and back.position == {0: 1} and len(back.collections[("acme", "kb")].index) == 1
+    assert back.restore(tmp_path) and back.position == {0: 1} and len(back.collections[("acme", "kb", MODEL)].index) == 1
 
 
 def test_a_snapshot_removes_folders_its_manifest_does_not_name(core, tmp_path):
     feed = Feed(core)
     feed.put("d0", vec(0))
-    stale = tmp_path / "acme" / "kb" / "left-by-a-killed-writer"
+    stale = tmp_path / "acme" / "kb" / _space_dir(MODEL) / "left-by-a-killed-writer"
     stale.mkdir(parents=True)
     core.snapshot(tmp_path)
-    assert not stale.exists() and len(list((tmp_path / "acme" / "kb").iterdir())) == 1
+    assert not stale.exists() and len(list((tmp_path / "acme" / "kb" / _space_dir(MODEL)).iterdir())) == 1
+
+
+IMAGE = "img/1/int8/p1"
+NEW = "m/2/int8/p1"
+
+
+def ready(feed: Feed, model: str, partitions: int = 2, coll: str = "kb") -> None:
+    for p in range(partitions):
+        feed.raw(vector_key("acme", coll, model, f"\x00ready:{p}"), {"ready": [p, partitions]})
+
+
+def test_passages_and_images_of_one_collection_are_searched_by_queries_of_their_own_space(core):
+    feed = Feed(core)
+    feed.put("passage", vec(1))
+    feed.put("photo", vec(1), model=IMAGE, text="a caption")
+    assert [h.doc_id for h in core.search("acme", "kb", vec(1), 5).hits] == ["passage"]
+    got = core.search("acme", "kb", vec(1), 5, space=IMAGE)
+    assert [h.doc_id for h in got.hits] == ["photo"] and got.texts == ["a caption"]
+    assert core.spaces("acme", "kb") == sorted([MODEL, IMAGE])
+
+
+def test_a_new_model_space_answers_only_once_it_holds_the_whole_collection_and_the_old_one_answers_meanwhile():
+    core = RetrievalCore(MODEL, CoreLimits(reuse_entries=0, retire_after_s=100.0))
+    feed = Feed(core)
+    for i in range(6):
+        feed.put(f"d{i}", vec(i))
+    ready(feed, MODEL)
+    for i in range(3):  # the new model's indexer is half-way through the collection
+        feed.put(f"d{i}", vec(i + 100), model=NEW)
+    assert core.search("acme", "kb", vec(4), 1).hits[0].doc_id == "d4"  # the old space answers
+    with pytest.raises(NotReady):
+        core.search("acme", "kb", vec(101), 1, space=NEW)
+    ready(feed, NEW, partitions=2)
+    ready(feed, NEW, partitions=2)  # markers repeat after a restart: harmless
+    with pytest.raises(NotReady):  # one partition marked is not the collection
+        feed.raw(vector_key("acme", "kb", "m/3/int8/p1", "\x00ready:0"), {"ready": [0, 2]})
+        feed.put("d0", vec(7), model="m/3/int8/p1")
+        core.search("acme", "kb", vec(7), 1, space="m/3/int8/p1")
+    assert core.search("acme", "kb", vec(101), 1, space=NEW).hits[0].doc_id == "d1"
+    # The old space is dropped once the new one has been ready, and it unsearched, for retire_after_s.
+    r = core.readiness[("acme", "kb", NEW)]
+    assert core.retire(r.at + 50) == []
+    core.collections[("acme", "kb", MODEL)].searched_at = 0.0
+    building = core.collections[("acme", "kb", "m/3/int8/p1")]
+    building.updated_at = r.at + 90  # a re-embed still going: kept
+    assert core.retire(r.at + 100) == [("acme", "kb", MODEL)]
+    assert not core.has("acme", "kb") and core.has("acme", "kb", NEW)
+    assert core.retire(r.at + 190) == [("acme", "kb", "m/3/int8/p1")]  # given up: gone after retire_after_s
+
+
+def test_readiness_survives_a_snapshot(core, tmp_path):
+    feed = Feed(core)
+    feed.put("d", vec(1))
+    ready(feed, MODEL)
+    feed.put("d", vec(2), model=NEW)
+    core.snapshot(tmp_path)
+    back = RetrievalCore(MODEL)
+    assert back.restore(tmp_path) and back.ready("acme", "kb", MODEL) and not back.ready("acme", "kb", NEW)
+    with pytest.raises(NotReady):
+        back.search("acme", "kb", vec(2), 1, space=NEW)

@@ -1,0 +1,141 @@
+"""Retrieval across vector spaces, on the real broker, Redis and models: image documents (inline
+and by claim check) are indexed with the image encoder and found by image queries, and a text
+model change re-embeds every collection in the background while the old index answers, then
+the new one answers once it holds the whole collection."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from schemas.request import Modality, Part
+from schemas.settings import Settings
+from mmstream.samples import photo
+from streams.sdk.client import Client
+from streams.topics import collection_spec, ensure_topics
+from tests.integration.conftest import start_pipeline
+
+pytestmark = pytest.mark.integration
+
+TEXT_MODEL = "all-minilm-l6-v2"
+
+
+def _repository_copy(source: Path, into: Path) -> Path:
+    """A model repository of links to ``source``'s built models (so a test can add a version
+    without touching the shared one)."""
+    into.mkdir(parents=True)
+    for model in source.iterdir():
+        if model.is_dir():
+            (into / model.name).mkdir()
+            for version in model.iterdir():
+                (into / model.name / version.name).symlink_to(version.resolve(), target_is_directory=True)
+    return into
+
+
+def _new_version(repo: Path, name: str) -> str:
+    """The newest version of ``name`` again as the next version number (same weights, another
+    identity: what a model change looks like to the pipeline)."""
+    versions = sorted((int(v.name) for v in (repo / name).iterdir() if v.name.isdigit()))
+    old, new = repo / name / str(versions[-1]), repo / name / str(versions[-1] + 1)
+    new.mkdir()
+    for f in old.iterdir():
+        if f.name != "config.json":
+            (new / f.name).symlink_to(f.resolve())
+    config = json.loads((old / "config.json").read_text())
+    config["version"] = str(versions[-1] + 1)
+    (new / "config.json").write_text(json.dumps(config))
+    return config["version"]
+
+
+@pytest.fixture(scope="module")
+def spaces_pipeline(infra: Settings, tmp_path_factory):
+    repo = _repository_copy(Path(infra.models.repository), tmp_path_factory.mktemp("spaces") / "models")
+    pipe = start_pipeline(infra, {"router": 1, "assembler": 1, "encode.text": 1, "encode.image": 1, "index": 1,
+                                  "retrieve": 1},
+                          MMSTREAM_MODELS_REPOSITORY=str(repo),
+                          MMSTREAM_ROUTER_SERVED_MODALITIES="text,image",
+                          MMSTREAM_ROUTER_TOPIC_CACHE_S="1",
+                          MMSTREAM_ADMISSION_MAX_QUEUED_MS_RT="60000")
+    k = pipe.settings.kafka
+    asyncio.run(ensure_topics(k.bootstrap, [collection_spec(k, "default", "album"),
+                                             collection_spec(k, "default", "notes")]))
+    pipe.repo = repo  # type: ignore[attr-defined]
+    yield pipe
+    pipe.supervisor.stop()
+
+
+async def _ask(client: Client, collection: str, query: str | Part, k: int = 3) -> dict:
+    sub = await client.retrieve(collection, query, k=k, deadline_ms=30_000)
+    ev = await sub.result(timeout_s=60)
+    return {"kind": ev.kind, "payload": ev.payload or {}, "error": ev.error or {}}
+
+
+async def _until(client: Client, collection: str, query: str | Part, ok, timeout_s: float = 120.0) -> dict:
+    end = time.monotonic() + timeout_s
+    while True:
+        answer = await _ask(client, collection, query)
+        if ok(answer) or time.monotonic() > end:
+            return answer
+        await asyncio.sleep(0.5)
+
+
+def _ids(answer: dict) -> list[str]:
+    return [h["id"] for h in answer["payload"].get("hits", [])]
+
+
+async def test_image_documents_inline_and_by_claim_check_are_found_by_image_queries(spaces_pipeline):
+    r = redis.Redis.from_url(spaces_pipeline.settings.redis.url)
+    r.set("mm:claim:default:album-rocket", photo("rocket"), ex=600)
+    async with Client(spaces_pipeline.bootstrap, spaces_pipeline.prefix) as client:
+        await client.put_image("album", "chelsea", photo("chelsea"), caption="a cat", meta={"kind": "pet"})
+        await client.put_image("album", "coffee", photo("coffee"), caption="a cup of coffee", meta={"kind": "pet"})
+        await client.put_image("album", "rocket", ref="redis:mm:claim:default:album-rocket", caption="a rocket")
+        await client.put_document("album", "note", "A passage about cars and engines.")
+        query = Part(Modality.IMAGE, data=photo("rocket"), mime="image/jpeg")
+        found = await _until(client, "album", query, lambda a: len(_ids(a)) == 3)
+        assert found["kind"] == "result", found
+        assert _ids(found)[0] == "rocket" and found["payload"]["hits"][0]["text"] == "a rocket"
+        assert found["payload"]["hits"][0]["score"] > 0.99  # the same photo: the same vector
+        assert "note" not in _ids(found)  # a passage lives in the text space
+        assert found["payload"]["index"]["model"].startswith("efficientnet")
+        text = await _until(client, "album", "engines", lambda a: bool(_ids(a)))
+        assert _ids(text) == ["note"] and text["payload"]["index"]["model"].startswith(TEXT_MODEL)
+        # A ref outside the tenant's namespace is refused alone, the rest indexed.
+        await client.put_image("album", "stolen", ref="redis:mm:claim:other:secret")
+        await client.put_image("album", "coffee2", photo("coffee"), caption="the coffee again")
+        again = await _until(client, "album", Part(Modality.IMAGE, data=photo("coffee"), mime="image/jpeg"),
+                             lambda a: "coffee2" in _ids(a))
+        assert "coffee2" in _ids(again) and "stolen" not in _ids(again)
+
+
+async def test_a_text_model_change_re_embeds_in_the_background_while_the_old_index_answers(spaces_pipeline):
+    sup, repo = spaces_pipeline.supervisor, spaces_pipeline.repo
+    async with Client(spaces_pipeline.bootstrap, spaces_pipeline.prefix) as client:
+        for i in range(30):
+            await client.put_document("notes", f"n{i}", f"Note {i}: the meeting about topic {i % 5} moved.")
+        await client.put_document("notes", "volcano", "Volcanoes erupt molten rock called lava.")
+        old = await _until(client, "notes", "molten rock", lambda a: "volcano" in _ids(a))
+        old_model = old["payload"]["index"]["model"]
+        version = _new_version(repo, TEXT_MODEL)
+        # The indexing stage goes first: a new group re-embeds every collection into the new space.
+        sup.stop_one(next(w for w in sup.workers() if w.stage == "index" and w.alive))
+        sup.start({"index": 1})
+        during = await _ask(client, "notes", "molten rock")
+        assert during["kind"] == "result" and _ids(during)[0] == "volcano"  # the old index answers
+        assert during["payload"]["index"]["model"] == old_model
+        await asyncio.sleep(15)  # the re-embed ends and marks the collection ready in the new space
+        # Then the encoders: queries now come in the new space, and the new index answers them.
+        sup.stop_one(next(w for w in sup.workers() if w.stage == "encode.text" and w.alive))
+        sup.start({"encode.text": 1})
+        new = await _until(client, "notes", "molten rock",
+                           lambda a: a["payload"].get("index", {}).get("model", old_model) != old_model)
+        assert new["kind"] == "result", new
+        assert new["payload"]["index"]["model"] == old_model.replace(f"/{int(version) - 1}/", f"/{version}/")
+        assert _ids(new)[0] == "volcano" and new["payload"]["index"]["documents"] == 31
+    shutil.rmtree(repo / TEXT_MODEL / version)
