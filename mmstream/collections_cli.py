@@ -34,7 +34,9 @@ def add_parser(cmd: Callable[..., argparse.ArgumentParser], common: argparse.Arg
     p = action("put", help="add or replace documents")
     p.add_argument("name", metavar="NAME", help="the collection")
     p.add_argument("--id", help="the document's id (with --text)")
-    p.add_argument("--text", help="the document's text (with --id)")
+    p.add_argument("--text", help="the document's text (with --id); with --image, its caption")
+    p.add_argument("--image", type=Path, metavar="FILE", help="an image document (JPEG, PNG or WebP; with --id): "
+                   "found by image queries")
     p.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE", help="metadata (repeatable)")
     p.add_argument("--file", type=Path, metavar="JSONL", help="documents, one JSON map {id, text, meta} per line")
     d = action("delete", help="remove a document")
@@ -77,8 +79,8 @@ def run(args: argparse.Namespace, settings: Settings, client: Callable[..., Any]
 
 def _documents(args: argparse.Namespace, user_error: type[Exception]) -> list[dict[str, Any]]:
     if args.file is not None:
-        if args.id or args.text:
-            raise user_error("give --file or --id/--text, not both")
+        if args.id or args.text or args.image:
+            raise user_error("give --file or --id/--text/--image, not both")
         docs = []
         for n, line in enumerate(args.file.read_text(encoding="utf-8").splitlines(), 1):
             if not line.strip():
@@ -91,9 +93,18 @@ def _documents(args: argparse.Namespace, user_error: type[Exception]) -> list[di
                 raise user_error(f"{args.file}:{n}: a document is a map with a string id and text")
             docs.append(d)
         return docs
+    if args.image is not None:
+        mime = IMAGE_TYPES.get(args.image.suffix.lower())
+        if not args.id or mime is None:
+            raise user_error(f"give --id with --image, a file named {', '.join(sorted(IMAGE_TYPES))}")
+        return [{"id": args.id, "image": args.image.read_bytes(), "mime": mime, "text": args.text or "",
+                 "meta": _pairs(args.meta, user_error)}]
     if not (args.id and args.text):
-        raise user_error("give --id and --text (or --file)")
+        raise user_error("give --id and --text (or --image, or --file)")
     return [{"id": args.id, "text": args.text, "meta": _pairs(args.meta, user_error)}]
+
+
+IMAGE_TYPES = {".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png", ".webp": "image/webp"}
 
 
 def _pairs(items: list[str], user_error: type[Exception], many: bool = False) -> dict[str, Any]:
@@ -112,7 +123,10 @@ def _pairs(items: list[str], user_error: type[Exception], many: bool = False) ->
 async def _put(client: Any, name: str, docs: list[dict[str, Any]]) -> int:
     async with client:
         for d in docs:
-            await client.put_document(name, d["id"], d["text"], d.get("meta") or {})
+            if "image" in d:
+                await client.put_image(name, d["id"], d["image"], d["mime"], d["text"], d.get("meta") or {})
+            else:
+                await client.put_document(name, d["id"], d["text"], d.get("meta") or {})
     print(f"{len(docs)} document(s) written to {client.collection_topic(name)}", file=sys.stderr)
     return 0
 

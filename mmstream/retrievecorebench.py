@@ -176,7 +176,7 @@ class GilProbe:
 
 def snapshot_parts(core: RetrievalCore, directory: Path) -> dict[str, Any]:
     """The snapshot's wall time and, for its biggest parts, wall time and longest GIL hold."""
-    c = core.collections[(TENANT, COLLECTION)]
+    c = core.collections[(TENANT, COLLECTION, MODEL)]
     idx = c.index
     out: dict[str, Any] = {}
     c.dirty = True
@@ -251,7 +251,7 @@ def gc_section(core: RetrievalCore, queries: list[np.ndarray]) -> dict[str, Any]
 def breakdown_section(core: RetrievalCore, queries: list[np.ndarray], n: int = 1000) -> dict[str, Any]:
     """One search's parts: the graph walk alone (fetch 100 at ef 128, as a pooled search
     walks), the pooled search (walk + exact rescoring of the pool + hits), a cache lookup."""
-    c = core.collections[(TENANT, COLLECTION)]
+    c = core.collections[(TENANT, COLLECTION, MODEL)]
     idx, cache = c.index, core._cache()
     walk, pooled, lookup = [], [], []
     for q in queries[:n]:
@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     gc.collect()
     print(json.dumps({"build_s": report["build_s"]}), flush=True)
     queries = query_stream(held, args.queries, rng)
-    c = core.collections[(TENANT, COLLECTION)]
+    c = core.collections[(TENANT, COLLECTION, MODEL)]
     exact = [set(h.doc_id for h in c.index.exact_search(q, K)) for q in queries[:300]]
     got = [set(h.doc_id for h in c.index.search(q, K)) for q in queries[:300]]
     report["recall@10 vs exact (first 300 queries, no reuse)"] = round(

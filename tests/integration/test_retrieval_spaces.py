@@ -130,9 +130,11 @@ async def test_a_text_model_change_re_embeds_in_the_background_while_the_old_ind
         assert during["kind"] == "result" and _ids(during)[0] == "volcano"  # the old index answers
         assert during["payload"]["index"]["model"] == old_model
         await asyncio.sleep(15)  # the re-embed ends and marks the collection ready in the new space
-        # Then the encoders: queries now come in the new space, and the new index answers them.
-        sup.stop_one(next(w for w in sup.workers() if w.stage == "encode.text" and w.alive))
-        sup.start({"encode.text": 1})
+        # Then the stages that encode queries (the router runs a text encoder of its own,
+        # `router.colocate`): queries now come in the new space, and the new index answers them.
+        for stage in ("encode.text", "router"):
+            sup.stop_one(next(w for w in sup.workers() if w.stage == stage and w.alive))
+            sup.start({stage: 1})
         new = await _until(client, "notes", "molten rock",
                            lambda a: a["payload"].get("index", {}).get("model", old_model) != old_model)
         assert new["kind"] == "result", new
