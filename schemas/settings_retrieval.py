@@ -43,8 +43,8 @@ class RetrievalSettings(Section):
         "documents' vectors from the snapshot's position instead of from the start.", ge=0.0
     )
     retire_after_s: float = setting(
-        3600.0, "After a model change, how long the previous model's index of a collection stays searchable once "
-        "the new one is ready (and as long as it is still searched).", ge=0)
+        3600.0, "After a model change, how long an index of a collection in a space no longer in use (another "
+        "version of the model is ready and searched) is kept in memory with neither a search nor a change.", ge=0)
     index_batch: int = setting(32, "Documents the indexing stage embeds in one engine call.", ge=1)
     passage_chars: int = setting(
         1_200, "Longest text of one passage put into a RAG prompt (characters; longer passages are cut at a word).",

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mmstream.chaos import checks, faults, timeline, traffic
+from mmstream.chaos import checks, faults, ingest, timeline, traffic
 from mmstream.chaos.infra import OwnKafka, OwnRedis, Toxiproxy, free_port, toxiproxy_binary
 from mmstream.chaos.scenario import Scenario
 from mmstream.supervisor import Supervisor
@@ -30,7 +30,7 @@ from schemas.settings import Settings
 from streams.sdk.client import Client, wait_until_serving
 from streams.connection import KafkaSecurity, client_kwargs
 from schemas.topics import TopicNames
-from streams.topics import ensure_topics, topic_specs
+from streams.topics import collection_spec, ensure_topics, topic_specs
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,8 @@ class ChaosResult:
     seconds: float = 0.0
     timeline: list[dict[str, Any]] = field(default_factory=list)
     """Per fault, where its seconds went (``timeline.breakdown``)."""
+    index: str = ""
+    """With ``documents``: what the check of the index against the collection topic found."""
 
     @property
     def ok(self) -> bool:
@@ -117,7 +119,9 @@ async def _run_pipeline(settings: Settings, env: dict[str, str], scenario: Scena
                         root: Path) -> ChaosResult:
     k = settings.kafka
     names = TopicNames(k.topic_prefix)
-    await ensure_topics(k.bootstrap, topic_specs(k), k.replication_factor)
+    docs = scenario.documents
+    await ensure_topics(k.bootstrap, topic_specs(k) + ([collection_spec(k, "default", docs.collection)] if docs else []),
+                        k.replication_factor)
     supervisor = Supervisor(settings, env)
     await asyncio.to_thread(supervisor.start, scenario.replicas)
     peaks: dict[str, float] = {}
@@ -155,14 +159,18 @@ async def _run_pipeline(settings: Settings, env: dict[str, str], scenario: Scena
                 fired.append((f.describe(), begin, time.monotonic()))
 
             fault_tasks = [asyncio.create_task(fire(f)) for f in scenario.faults]
+            writing = asyncio.create_task(ingest.write(client, docs, t0)) if docs else None
             sent = await traffic.send_all(client, scenario, media, t0)
             await asyncio.gather(*fault_tasks)
             await traffic.follow(sent, scenario.drain_s)
+            index_violations, index_found = (await ingest.check(client, docs, await writing, scenario.drain_s)
+                                             if docs and writing else ([], ""))
         await asyncio.sleep(SETTLE_S)
         ids = [s.id for s in sent if s.sub is not None]
         wire = await checks.read_wire(k.bootstrap, names.results, set(ids))
         violations, lost, duplicated = checks.wire_violations(wire, ids, scenario.errors)
         violations += [line for line in done_lines if line.startswith("FAILED")]
+        violations += index_violations
         lag = await checks.wait_lag_drained(k.bootstrap, k.topic_prefix, 60, client_kwargs(settings))
         if any(lag.values()):
             violations.append(f"lag not drained: {lag}")
@@ -183,7 +191,7 @@ async def _run_pipeline(settings: Settings, env: dict[str, str], scenario: Scena
             outcomes[key] = outcomes.get(key, 0) + 1
         return ChaosResult(scenario.name, len(ids), [f.describe() for f in scenario.faults], lost, duplicated, p99,
                            recover, outcomes, lag, state, dlq, {w: round(mb) for w, mb in peaks.items()},
-                           violations, round(time.monotonic() - started, 1), where)
+                           violations, round(time.monotonic() - started, 1), where, index_found)
     finally:
         stop_sampling.set()
         await sampler

@@ -8,7 +8,11 @@ the file is a ``ScenarioError`` naming the field.
      "traffic": {"seconds": 40, "rate": 4, "mix": {"text": 4, "image": 2, "generate": 1},
                  "bulk_share": 0.3, "deadline_ms": 120000, "max_tokens": 8, "seed": 1},
      "faults": [{"at_s": 5, "action": "kill", "stage": "assembler", "replica": 0, "restart_after_s": 2}],
-     "expect": {"dlq": 0, "rss_mb": 2000, "errors": ["deadline_exceeded"], "drain_s": 120}}
+     "expect": {"dlq": 0, "rss_mb": 2000, "errors": ["deadline_exceeded"], "drain_s": 120},
+     "documents": {"collection": "kb", "count": 60, "rate": 6}}
+
+``documents`` (optional): passages written to a collection during the run, and afterwards the
+check that the retrieve stage's index equals the topic (``ingest.py``).
 
 Fault actions (``faults.py`` carries them out): ``kill`` / ``term`` (a stage replica, started
 again after ``restart_after_s``), ``stall`` (SIGSTOP for ``for_s``, then SIGCONT),
@@ -25,6 +29,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from mmstream.chaos.ingest import Ingest
 
 KINDS = ("text", "image", "video", "audio", "generate")
 ACTIONS = {
@@ -84,6 +90,7 @@ class Scenario:
     drain_s: float
     ci: bool
     """Short enough for `make test` (tests/integration/test_chaos.py)."""
+    documents: Ingest | None = None
 
 
 def load(path: Path) -> Scenario:
@@ -137,6 +144,12 @@ def parse(raw: dict[str, Any], where: str = "scenario") -> Scenario:
             raise ScenarioError(f"{where}: {f.action} needs infra.proxy true")
     if proxy and (broker != "own" or redis != "own"):
         raise ScenarioError(f"{where}: infra.proxy needs infra.broker own and infra.redis own")
+    documents = None
+    if raw.get("documents") is not None:
+        try:
+            documents = Ingest.parse(need(raw, "documents", dict, ""), int(traffic.get("seed", 1)))
+        except (ValueError, TypeError) as exc:
+            raise ScenarioError(f"{where}: {exc}") from None
     return Scenario(
         name=need(raw, "name", str, ""), about=raw.get("about", ""),
         replicas={str(k): int(v) for k, v in need(pipeline, "replicas", dict, "pipeline.").items()},
@@ -147,5 +160,5 @@ def parse(raw: dict[str, Any], where: str = "scenario") -> Scenario:
         max_tokens=int(traffic.get("max_tokens", 8)), seed=int(traffic.get("seed", 1)),
         faults=tuple(sorted(faults, key=lambda f: f.at_s)), dlq=int(expect.get("dlq", 0)),
         rss_mb=float(expect.get("rss_mb", 2000)), errors=tuple(expect.get("errors", ())),
-        drain_s=float(expect.get("drain_s", 180)), ci=bool(raw.get("ci", False)),
+        drain_s=float(expect.get("drain_s", 180)), ci=bool(raw.get("ci", False)), documents=documents,
     )

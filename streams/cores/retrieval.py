@@ -17,9 +17,9 @@ vector records and asks it questions; tests drive it alone.
   partition of the collection once it has caught up with it (``schemas.documents``). Until
   a space is ready, a query in it is refused (``NotReady``, retriable) where another space
   of the collection is ready, rather than answered from part of the collection; queries in
-  the old space go on being answered by the old index. ``retire(now)`` drops a space of a
-  model once a newer space of the same model name has been ready for ``retire_after_s``
-  and the old one has not been searched for as long.
+  the old space go on being answered by the old index. ``retire(now)`` drops the spaces of
+  a model that are not the one in use once they have been neither searched nor changed for
+  ``retire_after_s``.
 - ``snapshot(directory)`` / ``restore(directory)``: every changed collection's index and
   passage texts, then a manifest naming each collection's snapshot and the topic position
   they all reflect (written last, atomically): a restart restores them and reads the topic
@@ -256,30 +256,28 @@ class RetrievalCore:
         return Answer(hits, [c.texts.get(h.doc_id, "") for h in hits], reused, len(c.index), c.epoch, space)
 
     def retire(self, now: float) -> list[Key]:
-        """Drop each space that a newer ready space of the same model name has replaced for
-        ``retire_after_s``, unless it was searched since then, and each never-ready space of a
-        ready collection that has not changed for as long (a re-embed given up); returns what
-        was dropped. A space still being built is kept."""
+        """Among a collection's spaces of one model name (its versions, precisions), once one
+        is ready: keep the one in use (the most recently searched ready space; with none
+        searched, the highest version) and drop every other that has been neither searched
+        nor changed for ``retire_after_s`` (a replaced version, or a re-embed given up).
+        Returns what was dropped. A space still being built changes, and is kept."""
         after = self.limits.retire_after_s
+        groups: dict[tuple[str, str, str], list[Key]] = {}
+        for key in self.collections:
+            groups.setdefault((key[0], key[1], _model_name(key[2])), []).append(key)
         dropped = []
-        for key in list(self.collections):
-            t, n, m = key
-            c, mine = self.collections[key], self._ready_at(key)
-            newer = [r.at for (t2, n2, m2), r in self.readiness.items()
-                     if (t2, n2) == (t, n) and m2 != m and r.ready and _model_name(m2) == _model_name(m)
-                     and r.at > mine]
-            if not newer:
+        for keys in groups.values():
+            ready = [k for k in keys if self.ready(*k)]
+            if len(keys) < 2 or not ready:
                 continue
-            since = min(newer) if mine else max(min(newer), c.updated_at)
-            if now - since >= after and now - c.searched_at >= after:
-                del self.collections[key]
-                self.readiness.pop(key, None)
-                dropped.append(key)
+            current = max(ready, key=lambda k: (self.collections[k].searched_at, _version(k[2]), k[2]))
+            for key in keys:
+                c = self.collections[key]
+                if key != current and now - max(c.searched_at, c.updated_at) >= after:
+                    del self.collections[key]
+                    self.readiness.pop(key, None)
+                    dropped.append(key)
         return dropped
-
-    def _ready_at(self, key: Key) -> float:
-        r = self.readiness.get(key)
-        return r.at if r is not None and r.ready else 0.0
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -384,7 +382,7 @@ class RetrievalCore:
                 log.warning("retrieval: the snapshot of %s/%s is not whole; rebuilding every index from the topic", t, n)
                 return False
             restored[(t, n, model)] = Collection(got[0], dict(texts["texts"]), self._cache(), dirty=False,
-                                                 snapshot_id=sid)
+                                                 snapshot_id=sid, updated_at=time.time())
         self.collections = restored
         self.readiness = {(t, n, mo): Readiness(parts, set(seen), at) for t, n, mo, seen, parts, at in m.get("ready", [])}
         self.position = {int(p): int(o) for p, o in m.get("position", {}).items()}
@@ -451,6 +449,11 @@ def _space_dir(model: str) -> str:
 
 def _model_name(identity: str) -> str:
     return identity.split("/", 1)[0]
+
+
+def _version(identity: str) -> int:
+    parts = identity.split("/")
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else -1
 
 
 def _die_with(parent: int) -> None:

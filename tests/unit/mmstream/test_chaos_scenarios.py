@@ -77,3 +77,19 @@ def test_a_fault_scenario_with_generate_traffic_checks_faults_not_admission(path
     bound = int(s.env.get("MMSTREAM_GENERATOR_TTFT_BOUND_MS", "1000"))
     assert bound == 0 or bound >= 10_000, \
         f"{path.name}: generate traffic, no overloaded allowed, and the TTFT bound left at its 1 s default"
+
+
+def test_documents_of_a_scenario_end_as_the_compacted_topic_would_hold_them() -> None:
+    from mmstream.chaos.ingest import Ingest, live, plan
+
+    spec = Ingest("kb", 60, 6.0, seed=3)
+    ops = plan(spec)
+    assert plan(spec) == ops and len(ops) == 60 + 20 + 20  # puts, a third rewritten, a third deleted
+    want = live(ops)
+    deleted = {d for d, text in ops if text is None}
+    assert len(want) == 40 and not deleted & set(want)
+    assert sum(t.startswith("Rewritten") for t in want.values()) == 20
+    assert live([("a", "x"), ("a", None), ("a", "y")]) == {"a": "y"}  # put again after a delete: live
+    with pytest.raises(ScenarioError):
+        parse({"name": "x", "pipeline": {"replicas": {}}, "traffic": {"seconds": 1, "rate": 1, "mix": {"text": 1}},
+               "documents": {"count": 200}})

@@ -233,15 +233,29 @@ def test_a_new_model_space_answers_only_once_it_holds_the_whole_collection_and_t
         feed.put("d0", vec(7), model="m/3/int8/p1")
         core.search("acme", "kb", vec(7), 1, space="m/3/int8/p1")
     assert core.search("acme", "kb", vec(101), 1, space=NEW).hits[0].doc_id == "d1"
-    # The old space is dropped once the new one has been ready, and it unsearched, for retire_after_s.
-    r = core.readiness[("acme", "kb", NEW)]
-    assert core.retire(r.at + 50) == []
-    core.collections[("acme", "kb", MODEL)].searched_at = 0.0
-    building = core.collections[("acme", "kb", "m/3/int8/p1")]
-    building.updated_at = r.at + 90  # a re-embed still going: kept
-    assert core.retire(r.at + 100) == [("acme", "kb", MODEL)]
+    # The old space is dropped once it has been neither searched nor changed for retire_after_s,
+    # the one in use (searched last) kept, and a re-embed still going kept too.
+    now = core.collections[("acme", "kb", NEW)].searched_at
+    for key, c in core.collections.items():
+        c.updated_at = now
+    assert core.retire(now + 50) == []
+    core.collections[("acme", "kb", "m/3/int8/p1")].updated_at = now + 90  # still being written
+    assert core.retire(now + 100) == [("acme", "kb", MODEL)]
     assert not core.has("acme", "kb") and core.has("acme", "kb", NEW)
-    assert core.retire(r.at + 190) == [("acme", "kb", "m/3/int8/p1")]  # given up: gone after retire_after_s
+    assert core.retire(now + 190) == [("acme", "kb", "m/3/int8/p1")]  # given up
+    assert core.retire(now + 10_000) == [] and core.has("acme", "kb", NEW)  # the one in use stays
+
+
+def test_with_no_search_the_highest_version_is_the_one_kept():
+    core = RetrievalCore(MODEL, CoreLimits(retire_after_s=10.0))
+    feed = Feed(core)
+    feed.put("d", vec(1), model=NEW)  # replayed in any order after a restart
+    ready(feed, NEW)
+    feed.put("d", vec(1))
+    ready(feed, MODEL)
+    later = max(c.updated_at for c in core.collections.values()) + 10
+    assert core.retire(later) == [("acme", "kb", MODEL)]
+    assert core.has("acme", "kb", NEW)
 
 
 def test_readiness_survives_a_snapshot(core, tmp_path):
