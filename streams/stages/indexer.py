@@ -10,9 +10,10 @@ tombstone becomes a tombstone there (in every space it serves: a document's moda
 have changed). Its input is committed only after the vectors are with the broker, so a crash
 repeats documents (an upsert of the same vector: harmless) and never loses one.
 
-When a poll finds nothing new, every partition of a collection it has caught up with for the
-first time in this process gets a ready marker per space (``schemas.documents.ready_key``):
-what tells the retrieve stage that a space holds the whole collection.
+Each partition of a collection it has caught up with (after a batch, or when a poll finds
+nothing new) for the first time in this process gets a ready marker per space
+(``schemas.documents.ready_key``): what tells the retrieve stage that a space holds the whole
+collection.
 
 A document it cannot index (a bad key, undecodable, over ``retrieval.max_doc_chars``) is
 dead-lettered alone with its stable code: a collection has no reply topic to answer on.
@@ -132,6 +133,7 @@ class IndexerStage(RecordStage):
             self.io.deliver(outs, done)
         elif done:
             self.io.finish(done)
+        await self._mark({TopicPartition(r.topic, r.partition) for r in records})
 
     async def _embed(self, todo: list[tuple[ConsumerRecord, str | None, Any]]) -> dict[int, Any]:
         """id(record) -> its document's unit vector or the exception that refused it."""
@@ -144,18 +146,27 @@ class IndexerStage(RecordStage):
         return out
 
     async def idle(self) -> None:
-        """Nothing new in this poll: a ready marker, per space, for each partition caught up with
-        for the first time in this process (its documents' vectors went out before it)."""
+        """Nothing new in this poll: every assigned partition may be caught up with."""
+        if self.io.consumer is not None:
+            await self._mark(self.io.consumer.assignment())
+
+    async def _mark(self, tps: Any) -> None:
+        """A ready marker, per space, for each of ``tps`` caught up with (its position at the
+        last fetch's high watermark) for the first time in this process; its documents'
+        vectors were handed to the producer before it."""
         consumer = self.io.consumer
         if consumer is None:
             return
         outs: list[Out] = []
-        for tp in consumer.assignment():
+        for tp in tps:
             if (tp.topic, tp.partition) in self.marked:
                 continue
             where = self.names.parse_docs(tp.topic)
-            high = consumer.highwater(tp)
-            if where is None or high is None or await consumer.position(tp) < high:
+            try:
+                high = consumer.highwater(tp)
+                if where is None or high is None or await consumer.position(tp) < high:
+                    continue
+            except Exception:  # noqa: BLE001 - revoked meanwhile: its next owner marks it
                 continue
             partitions = len(consumer.partitions_for_topic(tp.topic) or ())
             if partitions == 0:
