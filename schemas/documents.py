@@ -82,9 +82,11 @@ def ready_key(tenant: str, collection: str, model: str, partition: int) -> bytes
     return vector_key(tenant, collection, model, f"{READY_PREFIX}{partition}")
 
 
-def decode_document(value: bytes, max_chars: int, max_meta_keys: int) -> Document:
+def decode_document(value: bytes, max_chars: int, max_meta_keys: int,
+                    max_image_bytes: int = 4 * 1024 * 1024) -> Document:
     """A document from a record value (msgpack, or JSON when it starts with ``{``); every
-    bound checked, the field named in the ``WireError``."""
+    bound checked, the field named in the ``WireError``. ``max_image_bytes`` bounds inline
+    image bytes here; a ref's stored bytes are bounded where they are read."""
     try:
         obj = json.loads(value) if value[:1] == b"{" else msgpack.unpackb(value, raw=False, strict_map_key=True)
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, RecursionError) as exc:
@@ -96,6 +98,9 @@ def decode_document(value: bytes, max_chars: int, max_meta_keys: int) -> Documen
         raise WireError(ErrorCode.INVALID_REQUEST, f"document version {obj.get('v')!r} is not supported "
                         f"(v{VERSION})", "v")
     image, ref, mime = _image_of(obj)
+    if image is not None and len(image) > max_image_bytes:
+        raise WireError(ErrorCode.PAYLOAD_TOO_LARGE, f"the image is {len(image)} bytes; the limit is {max_image_bytes}",
+                        "image")
     text = obj.get("text", "" if image is not None or ref is not None else None)
     if not isinstance(text, str) or (image is None and ref is None and not text.strip()):
         raise WireError(ErrorCode.INVALID_REQUEST, "a document needs a non-empty text, or an image", "text")

@@ -22,6 +22,10 @@ class RetrievalSettings(Section):
     max_doc_chars: int = setting(
         8_000, "Longest document text indexed (characters); longer ones are dead-lettered, never cut silently.", ge=1
     )
+    max_doc_image_bytes: int = setting(
+        4 * 1024 * 1024, "Largest image document, inline or by ref (a ref is read at most this far, and refused past "
+        "it); the indexing stage holds at most index_image_batch of them at once.", ge=1024)
+    index_image_batch: int = setting(8, "Image documents the indexing stage embeds in one engine call.", ge=1)
     max_meta_keys: int = setting(16, "Most metadata keys of one document (scalar values only).", ge=0)
     max_where_keys: int = setting(8, "Most keys of one retrieve request's metadata filter.", ge=0)
     reuse_threshold: float = setting(

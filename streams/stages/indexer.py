@@ -97,7 +97,7 @@ class IndexerStage(RecordStage):
                 if last[(r.topic, r.key)] != i:
                     continue  # superseded: finished with the batch, never embedded
                 doc = None if r.value is None else decode_document(r.value, self.r.max_doc_chars,
-                                                                    self.r.max_meta_keys)
+                                                                    self.r.max_meta_keys, self.r.max_doc_image_bytes)
             except WireError as exc:
                 self._dead(r, f"{exc.code}: {exc.message}")
                 continue
@@ -138,7 +138,7 @@ class IndexerStage(RecordStage):
     async def _embed(self, todo: list[tuple[ConsumerRecord, str | None, Any]]) -> dict[int, Any]:
         """id(record) -> its document's unit vector or the exception that refused it."""
         out: dict[int, Any] = {}
-        for batch in _batches(todo, self.r.index_batch):
+        for batch in _batches(todo, {"text": self.r.index_batch, "image": self.r.index_image_batch}):
             doc: Document = batch[0][2][3]
             got = await asyncio.get_running_loop().run_in_executor(
                 self.executor, self.embedders[doc.modality].embed, [p[2][3] for p in batch], batch[0][2][0])
@@ -187,13 +187,18 @@ class IndexerStage(RecordStage):
         self.io.deliver([self.dlq(r, reason)], [r])
 
 
-def _batches(todo: list[Any], size: int) -> list[list[Any]]:
+def _batches(todo: list[Any], sizes: dict[str, int]) -> list[list[Any]]:
     """``todo`` (``(record, model, (tenant, ..., document))``) cut into engine calls of at most
-    ``size`` documents, each of one tenant (the reuse cache keys on the tenant) and modality."""
+    ``sizes[modality]`` documents, each of one tenant (the reuse cache keys on the tenant) and
+    modality: an image batch holds at most that many images' bytes."""
     by_tenant: dict[tuple[str, str], list[Any]] = {}
     for t in todo:
         by_tenant.setdefault((t[2][0], t[2][3].modality), []).append(t)
-    return [items[i:i + size] for items in by_tenant.values() for i in range(0, len(items), size)]
+    out = []
+    for (_, modality), items in by_tenant.items():
+        size = sizes.get(modality, 1)
+        out += [items[i:i + size] for i in range(0, len(items), size)]
+    return out
 
 
 def install_indexer(app: faust.App, settings: Settings, metrics: Metrics,

@@ -98,13 +98,14 @@ def _router(app: faust.App, settings: Settings, metrics: Metrics) -> None:
 
 def embedder(settings: Settings, metrics: Metrics, stage: str, modality: str = "text") -> Any:
     """The encoder ``encode.<modality>`` serves, in this process (same model, version,
-    cache): a ``workers.retrieval.embed.Embedder``."""
+    cache): a ``workers.retrieval.embed.Embedder`` (reading a document's ref at most
+    ``retrieval.max_doc_image_bytes`` far)."""
     from workers.retrieval.embed import Embedder
 
     spec = modalities.get(modality)
     if spec is None or spec.runner is None:
         raise ValueError(f"the retrieval stages need the {modality} modality's encoder")
-    return Embedder(spec.front(settings, metrics, stage), modality)
+    return Embedder(spec.front(settings, metrics, stage), modality, settings.retrieval.max_doc_image_bytes)
 
 
 def _indexer(app: faust.App, settings: Settings, metrics: Metrics) -> None:

@@ -17,6 +17,7 @@ import redis
 from schemas.request import Modality, Part
 from schemas.settings import Settings
 from mmstream.samples import photo
+from streams.observe.topic_reader import read_to_end
 from streams.sdk.client import Client
 from streams.topics import collection_spec, ensure_topics
 from tests.integration.conftest import start_pipeline
@@ -106,12 +107,19 @@ async def test_image_documents_inline_and_by_claim_check_are_found_by_image_quer
         assert found["payload"]["index"]["model"].startswith("efficientnet")
         text = await _until(client, "album", "engines", lambda a: bool(_ids(a)))
         assert _ids(text) == ["note"] and text["payload"]["index"]["model"].startswith(TEXT_MODEL)
-        # A ref outside the tenant's namespace is refused alone, the rest indexed.
+        # A ref outside the tenant's namespace, or past retrieval.max_doc_image_bytes, is
+        # refused alone (dead-lettered), and the rest indexed.
+        r.set("mm:claim:other:secret", photo("rocket"), ex=600)
+        r.set("mm:claim:default:huge", b"\x89PNG" + bytes(5 * 1024 * 1024), ex=600)
         await client.put_image("album", "stolen", ref="redis:mm:claim:other:secret")
+        await client.put_image("album", "huge", ref="redis:mm:claim:default:huge", mime="image/png")
         await client.put_image("album", "coffee2", photo("coffee"), caption="the coffee again")
         again = await _until(client, "album", Part(Modality.IMAGE, data=photo("coffee"), mime="image/jpeg"),
                              lambda a: "coffee2" in _ids(a))
-        assert "coffee2" in _ids(again) and "stolen" not in _ids(again)
+        assert "coffee2" in _ids(again) and not {"stolen", "huge"} & set(_ids(again))
+    letters = await read_to_end(spaces_pipeline.bootstrap, f"{spaces_pipeline.prefix}.dlq")
+    reasons = {r.key: dict(r.headers).get("x-mm-error", b"").decode() for r in letters}
+    assert reasons[b"stolen"].startswith("invalid_request") and reasons[b"huge"].startswith("payload_too_large")
 
 
 async def test_a_text_model_change_re_embeds_in_the_background_while_the_old_index_answers(spaces_pipeline):

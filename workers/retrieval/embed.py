@@ -26,9 +26,11 @@ class Embedder:
     with its image bytes or ref) its float32 unit vector, or the exception that refused it
     (one bad item never fails the others). Not thread-safe: one thread calls it."""
 
-    def __init__(self, front: EncoderRunner, modality: str = "text") -> None:
+    def __init__(self, front: EncoderRunner, modality: str = "text", max_ref_bytes: int | None = None) -> None:
         self.front = front
         self.modality = modality
+        self.max_ref_bytes = max_ref_bytes
+        """A ref is read at most this far, and refused past it (None: the claim resolver's own bound)."""
         self.identity: str = front.identity
         """name/version/precision/preprocessing: which vector space the outputs live in."""
 
@@ -39,7 +41,8 @@ class Embedder:
             return EncodeJob(**base, text=item)
         if self.modality == "text":
             return EncodeJob(**base, text=item.text)
-        return EncodeJob(**base, data=item.image, ref=item.ref, mime=item.mime)
+        return EncodeJob(**base, data=item.image, ref=item.ref, mime=item.mime,
+                         ref_bytes=self.max_ref_bytes if item.ref is not None else None)
 
     def embed(self, items: list[str] | list[Document], tenant: str) -> list[np.ndarray | Exception]:
         jobs = [self._job(i, t, tenant) for i, t in enumerate(items)]

@@ -41,10 +41,11 @@ def test_an_image_document_carries_bytes_or_a_claim_check_and_a_known_mime():
         msgpack.packb({"image": b"x", "ref": "redis:k", "mime": "image/png"}): "ref",
         msgpack.packb({"ref": "file:///etc/passwd", "mime": "image/png"}): "ref",
         msgpack.packb({"image": b"x", "mime": "image/png", "text": "x" * 101}): "text",
+        msgpack.packb({"image": b"x" * 2049, "mime": "image/png"}): "image",  # past max_image_bytes
     }
     for raw, field in cases.items():
         with pytest.raises(WireError) as err:
-            decode_document(raw, 100, 4)
+            decode_document(raw, 100, 4, max_image_bytes=2048)
         assert err.value.field == field, raw
 
 
