@@ -38,8 +38,10 @@ OFF_ENV = {
 def replicas(off: tuple[str, ...], workload: str) -> dict[str, int]:
     """One worker per stage the workload needs (the generic pool when routing is off)."""
     stages = {"router": 1, "assembler": 1}
-    if workload in ("retrieve", "rag"):  # queries embed on encode.text; the corpus through index
+    if workload in ("retrieve", "rag", "retrieve-images"):  # queries embed on encode.*; the corpus through index
         stages.update({"encode.text": 1, "index": 1, "retrieve": 1})
+        if workload == "retrieve-images":
+            stages["encode.image"] = 1
         if workload == "rag":
             stages["generate"] = 1
         return stages

@@ -65,7 +65,7 @@ def cli_main(args: Any, settings: Settings) -> int:
         return 2
     if cfg.workload == "fairness":
         return _fairness(args, settings, cfg)
-    if cfg.workload in ("retrieve", "rag"):
+    if cfg.workload in ("retrieve", "rag", "retrieve-images"):
         return _retrieval(args, settings, cfg)
     doc = asyncio.run(run_bench(settings, cfg))
     report.validate(doc)
@@ -93,8 +93,14 @@ def _fairness(args: Any, settings: Settings, cfg: BenchConfig) -> int:
 
 
 def _retrieval(args: Any, settings: Settings, cfg: BenchConfig) -> int:
-    """retrieve and rag (``bench.retrieval_run``): the JSON on stdout; exits 1 when a request was lost."""
-    doc = asyncio.run(run_retrieval(settings, cfg))
+    """retrieve and rag (``bench.retrieval_run``), retrieve-images (``bench.retrieval_images``):
+    the JSON on stdout; exits 1 when a request was lost."""
+    if cfg.workload == "retrieve-images":
+        from mmstream.bench.retrieval_images import run_image_retrieval
+
+        doc = asyncio.run(run_image_retrieval(settings, cfg))
+    else:
+        doc = asyncio.run(run_retrieval(settings, cfg))
     _emit(args, doc)
     return 0 if all(r["requests"]["lost"] == 0 for r in doc["runs"]) else 1
 

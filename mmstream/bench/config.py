@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 MODES = ("pipeline", "monolithic", "server")
-WORKLOADS = ("text", "mixed", "chat", "chat-mm", "capacity", "images", "audio", "fairness", "retrieve", "rag")
+WORKLOADS = ("text", "mixed", "chat", "chat-mm", "capacity", "images", "audio", "fairness", "retrieve", "rag",
+             "retrieve-images")
 SCHEDULERS = ("continuous", "static")
 LM_PRECISIONS = ("q4_1", "fp32", "int8")
 
