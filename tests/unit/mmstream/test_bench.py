@@ -315,3 +315,14 @@ def test_the_reuse_sweep_replays_queries_through_the_cache_against_a_real_index(
     near = got[(100, 0.99)]
     assert near["avoided"] == 0.5 and near["recall_plain"] > 0.9 and near["points"] > -5  # the 20 retypes answered
     assert got[(100, 0.999999)]["avoided"] == 0.0 and got[(100, 0.999999)]["points"] == 0.0
+
+
+def test_the_image_retrieval_workload_is_seeded_and_its_queries_are_not_documents():
+    from mmstream.bench.retrieval_images import PHOTOS, documents, queries
+
+    docs = documents(len(PHOTOS) * 2, seed=5)
+    assert docs == documents(len(PHOTOS) * 2, seed=5)
+    assert len({d for d, _, _ in docs}) == len(docs) and {name for _, name, _ in docs} == set(PHOTOS)
+    asked = queries(12, seed=6, repeat=0.5)
+    assert asked == queries(12, seed=6, repeat=0.5) and all(data[:2] == b"\xff\xd8" for _, data in asked)
+    assert not {data for _, data in asked} & {data for _, _, data in docs}
