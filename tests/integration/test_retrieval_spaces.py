@@ -6,7 +6,6 @@ the new one answers once it holds the whole collection."""
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ import redis
 
 from schemas.request import Modality, Part
 from schemas.settings import Settings
+from mmstream.bench.reembed import alias_version, linked_repository
 from mmstream.samples import photo
 from streams.observe.topic_reader import read_to_end
 from streams.sdk.client import Client
@@ -27,36 +27,9 @@ pytestmark = pytest.mark.integration
 TEXT_MODEL = "all-minilm-l6-v2"
 
 
-def _repository_copy(source: Path, into: Path) -> Path:
-    """A model repository of links to ``source``'s built models (so a test can add a version
-    without touching the shared one)."""
-    into.mkdir(parents=True)
-    for model in source.iterdir():
-        if model.is_dir():
-            (into / model.name).mkdir()
-            for version in model.iterdir():
-                (into / model.name / version.name).symlink_to(version.resolve(), target_is_directory=True)
-    return into
-
-
-def _new_version(repo: Path, name: str) -> str:
-    """The newest version of ``name`` again as the next version number (same weights, another
-    identity: what a model change looks like to the pipeline)."""
-    versions = sorted((int(v.name) for v in (repo / name).iterdir() if v.name.isdigit()))
-    old, new = repo / name / str(versions[-1]), repo / name / str(versions[-1] + 1)
-    new.mkdir()
-    for f in old.iterdir():
-        if f.name != "config.json":
-            (new / f.name).symlink_to(f.resolve())
-    config = json.loads((old / "config.json").read_text())
-    config["version"] = str(versions[-1] + 1)
-    (new / "config.json").write_text(json.dumps(config))
-    return config["version"]
-
-
 @pytest.fixture(scope="module")
 def spaces_pipeline(infra: Settings, tmp_path_factory):
-    repo = _repository_copy(Path(infra.models.repository), tmp_path_factory.mktemp("spaces") / "models")
+    repo = linked_repository(Path(infra.models.repository), tmp_path_factory.mktemp("spaces") / "models")
     pipe = start_pipeline(infra, {"router": 1, "assembler": 1, "encode.text": 1, "encode.image": 1, "index": 1,
                                   "retrieve": 1},
                           MMSTREAM_MODELS_REPOSITORY=str(repo),
@@ -130,7 +103,7 @@ async def test_a_text_model_change_re_embeds_in_the_background_while_the_old_ind
         await client.put_document("notes", "volcano", "Volcanoes erupt molten rock called lava.")
         old = await _until(client, "notes", "molten rock", lambda a: "volcano" in _ids(a))
         old_model = old["payload"]["index"]["model"]
-        version = _new_version(repo, TEXT_MODEL)
+        version = alias_version(repo, TEXT_MODEL)
         # The indexing stage goes first: a new group re-embeds every collection into the new space.
         sup.stop_one(next(w for w in sup.workers() if w.stage == "index" and w.alive))
         sup.start({"index": 1})
