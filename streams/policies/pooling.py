@@ -47,6 +47,7 @@ def pool_chunks(header: EncodedPart, chunks: dict[int, EncodedPart], complete: b
     extras.update(frames_encoded=frames, complete=complete and len(ok) + len(tracks) == header.n_chunks,
                   frame_labels=[label for c in ok for label in c.extras.get("labels", [])],
                   frame_top=[[round(i / fps, 3), top] for i, top in enumerate(tops)])
+    spaces = {c.space for c in ok}  # the frames' encoder: a pooled video searches image documents
     return EncodedPart(id=header.id, part=header.part, modality=header.modality, sent_at_ms=last.sent_at_ms,
                        embedding=to_wire(pooled, "float16"), extras=extras, trace=trace, tenant=header.tenant,
-                       nonce=header.nonce)
+                       nonce=header.nonce, space=spaces.pop() if len(spaces) == 1 else None)

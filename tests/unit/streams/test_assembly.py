@@ -223,3 +223,22 @@ def test_a_replayed_manifest_adds_its_nonce_and_another_request_is_refused():
 def test_a_manifest_without_a_nonce_trusts_parts_as_before():
     _, events = run([manifest(n=1), part(0)])
     assert len(events) == 1
+
+
+def test_a_search_names_the_space_of_its_query_and_a_pooled_video_the_space_of_its_frames():
+    import dataclasses
+
+    from schemas.jobs import RetrieveJob
+
+    m = dataclasses.replace(manifest(n=1), task="retrieve", params={"collection": "kb", "k": 3})
+    q = dataclasses.replace(part(0), space="minilm/1/int8/p1")
+    r = step(step(None, m, 10.0, POLICY).state, q, 10.0, POLICY)
+    assert isinstance(r.forward, RetrieveJob) and r.forward.space == "minilm/1/int8/p1"
+    vm, header, chunks, _ = video_msgs()
+    vm = dataclasses.replace(vm, task="retrieve", params={"collection": "kb", "k": 3})
+    chunks = [dataclasses.replace(c, space="effnet/1/int8/p1") for c in chunks]
+    state = None
+    for msg in [vm, header, *chunks]:
+        got = step(state, msg, 10.0, POLICY)
+        state = got.state
+    assert got.forward.space == "effnet/1/int8/p1"
