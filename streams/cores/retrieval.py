@@ -133,9 +133,13 @@ class RetrievalCore:
         self.limits = limits
         self.collections: dict[Key, Collection] = {}
         self.readiness: dict[Key, Readiness] = {}
+        self.retired: set[Key] = set()
+        """Spaces ``retire`` dropped: their later records are skipped (a rollback to that model
+        would otherwise make an index of only what came after ready)."""
+        self._retired_unsaved = False
         self.position: dict[int, int] = {}
         """Vectors partition -> the next offset to apply (what the indexes reflect)."""
-        self.skipped = {"malformed": 0, "full": 0, "too_many_collections": 0}
+        self.skipped = {"malformed": 0, "full": 0, "too_many_collections": 0, "retired": 0}
         self.searches = 0
 
     # -- the vectors topic ---------------------------------------------------------------------
@@ -148,16 +152,22 @@ class RetrievalCore:
             self.skipped["malformed"] += 1
             return
         tenant, name, model, doc_id = where
+        if (tenant, name, model) in self.retired:
+            self.skipped["retired"] += 1
+            return
         if doc_id.startswith(READY_PREFIX):
             self._ready_marker((tenant, name, model), value)
             return
         c = self.collections.get((tenant, name, model))
         if value is None:
-            if c is not None and c.index.delete(doc_id):
-                c.texts.pop(doc_id, None)
-                if c.cache is not None:
-                    c.cache.invalidate_delete(doc_id)
-                self._changed(c)
+            # Also from the model's other versions: a document deleted during a rollout is
+            # gone from the index that still answers, not only from the one being built.
+            for (t, n, m), other in list(self.collections.items()):
+                if (t, n) == (tenant, name) and _model_name(m) == _model_name(model) and other.index.delete(doc_id):
+                    other.texts.pop(doc_id, None)
+                    if other.cache is not None:
+                        other.cache.invalidate_delete(doc_id)
+                    self._changed(other)
             return
         try:
             rec = VectorRecord.from_wire(value)
@@ -169,8 +179,9 @@ class RetrievalCore:
             self.skipped["malformed"] += 1  # a value that disagrees with its key is not ours
             return
         if c is None:
-            if sum(1 for t, _, _ in self.collections if t == tenant) >= self.limits.max_collections:
-                self.skipped["too_many_collections"] += 1  # a collection in two spaces counts twice
+            names = {n for t, n, _ in self.collections if t == tenant}
+            if name not in names and len(names) >= self.limits.max_collections:
+                self.skipped["too_many_collections"] += 1  # collections by name: its spaces count once
                 return
             c = self.collections[(tenant, name, model)] = self._new(len(vector))
         try:
@@ -235,9 +246,10 @@ class RetrievalCore:
         wrong dimension."""
         space = space or self.model
         c = self.collections.get((tenant, collection, space))
-        if not self.ready(tenant, collection, space) and any(
-                self.ready(tenant, collection, m) for m in self.spaces(tenant, collection) if m != space):
-            raise NotReady(collection)
+        if (not self.ready(tenant, collection, space) and (tenant, collection, space) not in self.retired
+                and any(r.ready for (t, n, m), r in self.readiness.items()
+                        if (t, n) == (tenant, collection) and m != space and _model_name(m) == _model_name(space))):
+            raise NotReady(collection)  # another version of the query's model answers; this one is coming
         if c is None or len(c.index) == 0:
             raise UnknownCollection(collection)
         self.searches += 1
@@ -259,8 +271,10 @@ class RetrievalCore:
         """Among a collection's spaces of one model name (its versions, precisions), once one
         is ready: keep the one in use (the most recently searched ready space; with none
         searched, the highest version) and drop every other that has been neither searched
-        nor changed for ``retire_after_s`` (a replaced version, or a re-embed given up).
-        Returns what was dropped. A space still being built changes, and is kept."""
+        nor changed for ``retire_after_s`` (a replaced version, or a re-embed given up), never
+        this core's own ``model`` (the space its RAG questions are embedded in). Returns what
+        was dropped; their later records are skipped. A space still being built changes, and
+        is kept."""
         after = self.limits.retire_after_s
         groups: dict[tuple[str, str, str], list[Key]] = {}
         for key in self.collections:
@@ -273,9 +287,11 @@ class RetrievalCore:
             current = max(ready, key=lambda k: (self.collections[k].searched_at, _version(k[2]), k[2]))
             for key in keys:
                 c = self.collections[key]
-                if key != current and now - max(c.searched_at, c.updated_at) >= after:
+                if key not in (current, (key[0], key[1], self.model)) and now - max(c.searched_at, c.updated_at) >= after:
                     del self.collections[key]
                     self.readiness.pop(key, None)
+                    self.retired.add(key)
+                    self._retired_unsaved = True
                     dropped.append(key)
         return dropped
 
@@ -292,7 +308,7 @@ class RetrievalCore:
 
     @property
     def dirty(self) -> bool:
-        return any(c.dirty for c in self.collections.values())
+        return self._retired_unsaved or any(c.dirty for c in self.collections.values())
 
     def snapshot(self, directory: Path) -> None:
         """Every changed collection's snapshot, then the manifest naming all of them with the
@@ -357,9 +373,10 @@ class RetrievalCore:
                 sid = c.snapshot_id
             named.append((tenant, name, model, sid))
         ready = [[t, n, m, sorted(r.seen), r.partitions, r.at] for (t, n, m), r in self.readiness.items()]
-        return SnapshotPlan(dict(self.position), written, named, ready)
+        return SnapshotPlan(dict(self.position), written, named, ready, sorted(list(k) for k in self.retired))
 
     def _mark(self, plan: "SnapshotPlan") -> None:
+        self._retired_unsaved = self._retired_unsaved and len(plan.retired) != len(self.retired)
         for tenant, name, model, sid, epoch in plan.written:
             c = self.collections.get((tenant, name, model))
             if c is None:  # retired since the plan
@@ -385,6 +402,7 @@ class RetrievalCore:
                                                  snapshot_id=sid, updated_at=time.time())
         self.collections = restored
         self.readiness = {(t, n, mo): Readiness(parts, set(seen), at) for t, n, mo, seen, parts, at in m.get("ready", [])}
+        self.retired = {(t, n, mo) for t, n, mo in m.get("retired", [])}
         self.position = {int(p): int(o) for p, o in m.get("position", {}).items()}
         return True
 
@@ -399,6 +417,7 @@ class SnapshotPlan:
     written: list[tuple[str, str, str, str, int]]
     named: list[tuple[str, str, str, str]]
     ready: list[list[Any]] = field(default_factory=list)
+    retired: list[list[str]] = field(default_factory=list)
 
 
 @dataclass
@@ -432,12 +451,18 @@ def _write_snapshot(core: RetrievalCore, plan: SnapshotPlan, directory: Path) ->
         c.index.snapshot(where / "index", {"id": sid})
         _write_json(where / "texts.json", {"id": sid, "texts": c.texts})
     manifest = {"format": FORMAT, "position": {str(p): o for p, o in plan.position.items()},
-                "collections": [list(n) for n in plan.named], "ready": plan.ready}
+                "collections": [list(n) for n in plan.named], "ready": plan.ready, "retired": plan.retired}
     _write_json(directory / MANIFEST, manifest)
     named = {(t, n, _space_dir(m)): sid for t, n, m, sid in plan.named}
     for t, n in {(t, n) for t, n, _, _ in plan.named}:
-        for space in (directory / t / n).iterdir():  # retired spaces and older snapshots go
-            for old in space.iterdir() if space.is_dir() else []:
+        for space in (directory / t / n).iterdir():  # retired spaces, older snapshots, format 1's folders go
+            if not (space.is_dir() and space.name.startswith("s") and len(space.name) == 17):
+                if space.is_dir():
+                    shutil.rmtree(space, ignore_errors=True)
+                else:
+                    space.unlink(missing_ok=True)
+                continue
+            for old in space.iterdir():
                 if named.get((t, n, space.name)) != old.name:
                     shutil.rmtree(old, ignore_errors=True)
 

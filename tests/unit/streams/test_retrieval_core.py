@@ -192,8 +192,11 @@ def test_a_snapshot_removes_folders_its_manifest_does_not_name(core, tmp_path):
     feed.put("d0", vec(0))
     stale = tmp_path / "acme" / "kb" / _space_dir(MODEL) / "left-by-a-killed-writer"
     stale.mkdir(parents=True)
+    format1 = tmp_path / "acme" / "kb" / "0123456789ab"  # format 1 kept a collection's snapshot here
+    format1.mkdir()
+    (format1 / "texts.json").write_text("{}")
     core.snapshot(tmp_path)
-    assert not stale.exists() and len(list((tmp_path / "acme" / "kb" / _space_dir(MODEL)).iterdir())) == 1
+    assert not stale.exists() and not format1.exists() and len(list((tmp_path / "acme" / "kb" / _space_dir(MODEL)).iterdir())) == 1
 
 
 IMAGE = "img/1/int8/p1"
@@ -216,14 +219,14 @@ def test_passages_and_images_of_one_collection_are_searched_by_queries_of_their_
 
 
 def test_a_new_model_space_answers_only_once_it_holds_the_whole_collection_and_the_old_one_answers_meanwhile():
-    core = RetrievalCore(MODEL, CoreLimits(reuse_entries=0, retire_after_s=100.0))
+    core = RetrievalCore("rag/1/int8/p1", CoreLimits(reuse_entries=0, retire_after_s=100.0))
     feed = Feed(core)
     for i in range(6):
         feed.put(f"d{i}", vec(i))
     ready(feed, MODEL)
     for i in range(3):  # the new model's indexer is half-way through the collection
         feed.put(f"d{i}", vec(i + 100), model=NEW)
-    assert core.search("acme", "kb", vec(4), 1).hits[0].doc_id == "d4"  # the old space answers
+    assert core.search("acme", "kb", vec(4), 1, space=MODEL).hits[0].doc_id == "d4"  # the old space answers
     with pytest.raises(NotReady):
         core.search("acme", "kb", vec(101), 1, space=NEW)
     ready(feed, NEW, partitions=2)
@@ -241,13 +244,42 @@ def test_a_new_model_space_answers_only_once_it_holds_the_whole_collection_and_t
     assert core.retire(now + 50) == []
     core.collections[("acme", "kb", "m/3/int8/p1")].updated_at = now + 90  # still being written
     assert core.retire(now + 100) == [("acme", "kb", MODEL)]
-    assert not core.has("acme", "kb") and core.has("acme", "kb", NEW)
+    assert not core.has("acme", "kb", MODEL) and core.has("acme", "kb", NEW)
     assert core.retire(now + 190) == [("acme", "kb", "m/3/int8/p1")]  # given up
     assert core.retire(now + 10_000) == [] and core.has("acme", "kb", NEW)  # the one in use stays
+    # A retired space stays retired: a rollback's records cannot make an index of only
+    # what came after, and its queries are not told to wait for it.
+    feed.put("late", vec(9))
+    ready(feed, MODEL)
+    assert not core.has("acme", "kb", MODEL) and core.skipped["retired"] >= 3
+    with pytest.raises(UnknownCollection):
+        core.search("acme", "kb", vec(9), 1, space=MODEL)
+    with pytest.raises(UnknownCollection):  # another model's query: no version of it is coming
+        core.search("acme", "kb", vec(9), 1, space="audio/1/fp32/p1")
+
+
+def test_a_delete_reaches_the_old_version_that_still_answers():
+    core = RetrievalCore(MODEL, CoreLimits(reuse_entries=0))
+    feed = Feed(core)
+    feed.put("d", vec(1))
+    feed.put("d", vec(1), model=NEW)
+    feed.raw(vector_key("acme", "kb", NEW, "d"), None)  # the new indexer's tombstone
+    assert not core.has("acme", "kb") or len(core.collections[("acme", "kb", MODEL)].index) == 0
+
+
+def test_the_retrieve_stages_own_space_is_never_retired():
+    core = RetrievalCore(MODEL, CoreLimits(retire_after_s=10.0))
+    feed = Feed(core)
+    feed.put("d", vec(1), model=NEW)
+    ready(feed, NEW)
+    feed.put("d", vec(1))
+    ready(feed, MODEL)
+    later = max(c.updated_at for c in core.collections.values()) + 10
+    assert core.retire(later) == [] and core.has("acme", "kb", MODEL)
 
 
 def test_with_no_search_the_highest_version_is_the_one_kept():
-    core = RetrievalCore(MODEL, CoreLimits(retire_after_s=10.0))
+    core = RetrievalCore("rag/1/int8/p1", CoreLimits(retire_after_s=10.0))
     feed = Feed(core)
     feed.put("d", vec(1), model=NEW)  # replayed in any order after a restart
     ready(feed, NEW)
