@@ -62,15 +62,20 @@ def live(ops: list[tuple[str, str | None]]) -> dict[str, str]:
     return out
 
 
+WRITE_GIVE_UP_S = 120.0
+
+
 async def write(client: Client, spec: Ingest, started: float) -> dict[str, str]:
     """Write the plan at ``spec.rate`` from ``started`` (time.monotonic()); returns the live set.
-    A write that fails (the broker away) is retried until it is with the broker: the topic,
-    not what was tried, is what the index must equal."""
+    A write that fails (the broker away) is retried until it is with the broker (the topic,
+    not what was tried, is what the index must equal), for at most ``WRITE_GIVE_UP_S``; then
+    it raises, and the run fails."""
     ops = plan(spec)
     for i, (doc, text) in enumerate(ops):
         delay = started + i / spec.rate - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
+        deadline = time.monotonic() + WRITE_GIVE_UP_S
         while True:
             try:
                 if text is None:
@@ -79,6 +84,8 @@ async def write(client: Client, spec: Ingest, started: float) -> dict[str, str]:
                     await client.put_document(spec.collection, doc, text, {"n": i})
                 break
             except Exception:  # noqa: BLE001 - a fault in progress; the write must land
+                if time.monotonic() > deadline:
+                    raise
                 await asyncio.sleep(0.5)
     return live(ops)
 

@@ -51,6 +51,8 @@ from workers.retrieval.embed import Embedder
 
 log = logging.getLogger(__name__)
 STAGE = "index"
+RETRY_S = 30.0
+"""How long a document refused for a retriable reason is tried again before it is dead-lettered."""
 
 
 def indexer_group(prefix: str, identities: list[str]) -> str:
@@ -74,6 +76,8 @@ class IndexerStage(RecordStage):
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="engine-index")
         self.marked: set[tuple[str, int]] = set()
         """(docs topic, partition) whose ready markers this process wrote."""
+        self.deliveries: set[asyncio.Task] = set()
+        """Vectors in flight to the broker: a ready marker waits for them."""
 
     def lane_of_topic(self, topic: str) -> str:
         return "bulk"  # indexing is background work: no rt records to put first
@@ -130,19 +134,33 @@ class IndexerStage(RecordStage):
             self.rmetrics.indexed("upsert")
         done = [r for r in records if (r.topic, r.partition, r.offset) not in self.io.handed]
         if outs:
-            self.io.deliver(outs, done)
+            task = self.io.deliver(outs, done)
+            self.deliveries.add(task)
+            task.add_done_callback(self.deliveries.discard)
         elif done:
             self.io.finish(done)
-        await self._mark({TopicPartition(r.topic, r.partition) for r in records})
+        if self.io.consumer is not None:  # every partition: a quiet collection beside a busy one too
+            await self._mark(self.io.consumer.assignment())
 
     async def _embed(self, todo: list[tuple[ConsumerRecord, str | None, Any]]) -> dict[int, Any]:
-        """id(record) -> its document's unit vector or the exception that refused it."""
+        """id(record) -> its document's unit vector or the exception that refused it. A
+        retriable refusal (Redis away while a ref is read) is tried again, for up to
+        ``RETRY_S``, before it counts: a document is not dead-lettered for an outage."""
         out: dict[int, Any] = {}
         for batch in _batches(todo, {"text": self.r.index_batch, "image": self.r.index_image_batch}):
             doc: Document = batch[0][2][3]
-            got = await asyncio.get_running_loop().run_in_executor(
-                self.executor, self.embedders[doc.modality].embed, [p[2][3] for p in batch], batch[0][2][0])
-            out.update((id(p[0]), v) for p, v in zip(batch, got))
+            embed = self.embedders[doc.modality].embed
+            waited, pause = 0.0, 0.5
+            while batch:
+                got = await asyncio.get_running_loop().run_in_executor(
+                    self.executor, embed, [p[2][3] for p in batch], batch[0][2][0])
+                out.update((id(p[0]), v) for p, v in zip(batch, got))
+                batch = [p for p, v in zip(batch, got) if getattr(v, "retriable", False)]
+                if batch and waited < RETRY_S and not self.should_stop:
+                    await asyncio.sleep(pause)
+                    waited, pause = waited + pause, min(pause * 2, 8.0)
+                else:
+                    break
         return out
 
     async def idle(self) -> None:
@@ -152,12 +170,13 @@ class IndexerStage(RecordStage):
 
     async def _mark(self, tps: Any) -> None:
         """A ready marker, per space, for each of ``tps`` caught up with (its position at the
-        last fetch's high watermark) for the first time in this process; its documents'
-        vectors were handed to the producer before it."""
+        last fetch's high watermark) for the first time in this process, sent once every
+        vector handed to the producer before it is with the broker (none if a revoke dropped
+        some: the partition's next owner marks it)."""
         consumer = self.io.consumer
         if consumer is None:
             return
-        outs: list[Out] = []
+        caught: list[tuple[TopicPartition, tuple[str, str], int]] = []
         for tp in tps:
             if (tp.topic, tp.partition) in self.marked:
                 continue
@@ -169,14 +188,20 @@ class IndexerStage(RecordStage):
             except Exception:  # noqa: BLE001 - revoked meanwhile: its next owner marks it
                 continue
             partitions = len(consumer.partitions_for_topic(tp.topic) or ())
-            if partitions == 0:
-                continue
+            if partitions:
+                caught.append((tp, where, partitions))
+        if not caught:
+            return
+        landed = await asyncio.gather(*list(self.deliveries), return_exceptions=True)
+        if not all(x is True for x in landed):
+            return
+        outs: list[Out] = []
+        for tp, where, partitions in caught:
             self.marked.add((tp.topic, tp.partition))
             value = pack({"ready": [tp.partition, partitions]})
             outs.extend(Out(self.names.vectors, ready_key(*where, e.identity, tp.partition), value)
                         for e in self.embedders.values())
-        if outs:
-            self.io.deliver(outs)
+        self.io.deliver(outs)
 
     async def on_revoked(self, tps: set[TopicPartition]) -> None:
         await super().on_revoked(tps)

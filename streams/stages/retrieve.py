@@ -222,6 +222,11 @@ class RetrieveStage(RecordStage):
             self._fail(job, r, WireError(ErrorCode.DEADLINE_EXCEEDED, "the search reached the retrieve stage after "
                                          "its deadline"), started)
             return
+        if job.query is not None and job.space is None and job.modality != "text":
+            self._fail(job, r, WireError(ErrorCode.OVERLOADED, "the query's encoder did not say which model made it "
+                                         "(a replica older than this retrieve stage, during a rollout)",
+                                         "params.collection", REEMBED_RETRY_MS), started)
+            return
         try:
             query = await self._query(job)
             async with self.lock:
