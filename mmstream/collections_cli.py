@@ -38,7 +38,8 @@ def add_parser(cmd: Callable[..., argparse.ArgumentParser], common: argparse.Arg
     p.add_argument("--image", type=Path, metavar="FILE", help="an image document (JPEG, PNG or WebP; with --id): "
                    "found by image queries")
     p.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE", help="metadata (repeatable)")
-    p.add_argument("--file", type=Path, metavar="JSONL", help="documents, one JSON map {id, text, meta} per line")
+    p.add_argument("--file", type=Path, metavar="JSONL", help="documents, one JSON map {id, text, meta} per line "
+                   "({id, image: PATH, text: caption, meta} for an image, the path beside the file)")
     d = action("delete", help="remove a document")
     d.add_argument("name", metavar="NAME", help="the collection")
     d.add_argument("--id", required=True, help="the document's id")
@@ -89,8 +90,14 @@ def _documents(args: argparse.Namespace, user_error: type[Exception]) -> list[di
                 d = json.loads(line)
             except ValueError:
                 raise user_error(f"{args.file}:{n}: not JSON") from None
+            if isinstance(d, dict) and isinstance(d.get("image"), str):  # a path, beside the file
+                path = (args.file.parent / d["image"])
+                mime = IMAGE_TYPES.get(path.suffix.lower())
+                if mime is None or not path.is_file():
+                    raise user_error(f"{args.file}:{n}: image {d['image']!r} is not a JPEG, PNG or WebP file")
+                d = {**d, "image": path.read_bytes(), "mime": mime, "text": d.get("text") or ""}
             if not (isinstance(d, dict) and isinstance(d.get("id"), str) and isinstance(d.get("text"), str)):
-                raise user_error(f"{args.file}:{n}: a document is a map with a string id and text")
+                raise user_error(f"{args.file}:{n}: a document is a map with a string id and text (or image)")
             docs.append(d)
         return docs
     if args.image is not None:

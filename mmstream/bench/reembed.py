@@ -80,15 +80,15 @@ def alias_version(repo: Path, name: str) -> str:
     return config["version"]
 
 
-async def ready_spaces(bootstrap: str, vectors: str) -> dict[str, set[int]]:
-    """Model identity -> the partitions of the collection its ready markers name."""
+async def ready_spaces(bootstrap: str, vectors: str, collection: str = COLLECTION) -> dict[str, set[int]]:
+    """Model identity -> the partitions of ``collection`` its ready markers name."""
     out: dict[str, set[int]] = {}
     for r in await read_to_end(bootstrap, vectors):
         try:
-            _, collection, model, doc = msgpack.unpackb(r.key, raw=False)
+            _, name, model, doc = msgpack.unpackb(r.key, raw=False)
         except Exception:  # noqa: BLE001 - not a key of ours
             continue
-        if collection == COLLECTION and doc.startswith(READY_PREFIX) and r.value is not None:
+        if name == collection and doc.startswith(READY_PREFIX) and r.value is not None:
             out.setdefault(model, set()).add(int(doc[len(READY_PREFIX):]))
     return out
 

@@ -240,6 +240,8 @@ class Client:
                         caption: str = "", meta: dict[str, Any] | None = None, ref: str | None = None) -> None:
         """Add or replace one image document: its bytes inline, or ``ref``, a claim check of this
         tenant's (``redis:<key>``). Image queries find it; ``caption`` is the text its hits show."""
+        if (image is None) == (ref is None):
+            raise ClientError("an image document has its bytes or a ref, exactly one of them")
         value = pack(Document(caption, dict(meta or {}), image, ref, mime).to_wire())
         await self._send_document(collection, doc_id, value)
 

@@ -15,7 +15,8 @@ import redis
 
 from schemas.request import Modality, Part
 from schemas.settings import Settings
-from mmstream.bench.reembed import alias_version, linked_repository
+from mmstream.bench.reembed import alias_version, linked_repository, ready_spaces
+from schemas.topics import TopicNames
 from mmstream.samples import photo
 from streams.observe.topic_reader import read_to_end
 from streams.sdk.client import Client
@@ -110,7 +111,16 @@ async def test_a_text_model_change_re_embeds_in_the_background_while_the_old_ind
         during = await _ask(client, "notes", "molten rock")
         assert during["kind"] == "result" and _ids(during)[0] == "volcano"  # the old index answers
         assert during["payload"]["index"]["model"] == old_model
-        await asyncio.sleep(15)  # the re-embed ends and marks the collection ready in the new space
+        names = TopicNames(spaces_pipeline.prefix)
+        end = time.monotonic() + 120
+        while time.monotonic() < end:  # the re-embed ends and marks the collection ready in the new space
+            ready = await ready_spaces(spaces_pipeline.bootstrap, names.vectors, "notes")
+            if any(f"/{version}/" in m and len(ps) == spaces_pipeline.settings.kafka.partitions
+                   for m, ps in ready.items()):
+                break
+            await asyncio.sleep(1)
+        else:
+            pytest.fail("the new space was never marked ready")
         # Then the stages that encode queries (the router runs a text encoder of its own,
         # `router.colocate`): queries now come in the new space, and the new index answers them.
         for stage in ("encode.text", "router"):
