@@ -15,9 +15,9 @@ vector records and asks it questions; tests drive it alone.
 - **Model changes.** An indexing stage with a new encoder identity re-embeds every
   collection into its new space in the background and writes a ready marker per
   partition of the collection once it has caught up with it (``schemas.documents``). Until
-  a space is ready, a query in it is refused (``NotReady``, retriable) where another space
-  of the collection is ready, rather than answered from part of the collection; queries in
-  the old space go on being answered by the old index. ``retire(now)`` drops the spaces of
+  a space is ready, a query in it is refused (``NotReady``, retriable) while another version
+  of the same model is ready for the collection, rather than answered from part of the
+  collection; queries in the old space go on being answered by the old index. ``retire(now)`` drops the spaces of
   a model that are not the one in use once they have been neither searched nor changed for
   ``retire_after_s``.
 - ``snapshot(directory)`` / ``restore(directory)``: every changed collection's index and
@@ -72,7 +72,8 @@ class CoreLimits:
     reuse_pool: int = DEFAULT_POOL_SIZE
     """Candidates each search keeps for the near-duplicates that reuse it (0: its hits only)."""
     retire_after_s: float = 3600.0
-    """How long a replaced space stays searchable after its successor is ready (and unsearched)."""
+    """How long a space of a model that is not the one in use stays with neither a search nor
+    a change before ``retire`` drops it."""
 
 
 @dataclass
@@ -104,18 +105,17 @@ class UnknownCollection(LookupError):
 
 
 class NotReady(LookupError):
-    """The query's space of the collection is still being embedded while another space of it
-    is ready (a model change in progress): retriable."""
+    """The query's space of the collection is still being embedded while another version of
+    its model is ready (a model change in progress): retriable."""
 
 
 @dataclass
 class Readiness:
     """Which partitions of a collection's documents topic the indexer of one space has caught
-    up with, out of how many; ``at``: when the last one came (0 until all have)."""
+    up with, out of how many."""
 
     partitions: int = 0
     seen: set[int] = field(default_factory=set)
-    at: float = 0.0
 
     @property
     def ready(self) -> bool:
@@ -136,7 +136,8 @@ class RetrievalCore:
         self.retired: set[Key] = set()
         """Spaces ``retire`` dropped: their later records are skipped (a rollback to that model
         would otherwise make an index of only what came after ready)."""
-        self._retired_unsaved = False
+        self._retired_saved: frozenset[Key] = frozenset()
+        """``retired`` as the last snapshot's manifest holds it."""
         self.position: dict[int, int] = {}
         """Vectors partition -> the next offset to apply (what the indexes reflect)."""
         self.skipped = {"malformed": 0, "full": 0, "too_many_collections": 0, "retired": 0}
@@ -204,11 +205,8 @@ class RetrievalCore:
             self.skipped["malformed"] += 1
             return
         r = self.readiness.setdefault(key, Readiness())
-        was = r.ready
         r.partitions = got[1]
         r.seen.add(got[0])
-        if r.ready and not was:
-            r.at = time.time()
 
     def ready(self, tenant: str, collection: str, space: str) -> bool:
         r = self.readiness.get((tenant, collection, space))
@@ -234,16 +232,13 @@ class RetrievalCore:
     def has(self, tenant: str, collection: str, space: str | None = None) -> bool:
         return (tenant, collection, space or self.model) in self.collections
 
-    def spaces(self, tenant: str, collection: str) -> list[str]:
-        return sorted(m for t, n, m in self.collections if (t, n) == (tenant, collection))
-
     def search(self, tenant: str, collection: str, query: np.ndarray, k: int,
                where: dict[str, Any] | None = None, space: str | None = None) -> Answer:
         """The best ``k`` documents of the tenant's collection for ``query``, a vector in
         ``space`` (None: this core's ``model``); raises ``UnknownCollection`` when the tenant
         has no such collection (with documents) in that space, ``NotReady`` when that space is
-        still being embedded while another is ready, and ``ValueError`` for a query of the
-        wrong dimension."""
+        still being embedded while another version of its model is ready, and ``ValueError``
+        for a query of the wrong dimension."""
         space = space or self.model
         c = self.collections.get((tenant, collection, space))
         if (not self.ready(tenant, collection, space) and (tenant, collection, space) not in self.retired
@@ -291,7 +286,6 @@ class RetrievalCore:
                     del self.collections[key]
                     self.readiness.pop(key, None)
                     self.retired.add(key)
-                    self._retired_unsaved = True
                     dropped.append(key)
         return dropped
 
@@ -308,7 +302,7 @@ class RetrievalCore:
 
     @property
     def dirty(self) -> bool:
-        return self._retired_unsaved or any(c.dirty for c in self.collections.values())
+        return self.retired != self._retired_saved or any(c.dirty for c in self.collections.values())
 
     def snapshot(self, directory: Path) -> None:
         """Every changed collection's snapshot, then the manifest naming all of them with the
@@ -372,11 +366,11 @@ class RetrievalCore:
             else:
                 sid = c.snapshot_id
             named.append((tenant, name, model, sid))
-        ready = [[t, n, m, sorted(r.seen), r.partitions, r.at] for (t, n, m), r in self.readiness.items()]
+        ready = [[t, n, m, sorted(r.seen), r.partitions] for (t, n, m), r in self.readiness.items()]
         return SnapshotPlan(dict(self.position), written, named, ready, sorted(list(k) for k in self.retired))
 
     def _mark(self, plan: "SnapshotPlan") -> None:
-        self._retired_unsaved = self._retired_unsaved and len(plan.retired) != len(self.retired)
+        self._retired_saved = frozenset((t, n, m) for t, n, m in plan.retired)
         for tenant, name, model, sid, epoch in plan.written:
             c = self.collections.get((tenant, name, model))
             if c is None:  # retired since the plan
@@ -401,8 +395,9 @@ class RetrievalCore:
             restored[(t, n, model)] = Collection(got[0], dict(texts["texts"]), self._cache(), dirty=False,
                                                  snapshot_id=sid, updated_at=time.time())
         self.collections = restored
-        self.readiness = {(t, n, mo): Readiness(parts, set(seen), at) for t, n, mo, seen, parts, at in m.get("ready", [])}
+        self.readiness = {(t, n, mo): Readiness(parts, set(seen)) for t, n, mo, seen, parts in m.get("ready", [])}
         self.retired = {(t, n, mo) for t, n, mo in m.get("retired", [])}
+        self._retired_saved = frozenset(self.retired)
         self.position = {int(p): int(o) for p, o in m.get("position", {}).items()}
         return True
 
@@ -456,7 +451,7 @@ def _write_snapshot(core: RetrievalCore, plan: SnapshotPlan, directory: Path) ->
     named = {(t, n, _space_dir(m)): sid for t, n, m, sid in plan.named}
     for t, n in {(t, n) for t, n, _, _ in plan.named}:
         for space in (directory / t / n).iterdir():  # retired spaces, older snapshots, format 1's folders go
-            if not (space.is_dir() and space.name.startswith("s") and len(space.name) == 17):
+            if not (space.is_dir() and _is_space_dir(space.name)):
                 if space.is_dir():
                     shutil.rmtree(space, ignore_errors=True)
                 else:
@@ -470,6 +465,10 @@ def _write_snapshot(core: RetrievalCore, plan: SnapshotPlan, directory: Path) ->
 def _space_dir(model: str) -> str:
     """A space's folder name: an identity holds slashes."""
     return "s" + hashlib.sha256(model.encode()).hexdigest()[:16]
+
+
+def _is_space_dir(name: str) -> bool:
+    return len(name) == 17 and name[0] == "s" and all(ch in "0123456789abcdef" for ch in name[1:])
 
 
 def _model_name(identity: str) -> str:

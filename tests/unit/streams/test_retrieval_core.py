@@ -215,7 +215,7 @@ def test_passages_and_images_of_one_collection_are_searched_by_queries_of_their_
     assert [h.doc_id for h in core.search("acme", "kb", vec(1), 5).hits] == ["passage"]
     got = core.search("acme", "kb", vec(1), 5, space=IMAGE)
     assert [h.doc_id for h in got.hits] == ["photo"] and got.texts == ["a caption"]
-    assert core.spaces("acme", "kb") == sorted([MODEL, IMAGE])
+    assert core.has("acme", "kb", IMAGE) and core.has("acme", "kb")
 
 
 def test_a_new_model_space_answers_only_once_it_holds_the_whole_collection_and_the_old_one_answers_meanwhile():
@@ -300,3 +300,22 @@ def test_readiness_survives_a_snapshot(core, tmp_path):
     assert back.restore(tmp_path) and back.ready("acme", "kb", MODEL) and not back.ready("acme", "kb", NEW)
     with pytest.raises(NotReady):
         back.search("acme", "kb", vec(2), 1, space=NEW)
+
+
+def test_a_retired_space_makes_the_snapshot_dirty_and_stays_retired_after_a_restore(tmp_path):
+    core = RetrievalCore("rag/1/int8/p1", CoreLimits(retire_after_s=10.0))
+    feed = Feed(core)
+    feed.put("d", vec(1))
+    feed.put("d", vec(1), model=NEW)
+    ready(feed, MODEL)
+    ready(feed, NEW)
+    core.snapshot(tmp_path)
+    assert not core.dirty
+    later = max(c.updated_at for c in core.collections.values()) + 10
+    assert core.retire(later) == [("acme", "kb", MODEL)] and core.dirty  # the manifest must say so
+    core.snapshot(tmp_path)
+    assert not core.dirty
+    back = RetrievalCore("rag/1/int8/p1")
+    assert back.restore(tmp_path) and back.retired == {("acme", "kb", MODEL)} and not back.dirty
+    Feed(back).put("late", vec(2))  # a record of the retired space, replayed: skipped
+    assert not back.has("acme", "kb", MODEL) and back.skipped["retired"] == 1
