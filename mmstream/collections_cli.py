@@ -13,10 +13,12 @@ import argparse
 import asyncio
 import functools
 import json
+import mimetypes
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from schemas.documents import IMAGE_MIMES
 from schemas.request import COLLECTION_RE, TENANT_RE
 from schemas.settings import Settings
 from streams.connection import client_kwargs
@@ -91,27 +93,29 @@ def _documents(args: argparse.Namespace, user_error: type[Exception]) -> list[di
             except ValueError:
                 raise user_error(f"{args.file}:{n}: not JSON") from None
             if isinstance(d, dict) and isinstance(d.get("image"), str):  # a path, beside the file
-                path = (args.file.parent / d["image"])
-                mime = IMAGE_TYPES.get(path.suffix.lower())
-                if mime is None or not path.is_file():
-                    raise user_error(f"{args.file}:{n}: image {d['image']!r} is not a JPEG, PNG or WebP file")
-                d = {**d, "image": path.read_bytes(), "mime": mime, "text": d.get("text") or ""}
+                d = {**d, **_image(args.file.parent / d["image"], user_error, f"{args.file}:{n}: "),
+                     "text": d.get("text") or ""}
             if not (isinstance(d, dict) and isinstance(d.get("id"), str) and isinstance(d.get("text"), str)):
                 raise user_error(f"{args.file}:{n}: a document is a map with a string id and text (or image)")
             docs.append(d)
         return docs
     if args.image is not None:
-        mime = IMAGE_TYPES.get(args.image.suffix.lower())
-        if not args.id or mime is None:
-            raise user_error(f"give --id with --image, a file named {', '.join(sorted(IMAGE_TYPES))}")
-        return [{"id": args.id, "image": args.image.read_bytes(), "mime": mime, "text": args.text or "",
+        if not args.id:
+            raise user_error("give --id with --image")
+        return [{"id": args.id, **_image(args.image, user_error), "text": args.text or "",
                  "meta": _pairs(args.meta, user_error)}]
     if not (args.id and args.text):
         raise user_error("give --id and --text (or --image, or --file)")
     return [{"id": args.id, "text": args.text, "meta": _pairs(args.meta, user_error)}]
 
 
-IMAGE_TYPES = {".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png", ".webp": "image/webp"}
+def _image(path: Path, user_error: type[Exception], where: str = "") -> dict[str, Any]:
+    """An image document's bytes and mime, its type guessed from the name as `mmstream send`
+    does; only the types a document may be (``schemas.documents.IMAGE_MIMES``)."""
+    mime = mimetypes.guess_type(path.name)[0]
+    if mime not in IMAGE_MIMES or not path.is_file():
+        raise user_error(f"{where}image {str(path)!r} is not a file of {', '.join(sorted(IMAGE_MIMES))}")
+    return {"image": path.read_bytes(), "mime": mime}
 
 
 def _pairs(items: list[str], user_error: type[Exception], many: bool = False) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from typing import Any
 
@@ -64,7 +65,7 @@ def measure(threads: int) -> dict[str, Any]:
     tok = tokenizers.Tokenizer.from_file(str(config.tokenizer_path))
     engine = load_engine(config, GGUF_PRECISION, threads=threads, prefix_tokens=0)
     ps = prompts(tok)
-    head = min(int(np.argmin(np.asarray(ps[0][:len(ps[1])]) == np.asarray(ps[1][:len(ps[0])]))), len(ps[0]) - 1)
+    head = len(os.path.commonprefix([ps[0], ps[1]]))  # where a cached head of the first would end
     rows = []
     whole = [run(engine, p, []) for p in ps]
     plans = {f"{head} + rest (a cached head's cut)": lambda n: [head],

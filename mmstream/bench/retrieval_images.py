@@ -29,19 +29,16 @@ import numpy as np
 from PIL import Image, ImageEnhance, ImageOps
 
 from mmstream.bench.config import BenchConfig
-from mmstream.bench.results import build_run
-from mmstream.bench.run import _pipeline_record, send_and_drain
+from mmstream.bench.retrieval_run import K, client_of, search_run
 from mmstream.bench.workloads import arrival_offsets
 from mmstream.levers import own_pipeline
-from mmstream.stats import summary
 from schemas.request import Lane, Modality, Params, Part, Request, Task
 from schemas.settings import Settings
-from streams.connection import KafkaSecurity, client_kwargs
-from streams.sdk.client import Client, new_id
+from streams.connection import client_kwargs
+from streams.sdk.client import new_id
 from streams.topics import collection_spec, ensure_topics
 
 COLLECTION = "photos"
-K = 10
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry", "hubble_deep_field", "retina",
           "camera", "coins", "moon", "clock", "brick", "grass", "gravel", "page", "text", "colorwheel", "cell")
 
@@ -115,10 +112,6 @@ async def run_image_retrieval(settings: Settings, cfg: BenchConfig, progress: bo
     return {"workload": "retrieve-images", "documents": len(docs), "photos": len(PHOTOS), "runs": runs}
 
 
-def _client(s: Settings) -> Client:
-    return Client(s.kafka.bootstrap, s.kafka.topic_prefix, security=KafkaSecurity.from_settings(s.kafka))
-
-
 def _probe(data: bytes) -> Part:
     return Part(Modality.IMAGE, data=data, mime="image/jpeg")
 
@@ -127,7 +120,7 @@ async def _fill(s: Settings, docs: list[tuple[str, str, bytes]], progress: bool)
     await ensure_topics(s.kafka.bootstrap, [collection_spec(s.kafka, "default", COLLECTION)],
                         s.kafka.replication_factor, client_kwargs(s))
     started = time.monotonic()
-    async with _client(s) as client:
+    async with client_of(s) as client:
         for i in range(0, len(docs), 200):
             await asyncio.gather(*(client.put_image(COLLECTION, d, data, caption=f"a variant of {name}",
                                                     meta={"photo": name}) for d, name, data in docs[i:i + 200]))
@@ -150,15 +143,8 @@ async def _run(s: Settings, cfg: BenchConfig, rate: float, progress: bool) -> di
     asked = await asyncio.to_thread(queries, len(offsets), cfg.seed + int(rate * 1000), cfg.repeat)
     requests = [Request(id=new_id(), parts=(_probe(data),), task=Task.RETRIEVE,
                         params=Params(collection=COLLECTION, k=K), lane=Lane(cfg.lane)) for _, data in asked]
-    async with _client(s) as client:
-        pairs, sent_s = await send_and_drain(client, offsets, requests, cfg, progress)
-    records = [_pipeline_record(req, sub) for req, sub in pairs]
-    for rec in records:
-        rec.kind = "retrieve-images"
-    run = build_run("pipeline", cfg, rate, records, sent_s, {}, {})
-    service = [st["service_ms"] for r in records for st in r.stages if st.get("stage") == "retrieve"]
-    answers = [(name, sub.terminal.payload or {}) for (name, _), (_, sub) in zip(asked, pairs)
-               if sub.terminal is not None and sub.terminal.kind == "result"]
+    run, results = await search_run(s, cfg, rate, offsets, requests, "retrieve-images", progress)
+    answers = [(name, p) for (name, _), p in zip(asked, results) if p is not None]
 
     def top1(rows: list[tuple[str, dict[str, Any]]]) -> float | None:
         hits = [(name, (p.get("hits") or [{}])[0].get("meta", {}).get("photo")) for name, p in rows]
@@ -166,14 +152,10 @@ async def _run(s: Settings, cfg: BenchConfig, rate: float, progress: bool) -> di
 
     reused = [a for a in answers if (a[1].get("index") or {}).get("reused")]
     searched = [a for a in answers if not (a[1].get("index") or {}).get("reused")]
-    run["retrieval"] = {"k": K, "near_duplicate_share": cfg.repeat, "retrieve_service_ms": summary(service),
-                        "reused_share": round(len(reused) / len(answers), 4) if answers else None,
-                        "top1_same_photo": {"all": top1(answers), "reused": top1(reused), "searched": top1(searched)},
-                        "space": next(((p.get("index") or {}).get("model") for _, p in answers), None)}
+    run["retrieval"].update(top1_same_photo={"all": top1(answers), "reused": top1(reused), "searched": top1(searched)},
+                            space=next(((p.get("index") or {}).get("model") for _, p in answers), None))
     run["_asked"] = [(data, [str(h.get("id")) for h in p.get("hits") or ()], bool((p.get("index") or {}).get("reused")))
-                     for (_, data), (_, sub) in zip(asked, pairs)
-                     if sub.terminal is not None and sub.terminal.kind == "result"
-                     for p in [sub.terminal.payload or {}]]
+                     for (_, data), p in zip(asked, results) if p is not None]
     return run
 
 

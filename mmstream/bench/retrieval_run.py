@@ -82,8 +82,29 @@ def _env() -> dict[str, str]:
     return {"MMSTREAM_ROUTER_TOPIC_CACHE_S": "1", "MMSTREAM_ADMISSION_MAX_QUEUED_MS_RT": "5000"}
 
 
-def _client(s: Settings) -> Client:
+def client_of(s: Settings) -> Client:
     return Client(s.kafka.bootstrap, s.kafka.topic_prefix, security=KafkaSecurity.from_settings(s.kafka))
+
+
+async def search_run(s: Settings, cfg: BenchConfig, rate: float, offsets: list[float], requests: list[Request],
+                     kind: str, progress: bool) -> tuple[dict[str, Any], list[dict[str, Any] | None]]:
+    """Send retrieve ``requests`` open loop at ``offsets``; returns the standard run JSON with
+    ``retrieval`` (the retrieve stage's service time and the share answered by reuse) and each
+    request's result payload (None when it was not answered with a result), in send order."""
+    async with client_of(s) as client:
+        pairs, sent_s = await send_and_drain(client, offsets, requests, cfg, progress)
+    records = [_pipeline_record(req, sub) for req, sub in pairs]
+    for rec in records:
+        rec.kind = kind
+    run = build_run("pipeline", cfg, rate, records, sent_s, {}, {})
+    service = [st["service_ms"] for r in records for st in r.stages if st.get("stage") == "retrieve"]
+    results = [(sub.terminal.payload or {}) if sub.terminal is not None and sub.terminal.kind == "result" else None
+               for _, sub in pairs]
+    answered = [p for p in results if p is not None]
+    reused = sum(bool((p.get("index") or {}).get("reused")) for p in answered)
+    run["retrieval"] = {"k": K, "near_duplicate_share": cfg.repeat, "retrieve_service_ms": summary(service),
+                        "reused_share": round(reused / len(answered), 4) if answered else None}
+    return run, results
 
 
 async def _fill(s: Settings, docs: list[C.Passage], progress: bool) -> None:
@@ -91,7 +112,7 @@ async def _fill(s: Settings, docs: list[C.Passage], progress: bool) -> None:
     await ensure_topics(s.kafka.bootstrap, [collection_spec(s.kafka, "default", COLLECTION)],
                         s.kafka.replication_factor, client_kwargs(s))
     started = time.monotonic()
-    async with _client(s) as client:
+    async with client_of(s) as client:
         for i in range(0, len(docs), PUT_CHUNK):  # bounded: the producer's buffer, not 100k sends at once
             await asyncio.gather(*(client.put_document(COLLECTION, p.id, p.text, p.meta)
                                    for p in docs[i:i + PUT_CHUNK]))
@@ -124,22 +145,10 @@ async def _retrieve_run(s: Settings, cfg: BenchConfig, rate: float, held_out: li
     offsets, queries = _queries(cfg, rate, held_out)
     requests = [Request(id=new_id(), parts=(Part(Modality.TEXT, text=q),), task=Task.RETRIEVE,
                         params=Params(collection=COLLECTION, k=K), lane=Lane(cfg.lane)) for q in queries]
-    async with _client(s) as client:
-        pairs, sent_s = await send_and_drain(client, offsets, requests, cfg, progress)
-    records = [_pipeline_record(req, sub) for req, sub in pairs]
-    for rec in records:
-        rec.kind = "retrieve"
-    run = build_run("pipeline", cfg, rate, records, sent_s, {}, {})
-    service = [st["service_ms"] for r in records for st in r.stages if st.get("stage") == "retrieve"]
-    results = [(sub.terminal.payload or {}) if sub.terminal is not None and sub.terminal.kind == "result" else None
-               for _, sub in pairs]
+    run, results = await search_run(s, cfg, rate, offsets, requests, "retrieve", progress)
     reused = [(p.get("index") or {}).get("reused") if p is not None else None for p in results]
-    answered = [x for x, p in zip(reused, results) if p is not None]
-    run["retrieval"] = {"k": K, "near_duplicate_share": cfg.repeat, "retrieve_service_ms": summary(service),
-                        "reused_share": round(sum(bool(x) for x in answered) / len(answered), 4) if answered else None}
     answers = [[str(h.get("id")) for h in p.get("hits") or ()] if p is not None else None for p in results]
-    run["retrieval"]["recall"] = await recall_report(s, COLLECTION, [r.parts[0].text or "" for r, _ in pairs],
-                                                     answers, reused, K, documents)
+    run["retrieval"]["recall"] = await recall_report(s, COLLECTION, list(queries), answers, reused, K, documents)
     return run
 
 
@@ -161,7 +170,7 @@ async def _rag_run(s: Settings, cfg: BenchConfig, rate: float, docs: list[C.Pass
     requests = [Request(id=new_id(), parts=(Part(Modality.TEXT, text=q),), task=Task.GENERATE,
                         params=Params(max_tokens=cfg.chat_max_tokens, collection=COLLECTION, k=RAG_K),
                         lane=Lane(cfg.lane), deadline_ms=120_000) for q in questions]
-    async with _client(s) as client:
+    async with client_of(s) as client:
         pairs, sent_s = await send_and_drain(client, offsets, requests, cfg, progress)
     records: list[Record] = [_pipeline_record(req, sub) for req, sub in pairs]
     for rec in records:

@@ -118,10 +118,10 @@ class IndexerStage(RecordStage):
                             for e in self.embedders.values())
                 self.rmetrics.indexed("delete")
                 continue
+            assert model is not None  # a document has its modality's embedder (checked above)
             stale = [e.identity for e in self.embedders.values() if e.identity != model]
             outs.extend(Out(self.names.vectors, vector_key(tenant, collection, m, doc_id), None)  # type: ignore[arg-type]
                         for m in stale)  # an id that was a passage and is now an image leaves the text space
-            assert model is not None
             v = vectors[id(r)]
             if isinstance(v, Exception):
                 self._dead(r, f"{getattr(v, 'code', 'internal')}: the document could not be embedded: "
@@ -216,11 +216,11 @@ def _batches(todo: list[Any], sizes: dict[str, int]) -> list[list[Any]]:
     """``todo`` (``(record, model, (tenant, ..., document))``) cut into engine calls of at most
     ``sizes[modality]`` documents, each of one tenant (the reuse cache keys on the tenant) and
     modality: an image batch holds at most that many images' bytes."""
-    by_tenant: dict[tuple[str, str], list[Any]] = {}
+    groups: dict[tuple[str, str], list[Any]] = {}
     for t in todo:
-        by_tenant.setdefault((t[2][0], t[2][3].modality), []).append(t)
+        groups.setdefault((t[2][0], t[2][3].modality), []).append(t)
     out = []
-    for (_, modality), items in by_tenant.items():
+    for (_, modality), items in groups.items():
         size = sizes.get(modality, 1)
         out += [items[i:i + size] for i in range(0, len(items), size)]
     return out

@@ -12,8 +12,8 @@ Two inputs:
   passages, an image query its images, each in the space of the query's model version; a
   retrieval-augmented ``generate`` job carries its question, embedded here with the text
   encoder (``workers.retrieval.embed``). A query in a space still being re-embedded (a
-  model change) while another space of the collection is ready is refused as
-  ``overloaded`` with ``retry_after_ms``, never answered from part of the collection.
+  model change) while another version of its model is ready for the collection is refused
+  as ``overloaded`` with ``retry_after_ms``, never answered from part of the collection.
 
 Answers, exactly once like the generator's: the ``result`` (or ``error``) event on the
 job's reply topic, or for RAG the ``GenerateJob`` with its passages on
@@ -161,7 +161,7 @@ class RetrieveStage(RecordStage):
             await asyncio.sleep(RETIRE_EVERY_S)
             async with self.lock:
                 for t, n, m in self.core.retire(time.time()):
-                    log.info("retrieve: %s/%s: the space of %s is retired (a newer one answers)", t, n, m)
+                    log.info("retrieve: %s/%s: the space of %s is retired (another version of the model is in use)", t, n, m)
 
     async def _snapshots_forever(self) -> None:
         while not self.should_stop:
