@@ -362,6 +362,16 @@ class QuotaSettings(Section):
         0.0, "Bytes a tenant's refs may name at once above that rate; 0: the larger of one second's worth and "
         "limits.max_request_ref_bytes (so one request at the cap always gets in eventually).", ge=0
     )
+    compute_ms_per_s: float = setting(
+        0.0, "Predicted engine milliseconds per second one tenant's requests may cause (token bucket per router "
+        "replica): every part's encode priced by its length or pixels, a generation by its prompt and output tokens. "
+        "Bounds how much of the engines one tenant takes, queued or not; over it: overloaded with retry_after_ms. "
+        "0: no compute limit. `mmstream up --secure` sets one (see the README's Security section).", ge=0
+    )
+    compute_burst_ms: float = setting(
+        0.0, "Engine milliseconds a tenant may cause at once above that rate; 0: two seconds' worth. A request priced "
+        "over it waits for a full bucket and leaves it in debt.", ge=0
+    )
     produce_bytes_per_s: int = setting(
         8 * 1024 * 1024, "Bytes per second one tenant's clients may produce on a secured broker: `mmstream tenant add` "
         "sets it as the tenant principal's producer_byte_rate client quota, so the broker throttles a flooding tenant "

@@ -24,6 +24,8 @@ whole). Sizing also caps a referenced claim check's remaining life at ``claim_tt
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -121,22 +123,34 @@ def file_target(file_root: Path | None, path: str, field: str, tenant: str) -> P
         raise WireError(ErrorCode.INVALID_REQUEST, NO_FILE, field) from None
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimSize:
+    """What the router learns of one ref before anything reads it."""
+
+    size: int
+    """Its stored bytes."""
+    head: bytes = b""
+    """Its first bytes (at most ``ClaimSizer.head_bytes``): an image's header prices its decode."""
+
+
 class ClaimSizer:
     """Prices refs at admission: the stored size of each (STRLEN of a tenant's claim check, the
-    size of a file under its directory), in one Redis round trip for a request's redis refs.
-    Each referenced claim check's remaining life is capped at ``ttl_s`` on the way (one stored
-    without an expiry gets one). ``redis``: an asyncio client as the workers' user."""
+    size of a file under its directory) and its first ``head_bytes`` bytes, in one Redis
+    round trip for a request's redis refs. Each referenced claim check's remaining life is
+    capped at ``ttl_s`` on the way (one stored without an expiry gets one). ``redis``: an
+    asyncio client as the workers' user."""
 
-    def __init__(self, redis: Any, file_root: Path | None, ttl_s: int) -> None:
+    def __init__(self, redis: Any, file_root: Path | None, ttl_s: int, head_bytes: int = 0) -> None:
         self.redis = redis
         self.file_root = file_root.resolve() if file_root else None
         self.ttl_s = ttl_s
+        self.head_bytes = head_bytes
 
-    async def sizes(self, refs: Sequence[tuple[int, str]], tenant: str) -> dict[int, int | WireError]:
-        """Part index -> stored bytes, or the ``WireError`` the part fails with (named
+    async def sizes(self, refs: Sequence[tuple[int, str]], tenant: str) -> dict[int, ClaimSize | WireError]:
+        """Part index -> its size and head, or the ``WireError`` the part fails with (named
         ``parts.<i>.ref``: unknown, not the tenant's, not readable, alike; ``internal``,
         retriable, when Redis does not answer)."""
-        out: dict[int, int | WireError] = {}
+        out: dict[int, ClaimSize | WireError] = {}
         keys: list[tuple[int, str]] = []
         for i, ref in refs:
             field = f"parts.{i}.ref"
@@ -150,7 +164,7 @@ class ClaimSizer:
                     out[i] = WireError(ErrorCode.INVALID_REQUEST, UNKNOWN, field)
             elif ref.startswith("file://"):
                 try:
-                    out[i] = file_target(self.file_root, ref[len("file://"):], field, tenant).stat().st_size
+                    out[i] = self._file_size(file_target(self.file_root, ref[len("file://"):], field, tenant))
                 except WireError as err:
                     out[i] = err
                 except OSError:
@@ -161,22 +175,33 @@ class ClaimSizer:
             out.update(await self._redis_sizes(keys))
         return out
 
-    async def _redis_sizes(self, keys: list[tuple[int, str]]) -> dict[int, int | WireError]:
+    def _file_size(self, path: Path) -> ClaimSize:
+        if self.head_bytes <= 0:
+            return ClaimSize(path.stat().st_size)
+        with path.open("rb") as f:
+            return ClaimSize(os.fstat(f.fileno()).st_size, f.read(self.head_bytes))
+
+    async def _redis_sizes(self, keys: list[tuple[int, str]]) -> dict[int, ClaimSize | WireError]:
+        distinct = list(dict.fromkeys(key for _, key in keys))  # one key named by many parts is read once
+        per_key = 3 if self.head_bytes > 0 else 2
         try:
             pipe = self.redis.pipeline(transaction=False)
-            for _, key in keys:
+            for key in distinct:
                 pipe.strlen(key)
                 pipe.expire(key, self.ttl_s, lt=True)
+                if self.head_bytes > 0:
+                    pipe.getrange(key, 0, self.head_bytes - 1)
             replies = await pipe.execute(raise_on_error=False)
         except redis.RedisError as exc:
             return {i: WireError(ErrorCode.INTERNAL, f"could not size the claim check in Redis "
                                  f"({exc.__class__.__name__})", f"parts.{i}.ref", retry_after_ms=1000)
                     for i, _ in keys}
-        out: dict[int, int | WireError] = {}
-        for n, (i, _) in enumerate(keys):
-            size = replies[2 * n]
+        found: dict[str, ClaimSize | None] = {}
+        for n, key in enumerate(distinct):
+            size = replies[per_key * n]
+            head = replies[per_key * n + 2] if self.head_bytes > 0 else b""
             if isinstance(size, Exception) or not isinstance(size, int) or size <= 0:  # absent, empty, not a string
-                out[i] = WireError(ErrorCode.INVALID_REQUEST, UNKNOWN, f"parts.{i}.ref")
+                found[key] = None
             else:
-                out[i] = size
-        return out
+                found[key] = ClaimSize(size, head if isinstance(head, bytes) else b"")
+        return {i: found[key] or WireError(ErrorCode.INVALID_REQUEST, UNKNOWN, f"parts.{i}.ref") for i, key in keys}

@@ -45,7 +45,7 @@ def victim_comparison(alone: Mapping[str, Any], flood: Mapping[str, Any]) -> dic
 def shed_cause(code: str | None, message: str) -> str:
     """Which limit an ``overloaded`` answer came from, read from its message (the wire carries
     no reason): ``quota_rate``, ``quota_queued`` (the tenant's cap or fair share),
-    ``quota_ref_bytes``, ``admission`` (a stage's queued work), ``generator`` (the TTFT
+    ``quota_ref_bytes``, ``quota_compute``, ``admission`` (a stage's queued work), ``generator`` (the TTFT
     bound), ``assembler``; the code itself for any other error, ``other`` when unrecognised."""
     if code != "overloaded":
         return code or "lost"
@@ -54,6 +54,8 @@ def shed_cause(code: str | None, message: str) -> str:
         return "quota_rate"
     if "bytes per" in m:
         return "quota_ref_bytes"
+    if "engine ms per second" in m:
+        return "quota_compute"
     if m.startswith("tenant ") and "ms of work" in m:
         return "quota_queued"
     if m.startswith("stage "):

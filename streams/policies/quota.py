@@ -20,6 +20,14 @@ Two limits, each off at 0:
   ``ref_bytes_burst`` capacity): a request takes the stored size of what its refs name (the
   router sizes them first), so a small request cannot make the workers read gigabytes. A
   request bigger than the bucket waits for a full one and leaves it in debt.
+- **compute**: a third bucket, in predicted engine milliseconds (``compute_ms_per_s`` refill,
+  ``compute_burst_ms`` capacity): a request takes what the router priced all of its work at
+  (every part's encode, by its length or its pixels; a generation by its prompt and output
+  tokens). The other limits bound what a tenant has queued; this one bounds how much of the
+  engines it takes per second, queued or not, so a tenant within its queued-work share
+  cannot keep every core busy with admitted work. It is taken when the request is sent (a
+  request admission refuses costs nothing), checked before: a request bigger than the bucket
+  waits for a full one and leaves it in debt, as with ref bytes.
 
 Shed means ``overloaded`` with ``retry_after_ms`` (the router's ``Reject``). Memory is bounded:
 a tenant's counts are dropped once idle longer than its bucket needs to refill and the
@@ -35,6 +43,8 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Mapping
 
+COMPUTE_BURST_S = 2.0
+"""The compute bucket's default capacity, in seconds of its refill."""
 SLOTS = 10
 """Counted work is kept in this many slots of ``window_ms / SLOTS`` (memory per tenant is
 constant; a job counts until the end of the slot its predicted end falls in)."""
@@ -59,10 +69,18 @@ class QuotaLimits:
     """Bytes per second a tenant's refs may name; 0: no byte limit."""
     ref_bytes_burst: float = 0.0
     """The byte bucket's capacity; 0: one second's worth."""
+    compute_ms_per_s: float = 0.0
+    """Predicted engine ms per second a tenant's requests may cause; 0: no compute limit."""
+    compute_burst_ms: float = 0.0
+    """The compute bucket's capacity; 0: ``COMPUTE_BURST_S`` seconds' worth."""
 
     @property
     def ref_capacity(self) -> float:
         return self.ref_bytes_burst if self.ref_bytes_burst > 0 else self.ref_bytes_per_s
+
+    @property
+    def compute_capacity(self) -> float:
+        return self.compute_burst_ms if self.compute_burst_ms > 0 else COMPUTE_BURST_S * self.compute_ms_per_s
 
     def rate_of(self, tenant: str) -> tuple[float, float]:
         """(rate per second, bucket capacity) of ``tenant``."""
@@ -93,6 +111,8 @@ class _Tenant:
     """Sum of the slots."""
     ref_tokens: float = 0.0
     """Bytes left in the ref bucket (negative: in debt after a request bigger than it)."""
+    compute_tokens: float = 0.0
+    """Engine ms left in the compute bucket (negative: in debt, as the ref bucket)."""
 
 
 class TenantQuotas:
@@ -111,12 +131,14 @@ class TenantQuotas:
     def enabled(self) -> bool:
         q = self.limits
         return (q.rate_per_s > 0 or bool(q.overrides) or q.fair_share > 0 or q.max_queued_ms > 0
-                or q.ref_bytes_per_s > 0)
+                or q.ref_bytes_per_s > 0 or q.compute_ms_per_s > 0)
 
-    def check(self, tenant: str, *, lane_limit_ms: float, now_ms: float, ref_bytes: int = 0) -> Shed | None:
+    def check(self, tenant: str, *, lane_limit_ms: float, now_ms: float, ref_bytes: int = 0,
+              cost_ms: float = 0.0) -> Shed | None:
         """Whether ``tenant`` may send one more request now (None) or is shed. Takes a token
         (and ``ref_bytes`` from its byte bucket) when it may; ``lane_limit_ms`` is the admission
-        limit of the request's lane, ``ref_bytes`` what the request's refs name."""
+        limit of the request's lane, ``ref_bytes`` what the request's refs name, ``cost_ms``
+        the engine work it was priced at (taken from the compute bucket by ``note_sent``)."""
         self._expire(now_ms)
         t = self._touch(tenant, now_ms)
         sent = self._window(t, now_ms)
@@ -127,18 +149,17 @@ class TenantQuotas:
         if sent >= limit:
             return Shed("queued", f"tenant {tenant} has {sent:.0f} ms of work in the pipeline (its limit now: "
                         f"{limit:.0f} ms); retry later", self._drain_ms(t, limit, now_ms))
-        elapsed_ms = now_ms - t.updated_ms
-        t.updated_ms = now_ms
-        if q.ref_bytes_per_s > 0:
-            t.ref_tokens = min(q.ref_capacity, t.ref_tokens + elapsed_ms * q.ref_bytes_per_s / 1000.0)
-            need = min(float(ref_bytes), q.ref_capacity)
-            if ref_bytes > 0 and t.ref_tokens < need:
-                wait = math.ceil((need - t.ref_tokens) * 1000.0 / q.ref_bytes_per_s)
-                return Shed("ref_bytes", f"tenant {tenant} is over its rate of {q.ref_bytes_per_s:.0f} bytes per "
-                            "second read through refs; retry later", max(1, wait))
-        rate, capacity = q.rate_of(tenant)
+        self._refill(t, tenant, now_ms)
+        if q.ref_bytes_per_s > 0 and ref_bytes > 0 and t.ref_tokens < min(float(ref_bytes), q.ref_capacity):
+            wait = math.ceil((min(float(ref_bytes), q.ref_capacity) - t.ref_tokens) * 1000.0 / q.ref_bytes_per_s)
+            return Shed("ref_bytes", f"tenant {tenant} is over its rate of {q.ref_bytes_per_s:.0f} bytes per "
+                        "second read through refs; retry later", max(1, wait))
+        if q.compute_ms_per_s > 0 and cost_ms > 0 and t.compute_tokens < min(cost_ms, q.compute_capacity):
+            wait = math.ceil((min(cost_ms, q.compute_capacity) - t.compute_tokens) * 1000.0 / q.compute_ms_per_s)
+            return Shed("compute", f"tenant {tenant} is over its compute rate of {q.compute_ms_per_s:.0f} engine "
+                        f"ms per second (this request: {cost_ms:.0f} ms); retry later", max(1, wait))
+        rate = q.rate_of(tenant)[0]
         if rate > 0:
-            t.tokens = min(capacity, t.tokens + elapsed_ms * rate / 1000.0)
             if t.tokens < 1.0:
                 wait = math.ceil((1.0 - t.tokens) * 1000.0 / rate)
                 return Shed("rate", f"tenant {tenant} is over its rate of {rate:g} requests per second; retry later",
@@ -162,10 +183,13 @@ class TenantQuotas:
     def note_sent(self, tenant: str, cost_ms: float, now_ms: float, wait_ms: float = 0.0) -> None:
         """Count ``cost_ms`` of work the router sent for ``tenant`` now, predicted to wait
         ``wait_ms`` in its queue first: it counts until ``now + wait + cost`` (at most
-        ``window_ms``). Nothing is kept while no quota is set."""
+        ``window_ms``), and is taken from the tenant's compute bucket. Nothing is kept while
+        no quota is set."""
         if cost_ms <= 0 or not self.enabled:
             return
         t = self._touch(tenant, now_ms)
+        if self.limits.compute_ms_per_s > 0:
+            t.compute_tokens -= cost_ms
         self._window(t, now_ms)
         until = now_ms + min(self.limits.window_ms, max(0.0, wait_ms) + cost_ms)
         index = math.floor(until / self.slot_ms)
@@ -186,13 +210,27 @@ class TenantQuotas:
         t = self._tenants.get(tenant)
         if t is None:
             t = self._tenants[tenant] = _Tenant(self.limits.rate_of(tenant)[1], now_ms, now_ms,
-                                                ref_tokens=self.limits.ref_capacity)
+                                                ref_tokens=self.limits.ref_capacity,
+                                                compute_tokens=self.limits.compute_capacity)
             while len(self._tenants) > self.limits.max_tenants:
                 self._tenants.popitem(last=False)
         else:
             t.seen_ms = max(t.seen_ms, now_ms)
             self._tenants.move_to_end(tenant)
         return t
+
+    def _refill(self, t: _Tenant, tenant: str, now_ms: float) -> None:
+        """Refill every bucket of ``tenant`` for the time since it was last refilled."""
+        q = self.limits
+        elapsed_s = max(0.0, now_ms - t.updated_ms) / 1000.0
+        t.updated_ms = max(t.updated_ms, now_ms)
+        rate, capacity = q.rate_of(tenant)
+        if rate > 0:
+            t.tokens = min(capacity, t.tokens + elapsed_s * rate)
+        if q.ref_bytes_per_s > 0:
+            t.ref_tokens = min(q.ref_capacity, t.ref_tokens + elapsed_s * q.ref_bytes_per_s)
+        if q.compute_ms_per_s > 0:
+            t.compute_tokens = min(q.compute_capacity, t.compute_tokens + elapsed_s * q.compute_ms_per_s)
 
     def _window(self, t: _Tenant, now_ms: float) -> float:
         """The tenant's counted work now, after dropping the slots that have ended."""
@@ -224,11 +262,13 @@ class TenantQuotas:
         while self._tenants:
             name, t = next(iter(self._tenants.items()))
             rate, capacity = self.limits.rate_of(name)
+            q = self.limits
             refill_ms = capacity * 1000.0 / rate if rate > 0 else 0.0
-            if self.limits.ref_bytes_per_s > 0 and t.ref_tokens < self.limits.ref_capacity:
-                # A tenant in debt stays until its byte bucket would be full again.
-                debt = self.limits.ref_capacity - t.ref_tokens
-                refill_ms = max(refill_ms, debt * 1000.0 / self.limits.ref_bytes_per_s)
+            # A tenant with a bucket short of full (in debt, even) stays until it would be full again.
+            if q.ref_bytes_per_s > 0 and t.ref_tokens < q.ref_capacity:
+                refill_ms = max(refill_ms, (q.ref_capacity - t.ref_tokens) * 1000.0 / q.ref_bytes_per_s)
+            if q.compute_ms_per_s > 0 and t.compute_tokens < q.compute_capacity:
+                refill_ms = max(refill_ms, (q.compute_capacity - t.compute_tokens) * 1000.0 / q.compute_ms_per_s)
             if now_ms - max(t.seen_ms, t.refused_ms) < max(self.limits.window_ms, refill_ms):
                 return
             del self._tenants[name]

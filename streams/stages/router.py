@@ -32,6 +32,7 @@ from streams.stages.routing import JobOut, Routed, Router
 from streams.stores import claim_sweep, load_reports
 from streams.stores.result_cache import ResultCache
 from workers.claims import ClaimSizer
+from workers.image_header import HEAD_BYTES
 from workers.redisconn import connect_async
 
 if TYPE_CHECKING:
@@ -61,7 +62,8 @@ class RouterStage(RecordStage):
         self.redis = connect_async(settings.redis.url, settings.redis.tls_ca, socket_timeout=0.2,
                                    socket_connect_timeout=0.2)
         lim = settings.limits
-        sizer = ClaimSizer(self.redis, Path(lim.ref_file_root) if lim.ref_file_root else None, lim.claim_ttl_s)
+        sizer = ClaimSizer(self.redis, Path(lim.ref_file_root) if lim.ref_file_root else None, lim.claim_ttl_s,
+                           head_bytes=HEAD_BYTES)
         self.router = Router(settings, self.topic_cache.exists, self.load, results, ref_sizes=sizer.sizes)
         self.tenant_labels = TenantLabels(settings.quota.metric_tenants)
         adm = settings.admission

@@ -64,13 +64,17 @@ from streams.runtime.produce import Out, dead_letter, out_map
 from streams.runtime.stage import bounded
 from workers import modalities
 from workers.cache_keys import content_digest, result_key
+from workers.claims import ClaimSize
+from workers.image_header import HEAD_BYTES
 from workers.text import normalize
 
 log = logging.getLogger(__name__)
 
 TEXT_MAX_TOKENS = 256.0
-# (part index, ref) pairs and the tenant -> per part its stored bytes or error (``ClaimSizer.sizes``).
-RefSizes = Callable[[Sequence[tuple[int, str]], str], Awaitable[dict[int, "int | WireError"]]]
+# (part index, ref) pairs and the tenant -> per part its size and head, or error (``ClaimSizer.sizes``).
+RefSizes = Callable[[Sequence[tuple[int, str]], str], Awaitable[dict[int, "ClaimSize | WireError"]]]
+Priced = tuple[str, float] | None
+"""One part's price: (the stage whose engine it loads, predicted ms), None for a modality not served."""
 
 
 def limits_from(settings: Settings) -> Limits:
@@ -137,7 +141,8 @@ class Router:
             rate_per_s=q.rate_per_s, burst=q.burst, overrides=parse_quota_overrides(q.overrides), fair_share=q.fair_share,
             max_queued_ms=q.max_queued_ms, window_ms=float(q.window_ms), max_tenants=q.max_tenants,
             ref_bytes_per_s=q.ref_bytes_per_s,
-            ref_bytes_burst=q.ref_bytes_burst or max(q.ref_bytes_per_s, float(settings.limits.max_request_ref_bytes))))
+            ref_bytes_burst=q.ref_bytes_burst or max(q.ref_bytes_per_s, float(settings.limits.max_request_ref_bytes)),
+            compute_ms_per_s=q.compute_ms_per_s, compute_burst_ms=q.compute_burst_ms))
         self.dlq_budget = KeyedBudget(settings.dlq.tenant_rate_per_s, settings.dlq.tenant_burst, q.max_tenants)
         self.nonce = nonce
         self.ref_sizes = ref_sizes
@@ -150,7 +155,8 @@ class Router:
         checked = await self._checked(raw, headers, record_ts_ms, source, tenant)
         if isinstance(checked, Routed):
             return checked
-        req, digest, ref_bytes, refused = checked
+        req, digest, ref_bytes, refused, claims = checked
+        priced = [self._part_stage(p, claims.get(i)) for i, p in enumerate(req.parts)]
         # The client's timestamp, believed only within [started - max age, started].
         client_sent = min(started, max(record_ts_ms, started - self.settings.router.max_record_age_ms)) \
             if record_ts_ms else started
@@ -159,24 +165,24 @@ class Router:
         # one poll, routed concurrently, cannot all be admitted on the same queued work.
         key = self._result_key(req)
         stored = await self.results.get(key) if key is not None else None
-        shed = self._quota(req, started, sum(ref_bytes.values()))
+        shed = self._quota(req, started, sum(ref_bytes.values()), priced)
         if shed is not None:
             err = WireError(ErrorCode.OVERLOADED, shed.message, None, shed.retry_after_ms)
             return self._refused(req, err, digest, shed=(req.tenant, shed.reason))
         if stored is not None:
             return self._answer_from_cache(req, stored, client_sent, started, digest)
-        decision = self._admit(req)
+        decision = self._admit(req, priced)
         if isinstance(decision, Reject):
             if decision.code == ErrorCode.OVERLOADED:  # kept out: the others keep to their fair share
                 self.quotas.note_refused(req.tenant, started)
             return self._refused(req, WireError(decision.code, decision.message, None, decision.retry_after_ms), digest)
-        return self._accepted(req, decision, key, client_sent, started, digest, refused, ref_bytes)
+        return self._accepted(req, decision, key, client_sent, started, digest, refused, ref_bytes, priced)
 
     async def _checked(self, raw: bytes, headers: Any, record_ts_ms: float | None, source: str,
-                       tenant: str | None) -> tuple[Any, str, dict[int, int], dict[int, WireError]] | Routed:
-        """A valid request with its record digest and its refs priced (bytes per part, and
-        the parts refused), or what answers the record instead (an error event, or the DLQ
-        for a record no one can be answered for)."""
+                       tenant: str | None) -> tuple[Any, str, dict[int, int], dict[int, WireError], dict[int, ClaimSize]] | Routed:
+        """A valid request with its record digest and its refs priced (bytes per part, the
+        parts refused, size and first bytes per part), or what answers the record instead (an
+        error event, or the DLQ for a record no one can be answered for)."""
         content_type = header(headers, CONTENT_TYPE_HEADER)
         if raw is not None and len(raw) > self.settings.limits.max_request_bytes:
             return self._dlq(raw, headers, source, f"{ErrorCode.PAYLOAD_TOO_LARGE}: request is {len(raw)} bytes", tenant)
@@ -200,7 +206,7 @@ class Router:
                                     "out (it is taken from the topic) or send on that tenant's own topic", "tenant")
                 req = dataclasses.replace(req, tenant=tenant)
             req = dataclasses.replace(req, reply_to=await self.replies.check(req.reply_to, tenant))
-            ref_bytes, refused = await self._price_refs(req)
+            ref_bytes, refused, claims = await self._price_refs(req)
         except WireError as err:
             who = peek_reply(obj)
             if who is None:
@@ -213,7 +219,7 @@ class Router:
             event = Event(rid, EventKind.ERROR, 0, now_ms(), error=err.to_wire())
             who_tenant = tenant if tenant is not None else obj.get("tenant")
             return Routed([self._verdict(rid, who_tenant, "rt", reply_to, [event], digest)], "error", str(err.code))
-        return req, digest, ref_bytes, refused
+        return req, digest, ref_bytes, refused, claims
 
     def _refused(self, req: Any, err: WireError, digest: str, shed: tuple[str, str] | None = None) -> Routed:
         # A valid request answered with ``err`` (shed by its quota, or refused by admission).
@@ -222,15 +228,16 @@ class Router:
                       str(err.code), lane=str(req.lane), admission="reject", shed=shed)
 
     def _accepted(self, req: Any, decision: Admit | None, key: str | None, client_sent: float, started: float,
-                  digest: str, refused: dict[int, WireError], ref_bytes: dict[int, int]) -> Routed:
+                  digest: str, refused: dict[int, WireError], ref_bytes: dict[int, int], priced: list[Priced]) -> Routed:
         """An admitted request split into its records: the manifest first (the assembler sends
         ``accepted`` when it arrives), then the parts that failed alone, then the jobs, in
         one producer batch, so encoders start on the parts at once. What it sends is reserved
         in the load view and the tenant's quota before anything yields."""
+        costs = {id(p): (found[1] if found is not None else 0.0) for p, found in zip(req.parts, priced)}
         plan = split_request(
             req, topics=self.topics, partitions=self.settings.kafka.partitions, partitioner=self.partitioner,
             result_key=key,
-            cost_ms=self._part_cost, modality_topics=self.settings.router.modality_topics,
+            cost_ms=lambda part: costs[id(part)], modality_topics=self.settings.router.modality_topics,
             served_modalities=self.served_modalities, client_sent_at_ms=client_sent,
             started_at_ms=started, now_ms=now_ms(), default_deadline_ms=self.settings.limits.default_deadline_ms,
             nonce=self.nonce(), digest=digest, refused=refused, ref_bytes=ref_bytes,
@@ -240,7 +247,7 @@ class Router:
         rkey = request_key(req.tenant, req.id)
         outs = [out_map(encoded, rkey, m.to_wire())]
         outs += [out_map(encoded, rkey, p.to_wire()) for p in plan.failed_parts]
-        jobs = tuple(JobOut(j, out_map(j.topic, j.key, j.job.to_wire(), j.partition), self._part_cost(req.parts[j.job.part]))
+        jobs = tuple(JobOut(j, out_map(j.topic, j.key, j.job.to_wire(), j.partition), costs[id(req.parts[j.job.part])])
                      for j in plan.jobs)
         outs += [j.out for j in jobs]
         for j in jobs:
@@ -286,9 +293,10 @@ class Router:
                       "ok", modality=modalities.pop() if len(modalities) == 1 else "mixed", lane=str(req.lane),
                       queued_ms=span["queued_ms"], service_ms=span["service_ms"], admission="admit")
 
-    def _part_stage(self, part: Any) -> tuple[str, float] | None:
+    def _part_stage(self, part: Any, claim: ClaimSize | None = None) -> Priced:
         """(the encode stage whose engine a part loads, its predicted ms there); None for a
-        modality not served here. A video's frames load the image pool."""
+        modality not served here. A video's frames load the image pool. ``claim``: the size
+        and first bytes of what the part's ref names (inline data is read itself)."""
         spec = modalities.get(str(part.modality))
         if spec is None or spec.name not in self.served_modalities:
             return None
@@ -300,11 +308,14 @@ class Router:
             reported = self.load.item_ms(stage, tokens)
             return stage, reported if reported is not None else spec.ms_per_unit * tokens
         reported = self.load.item_ms(stage, 1)
-        return stage, units * (reported if reported is not None else spec.ms_per_unit)
-
-    def _part_cost(self, part: Any) -> float:
-        found = self._part_stage(part)
-        return found[1] if found is not None else 0.0
+        ms = units * (reported if reported is not None else spec.ms_per_unit)
+        if spec.prepare_ms is not None and part.text is None:
+            if part.data is not None:
+                head, stored = part.data[:HEAD_BYTES], size
+            else:  # a ref the sizer did not read is priced at the bounds
+                head, stored = (claim.head, claim.size) if claim else (b"", self.settings.limits.max_ref_bytes)
+            ms += spec.prepare_ms(head, stored, self.settings.limits.max_image_pixels)
+        return stage, ms
 
     def _generate_cost(self, req: Any) -> float:
         """The generator's work a generate request causes (0 for embed), priced before any
@@ -315,50 +326,51 @@ class Router:
         others = sum(1 for p in req.parts if p.text is None)
         return price_generate_ms(estimate_prompt_tokens(chars, others), int(req.params.max_tokens))
 
-    async def _price_refs(self, req: Any) -> tuple[dict[int, int], dict[int, WireError]]:
-        """(part index -> stored bytes of its ref, part index -> the error it fails with) for
-        the ref parts of a served modality. Raises ``WireError`` (``payload_too_large``) when
+    async def _price_refs(self, req: Any) -> tuple[dict[int, int], dict[int, WireError], dict[int, ClaimSize]]:
+        """(part index -> stored bytes of its ref, part index -> the error it fails with, part
+        index -> what the sizer read of its ref) for the ref parts of a served modality. Raises ``WireError`` (``payload_too_large``) when
         the refs that resolve name more than ``limits.max_request_ref_bytes`` together."""
         refs = [(i, p.ref) for i, p in enumerate(req.parts)
                 if p.ref is not None and str(p.modality) in self.served_modalities]
         if not refs:
-            return {}, {}
+            return {}, {}, {}
         lim = self.settings.limits
         if self.ref_sizes is None:
-            found: dict[int, int | WireError] = {i: lim.max_ref_bytes for i, _ in refs}
+            found: dict[int, ClaimSize | WireError] = {i: ClaimSize(lim.max_ref_bytes) for i, _ in refs}
         else:
             found = await self.ref_sizes(refs, req.tenant)
         sizes: dict[int, int] = {}
+        claims: dict[int, ClaimSize] = {}
         refused: dict[int, WireError] = {}
         for i, _ in refs:
             got = found.get(i, WireError(ErrorCode.INTERNAL, "the claim check could not be sized", f"parts.{i}.ref"))
             if isinstance(got, WireError):
                 refused[i] = got
-            elif got > lim.max_ref_bytes:
-                refused[i] = WireError(ErrorCode.PAYLOAD_TOO_LARGE, f"the referenced payload is {got} bytes; the "
+            elif got.size > lim.max_ref_bytes:
+                refused[i] = WireError(ErrorCode.PAYLOAD_TOO_LARGE, f"the referenced payload is {got.size} bytes; the "
                                        f"limit is {lim.max_ref_bytes}", f"parts.{i}.ref")
             else:
-                sizes[i] = got
+                sizes[i], claims[i] = got.size, got
         total = sum(sizes.values())
         if total > lim.max_request_ref_bytes:
             raise WireError(ErrorCode.PAYLOAD_TOO_LARGE, f"the refs of this request name {total} bytes together; the "
                             f"limit is {lim.max_request_ref_bytes} per request", "parts")
-        return sizes, refused
+        return sizes, refused, claims
 
-    def _quota(self, req: Any, now: float, ref_bytes: int = 0) -> Shed | None:
+    def _quota(self, req: Any, now: float, ref_bytes: int, priced: list[Priced]) -> Shed | None:
         """The tenant's quota decision (None: within it, or no quota is set)."""
         if not self.quotas.enabled:
             return None
+        cost = sum(found[1] for found in priced if found is not None) + self._generate_cost(req)
         return self.quotas.check(req.tenant, lane_limit_ms=self.lane_limit_ms.get(str(req.lane), 0.0), now_ms=now,
-                                 ref_bytes=ref_bytes)
+                                 ref_bytes=ref_bytes, cost_ms=cost)
 
-    def _admit(self, req: Any) -> Admit | Reject | None:
+    def _admit(self, req: Any, priced: list[Priced]) -> Admit | Reject | None:
         """The admission decision for a valid request (None when admission is off)."""
         if self.admission is None:
             return None
         stages: dict[str, float] = {}
-        for part in req.parts:
-            found = self._part_stage(part)
+        for found in priced:
             if found is None:
                 continue
             stage, ms = found

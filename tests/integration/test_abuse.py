@@ -22,7 +22,10 @@ from schemas.request import Modality, Part, Request
 from streams.sdk.client import Client, new_id
 from tests.integration.conftest import start_pipeline
 from tests.integration.kafka_io import read_to_end
-from workers.claims import ClaimResolver
+from schemas.errors import WireError
+from workers.claims import ClaimResolver, ClaimSize, ClaimSizer
+from workers.image_header import HEAD_BYTES
+from workers.redisconn import connect_async
 from workers.video import FRAMES_MIME, chunk_frames, decode_video
 
 pytestmark = pytest.mark.integration
@@ -135,3 +138,32 @@ async def test_a_clip_is_decoded_no_further_than_its_pixel_bound(abuse):
     ok, refused = event.payload["parts"]
     assert ok["extras"]["frames_encoded"] == 1
     assert refused["error"]["code"] == "payload_too_large" and "decoded pixels" in refused["error"]["message"]
+
+
+async def test_refs_are_sized_with_their_header_in_one_read_per_blob(abuse):
+    tenant = f"head{uuid.uuid4().hex[:6]}"
+    key = store(abuse, tenant)
+    r = connect_async(abuse.settings.redis.url)
+    try:
+        sizer = ClaimSizer(r, None, CLAIM_TTL_S, head_bytes=HEAD_BYTES)
+        got = await sizer.sizes([(0, f"redis:{key}"), (1, f"redis:{key}"), (2, f"redis:mm:claim:{tenant}:gone:0")],
+                                tenant)
+    finally:
+        await r.aclose()
+    assert got[0] == got[1] == ClaimSize(S, PHOTO[:HEAD_BYTES])  # what prices the photo's decode
+    assert isinstance(got[2], WireError) and got[2].field == "parts.2.ref"
+
+
+async def test_a_pixel_bomb_is_priced_by_its_pixels_at_admission(abuse):
+    import io
+
+    from PIL import Image
+
+    flat = io.BytesIO()
+    Image.new("RGB", (5000, 5000)).save(flat, "PNG")  # 25 megapixels in a few dozen KB: ~400 ms to decode
+    bomb = Part(Modality.IMAGE, data=flat.getvalue(), mime="image/png")
+    async with Client(abuse.bootstrap, abuse.prefix) as c:
+        refused = await (await c.submit(Request(id=new_id(), parts=(bomb,), deadline_ms=250))).result(timeout_s=60)
+    # Priced as a thumbnail (the engine's 8 ms) it was admitted; priced by its pixels it cannot meet 250 ms.
+    assert refused.kind == "error" and refused.error["code"] == "deadline_exceeded"
+    assert "predicted" in refused.error["message"]

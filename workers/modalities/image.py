@@ -2,7 +2,8 @@
 
 The image pool also encodes video frame chunks (``FRAMES_MIME``, from the video stage):
 their output is the SUM of the frames' embeddings, which the assembler pools. One image or
-frame is one unit of cost (every picture is resized to 224x224 before the engine). Its compute
+frame is one unit of the engine's cost (every picture is resized to 224x224 before the
+engine); an image's decode is priced on top, from its header (``workers.image_header``). Its compute
 (``image_runner``) loads only in its workers.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from workers import prompt as P
+from workers.image_header import decode_ms
 from workers.modalities.spec import ModalitySpec
 
 
@@ -33,6 +35,7 @@ SPEC = ModalitySpec(
     recipe="efficientnet-lite0",
     cost_unit="image",
     ms_per_unit=8.0,  # per image at 224x224
+    prepare_ms=decode_ms,  # the decode and resize, by the pixels its header gives
     ttl_setting="ttl_image_s",
     grounding=_grounding,
     prompt_part=_prompt_part,

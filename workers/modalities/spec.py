@@ -85,6 +85,10 @@ class ModalitySpec:
     units: Callable[[int, int], float] = one_unit
     """(size, max_frames) -> work units of one part, as the router sees it without decoding:
     ``size`` is the text's characters or the inline bytes (0 for a ref)."""
+    prepare_ms: Callable[[bytes, int, int], float] | None = None
+    """(the payload's first bytes, its size in bytes, ``limits.max_image_pixels``) -> ms of a
+    core a worker spends on one part before the engine (an image's decode, read from its
+    header), priced by the router on top of the engine's cost; None: nothing beyond it."""
     cache_ttl_s: int = 3600
     """How long a cached output stays reusable, unless a setting says otherwise."""
     ttl_setting: str | None = None

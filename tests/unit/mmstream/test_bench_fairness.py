@@ -160,6 +160,10 @@ def test_shed_causes_are_read_from_the_policies_own_messages() -> None:
     assert quotas.check("c", lane_limit_ms=500.0, now_ms=1.0, ref_bytes=10**6) is None  # a full bucket, left in debt
     assert shed_cause("overloaded", quotas.check("c", lane_limit_ms=500.0, now_ms=2.0, ref_bytes=10**6).message) \
         == "quota_ref_bytes"
+    compute = TenantQuotas(QuotaLimits(compute_ms_per_s=10.0))
+    compute.note_sent("d", 50.0, 0.0)
+    assert shed_cause("overloaded", compute.check("d", lane_limit_ms=500.0, now_ms=1.0, cost_ms=5.0).message) \
+        == "quota_compute"
     assert shed_cause("overloaded", "the generator is busy: the first token would come in about 3000 ms") == "generator"
     assert shed_cause("payload_too_large", "refs name too much") == "payload_too_large"
 

@@ -132,3 +132,36 @@ def test_a_rate_shed_takes_no_bytes():
     assert q.check("a", lane_limit_ms=LANE, now_ms=0.0, ref_bytes=10) is None
     assert q.check("a", lane_limit_ms=LANE, now_ms=0.0, ref_bytes=990).reason == "rate"
     assert q.check("a", lane_limit_ms=LANE, now_ms=1000.0, ref_bytes=990) is None  # the 990 bytes were kept
+
+
+def test_compute_is_taken_when_sent_and_sheds_until_enough_is_back():
+    q = quotas(compute_ms_per_s=100.0, compute_burst_ms=300.0)
+    assert q.enabled
+    assert q.check("a", lane_limit_ms=LANE, now_ms=0.0, cost_ms=250.0) is None
+    assert q.check("a", lane_limit_ms=LANE, now_ms=0.0, cost_ms=250.0) is None  # not sent (admission refused): free
+    q.note_sent("a", 250.0, 0.0)
+    shed = q.check("a", lane_limit_ms=LANE, now_ms=0.0, cost_ms=100.0)
+    assert shed is not None and shed.reason == "compute" and shed.retry_after_ms == 500  # 50 left, 100 needed
+    assert "100 engine ms per second" in shed.message
+    assert q.check("a", lane_limit_ms=LANE, now_ms=0.0, cost_ms=40.0) is None  # a smaller one still fits
+    assert q.check("b", lane_limit_ms=LANE, now_ms=0.0, cost_ms=300.0) is None  # each tenant its own bucket
+    assert q.check("a", lane_limit_ms=LANE, now_ms=500.0, cost_ms=100.0) is None
+
+
+def test_a_request_priced_over_the_compute_bucket_waits_for_a_full_one_and_leaves_debt():
+    q = quotas(compute_ms_per_s=100.0, compute_burst_ms=200.0)
+    assert q.check("a", lane_limit_ms=LANE, now_ms=0.0, cost_ms=30_000.0) is None  # a long generation: in
+    q.note_sent("a", 30_000.0, 0.0)  # 29,800 ms in debt: about five minutes of its rate
+    shed = q.check("a", lane_limit_ms=LANE, now_ms=0.0, cost_ms=10.0)
+    assert shed is not None and shed.retry_after_ms == 298_100
+    q.check("x", lane_limit_ms=LANE, now_ms=200_000.0)  # others seen later do not make it forget the debt
+    assert q.check("a", lane_limit_ms=LANE, now_ms=298_000.0, cost_ms=10.0) is not None
+    assert q.check("a", lane_limit_ms=LANE, now_ms=298_100.0, cost_ms=10.0) is None
+
+
+def test_a_shed_by_one_bucket_loses_no_refill_of_the_others():
+    q = quotas(rate_per_s=1.0, burst=1.0, compute_ms_per_s=100.0, compute_burst_ms=100.0)
+    assert q.check("a", lane_limit_ms=LANE, now_ms=0.0, cost_ms=100.0) is None
+    q.note_sent("a", 100.0, 0.0)
+    assert q.check("a", lane_limit_ms=LANE, now_ms=600.0, cost_ms=100.0).reason == "compute"
+    assert q.check("a", lane_limit_ms=LANE, now_ms=1000.0, cost_ms=100.0) is None  # both full again at 1 s

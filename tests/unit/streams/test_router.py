@@ -183,16 +183,32 @@ def test_dead_letters_keep_only_metadata_when_asked():
 # -- issue 22: refs priced at their stored size, internal media types refused -------------------
 
 
+def _small_png() -> bytes:
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (64, 48)).save(out, "PNG")
+    return out.getvalue()
+
+
+SMALL_PNG = _small_png()
+"""What the fake sizer reads of every ref: a small image's header, priced like a photo's."""
+
+
 def sized_router(stored: dict[str, int], **env):
     """A router whose claim checks have the sizes ``stored`` (ref -> bytes; others unknown)."""
     from schemas.errors import ErrorCode, WireError
+    from workers.claims import ClaimSize
 
     r = make_router(**env)
     asked = []
 
     async def sizes(refs, tenant):
         asked.append((list(refs), tenant))
-        return {i: stored[ref] if ref in stored else WireError(ErrorCode.INVALID_REQUEST, "unknown", f"parts.{i}.ref")
+        return {i: ClaimSize(stored[ref], SMALL_PNG) if ref in stored else WireError(ErrorCode.INVALID_REQUEST, "unknown",
+                                                                          f"parts.{i}.ref")
                 for i, ref in refs}
 
     r.ref_sizes = sizes
@@ -319,7 +335,7 @@ def test_the_records_of_one_poll_are_not_all_admitted_on_the_same_queued_work():
     r = Router(settings, exists, results=_SlowResults())
     r.models["text"] = "minilm/1/int8"  # published: every request is looked up (an await)
     text = " ".join(f"w{i}" for i in range(400))  # 256 tokens' worth each
-    cost = r._part_cost(type("P", (), {"modality": "text", "text": text, "data": None})())  # noqa: SLF001
+    cost = r._part_stage(type("P", (), {"modality": "text", "text": text, "data": None})())[1]  # noqa: SLF001
 
     async def burst():
         return await asyncio.gather(*(r.handle(pack({"id": f"b{i}", "parts": [{"modality": "text", "text": text}]}),
@@ -347,3 +363,51 @@ def test_a_request_over_the_whole_answer_bound_is_not_hashed_or_looked_up():
     for i, n in enumerate((999, 1001)):
         asyncio.run(r.handle(pack({"id": f"s{i}", "parts": [{"modality": "text", "text": "x" * n}]}), [], None, "t"))
     assert len(asked) == 1
+
+
+def _flat_png(width: int, height: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (width, height)).save(out, "PNG")
+    return out.getvalue()
+
+
+def routed(router, raw):
+    return asyncio.run(router.handle(raw, [], 1000.0, "test"))
+
+
+def test_an_image_is_priced_by_the_pixels_its_header_gives_inline_or_by_ref():
+    from workers.claims import ClaimSize
+
+    big = _flat_png(5000, 5000)  # 25 megapixels in a few dozen KB
+    r = make_router()
+    priced = {j.job.job.part: j.cost_ms for j in routed(r, pack({"id": "px1", "parts": [
+        {"modality": "image", "data": big, "mime": "image/png"},
+        {"modality": "image", "data": SMALL_PNG, "mime": "image/png"}]})).jobs}
+    assert priced[0] > 300.0 and priced[1] < 10.0  # the decode on top of the engine's 8 ms
+
+    async def sizes(refs, tenant):
+        return {i: ClaimSize(10_000_000 if "big" in ref else len(SMALL_PNG), big[:2000] if "big" in ref else SMALL_PNG)
+                for i, ref in refs}
+
+    r = make_router()  # nothing queued from the first request
+    r.ref_sizes = sizes
+    by_ref = {j.job.job.part: j.cost_ms for j in routed(r, pack({"id": "px2", "parts": [
+        image_ref("redis:mm:claim:default:big:0"), image_ref("redis:mm:claim:default:small:0")]})).jobs}
+    assert by_ref[0] > 300.0 + 60.0 and by_ref[1] < 10.0  # the big one's 10 MB are priced too
+
+
+def test_a_tenants_compute_quota_sheds_its_costly_requests_and_not_its_neighbours():
+    big = _flat_png(5000, 5000)
+    r = make_router(quota__compute_ms_per_s="100", quota__compute_burst_ms="1000", admission__max_queued_ms_rt="100000")
+    request = {"id": "c1", "tenant": "hog", "parts": [{"modality": "image", "data": big, "mime": "image/png"}]}
+    outcomes = [routed(r, pack({**request, "id": f"c{i}"})) for i in range(3)]
+    assert [o.outcome for o in outcomes] == ["ok", "ok", "error"]  # ~385 ms each from a 1000 ms bucket
+    _, ev = verdict(outcomes[-1].outs[0])
+    assert ev.error["code"] == "overloaded" and "engine ms per second" in ev.error["message"]
+    assert 1000 < ev.error["retry_after_ms"] < 2000  # ~150 ms short, at 100 ms per second
+    small = routed(r, pack({"id": "n1", "tenant": "neighbour", "parts": [{"modality": "text", "text": "hello"}]}))
+    assert small.outcome == "ok"
