@@ -59,6 +59,7 @@ from prometheus_client.registry import Collector
 
 from schemas.errors import ErrorCode
 from streams.observe.health import WorkerHealth, process_health
+from streams.policies import quota
 from workers.engines.gate import FALLBACK_REASONS
 
 # 0.5 ms to 30 s, roughly 1-2-5 per decade: a text embedding takes a few ms, a bulk video
@@ -75,7 +76,7 @@ OUTCOMES = frozenset({"ok", "error", "dlq"})
 event; ``dlq``: it could not be decoded and went to the dead-letter topic."""
 CACHE_RESULTS = frozenset({"hit", "miss", "error"})
 DECISIONS = frozenset({"admit", "defer", "reject"})
-SHED_REASONS = frozenset({"rate", "queued", "ref_bytes"})
+SHED_REASONS = quota.SHED_REASONS
 ERROR_CODES = frozenset(str(c) for c in ErrorCode)
 ENGINE_FIELDS = ("model", "version", "precision", "provider", "backend")
 MIXED = "mixed"

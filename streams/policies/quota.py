@@ -41,7 +41,7 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Mapping
+from typing import Literal, Mapping, get_args
 
 COMPUTE_BURST_S = 2.0
 """The compute bucket's default capacity, in seconds of its refill."""
@@ -88,12 +88,17 @@ class QuotaLimits:
         return rate, (burst if burst > 0 else max(1.0, rate))
 
 
+ShedReason = Literal["rate", "queued", "ref_bytes", "compute"]
+SHED_REASONS = frozenset(get_args(ShedReason))
+"""Every limit a request can be shed by: the values of the router's shed metric's label."""
+
+
 @dataclass(frozen=True, slots=True)
 class Shed:
     """A request the tenant's quota refuses: answer ``overloaded`` with ``retry_after_ms``."""
 
-    reason: str
-    """``rate``, ``queued`` or ``ref_bytes``: which limit refused it (a metric label)."""
+    reason: ShedReason
+    """Which limit refused it (a metric label)."""
     message: str
     retry_after_ms: int
 

@@ -70,27 +70,30 @@ class RouterStage(RecordStage):
         self.backpressure = Backpressure(adm.backpressure_high_ms, adm.backpressure_low_ms)
         self.colocated = dict(colocated or {})
         """Encode topic -> the encoder running in this process that may take its jobs over."""
+        self.observe_failures = 0
 
     async def handle(self, records: list[ConsumerRecord]) -> None:
         epoch = self.io.epoch  # the assignment these records were read in (routing awaits)
         routed = await asyncio.gather(*(self._route(r) for r in records))
         handovers: list[tuple[Joint, list[JobOut]]] = []
-        for r, result in zip(records, routed):
-            self._observe(result)
-            local = [j for j in result.jobs if j.job.topic in self.colocated]
-            if not local:
-                self.io.deliver(result.outs, [r], epoch)
-                continue
-            # The manifest and everything not offered wait for the encoder's answers and
-            # leave with them, in one produce request (one fetch for the assembler, one answer
-            # produce, one fetch for the client), unless a job goes through its topic.
-            offered = {id(j.out) for j in local}
-            joint = Joint(self.io, r, epoch)
-            self.io.hold([r])  # finished by the joint once every delivery landed
-            joint.hold([o for o in result.outs if id(o) not in offered])
-            handovers.append((joint, local))
-        if handovers:
-            self._hand_over(handovers)
+        try:
+            for r, result in zip(records, routed):
+                self._observe_safely(result)
+                local = [j for j in result.jobs if j.job.topic in self.colocated]
+                if not local:
+                    self.io.deliver(result.outs, [r], epoch)
+                    continue
+                # The manifest and everything not offered wait for the encoder's answers and
+                # leave with them, in one produce request (one fetch for the assembler, one
+                # answer produce, one fetch for the client), unless a job goes through its topic.
+                offered = {id(j.out) for j in local}
+                joint = Joint(self.io, r, epoch)
+                self.io.hold([r])  # finished by the joint once every delivery landed
+                joint.hold([o for o in result.outs if id(o) not in offered])
+                handovers.append((joint, local))
+        finally:  # a record held above is taken care of: it must leave, whatever raised after it
+            if handovers:
+                self._hand_over(handovers)
 
     def _hand_over(self, handovers: list[tuple[Joint, list[JobOut]]]) -> None:
         """Offer the jobs of co-located encoders to them (one call per encoder and poll); send
@@ -133,6 +136,16 @@ class RouterStage(RecordStage):
         except Exception as exc:  # a bug must cost one message, not the stage
             log.exception("router: failed on %s", origin)
             return Routed([self.dlq(r, f"{ErrorCode.INTERNAL}: {exc!r}")], "dlq")
+
+    def _observe_safely(self, routed: Routed) -> None:
+        """Count a routed record; a failure to count costs the metric, never the record."""
+        try:
+            self._observe(routed)
+        except Exception:
+            self.observe_failures += 1
+            if self.observe_failures % 1000 == 1:  # a bug hit by every record must not flood the log
+                log.exception("router: could not record the metrics of a routed record (outcome %s; %d so far)",
+                              routed.outcome, self.observe_failures)
 
     def _observe(self, routed: Routed) -> None:
         m = self.metrics

@@ -323,5 +323,14 @@ def test_consumer_lag_gauges_follow_the_latest_rows():
 
 def test_every_reason_a_quota_sheds_for_is_a_known_label():
     from streams.observe.metrics import SHED_REASONS
+    from streams.policies.quota import QuotaLimits, TenantQuotas
 
-    assert {"rate", "queued", "ref_bytes"} <= SHED_REASONS  # a shed for refs' bytes counts, never raises
+    q = TenantQuotas(QuotaLimits(rate_per_s=1.0, max_queued_ms=100.0, ref_bytes_per_s=10.0, compute_ms_per_s=10.0))
+    seen = set()
+    for tenant, kw in (("r", {}), ("b", {"ref_bytes": 100}), ("c", {"cost_ms": 50.0}), ("q", {})):
+        q.note_sent(tenant, 1000.0 if tenant == "q" else 0.0, 0.0)
+        q.check(tenant, lane_limit_ms=500.0, now_ms=0.0, **kw)  # a full bucket: in (in debt, for bytes)
+        q.note_sent(tenant, kw.get("cost_ms", 0.0), 0.0)
+        shed = q.check(tenant, lane_limit_ms=500.0, now_ms=0.0, **kw)
+        seen.add(shed.reason)
+    assert seen == SHED_REASONS == {"rate", "queued", "ref_bytes", "compute"}  # each counts, none raises
