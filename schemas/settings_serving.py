@@ -363,10 +363,12 @@ class QuotaSettings(Section):
         "limits.max_request_ref_bytes (so one request at the cap always gets in eventually).", ge=0
     )
     compute_ms_per_s: float = setting(
-        0.0, "Predicted engine milliseconds per second one tenant's requests may cause (token bucket per router "
+        -1.0, "Predicted engine milliseconds per second one tenant's requests may cause (token bucket per router "
         "replica): every part's encode priced by its length or pixels, a generation by its prompt and output tokens. "
         "Bounds how much of the engines one tenant takes, queued or not; over it: overloaded with retry_after_ms. "
-        "0: no compute limit. `mmstream up --secure` sets one (see the README's Security section).", ge=0
+        "0: no compute limit. -1 (the default): 500 where the broker authenticates tenants (kafka.authenticated), "
+        "none in plaintext mode, where a tenant is a name any client may give and a per-tenant limit bounds nothing.",
+        ge=-1,
     )
     compute_burst_ms: float = setting(
         0.0, "Engine milliseconds a tenant may cause at once above that rate; 0: two seconds' worth. A request priced "

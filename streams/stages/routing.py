@@ -142,7 +142,7 @@ class Router:
             max_queued_ms=q.max_queued_ms, window_ms=float(q.window_ms), max_tenants=q.max_tenants,
             ref_bytes_per_s=q.ref_bytes_per_s,
             ref_bytes_burst=q.ref_bytes_burst or max(q.ref_bytes_per_s, float(settings.limits.max_request_ref_bytes)),
-            compute_ms_per_s=q.compute_ms_per_s, compute_burst_ms=q.compute_burst_ms))
+            compute_ms_per_s=compute_rate(settings), compute_burst_ms=q.compute_burst_ms))
         self.dlq_budget = KeyedBudget(settings.dlq.tenant_rate_per_s, settings.dlq.tenant_burst, q.max_tenants)
         self.nonce = nonce
         self.ref_sizes = ref_sizes
@@ -401,6 +401,20 @@ class Router:
         return Routed([dead_letter(self.topics.dlq, None, raw, reason, headers=headers, source=source,
                                    max_bytes=self.settings.kafka.max_message_bytes,
                                    keep_payload=self.settings.dlq.keep_payload)], "dlq")
+
+
+SECURE_COMPUTE_MS_PER_S = 500.0
+"""A tenant's compute quota where tenants are authenticated and none is set: a quarter of a
+2-core box's engine time per router replica, about 2.5x what 20 requests per second of
+ordinary text embeds are priced at (docs/isolation.md)."""
+
+
+def compute_rate(settings: Settings) -> float:
+    """The per-tenant compute quota in effect (``quota.compute_ms_per_s``; -1 picks by mode)."""
+    rate = settings.quota.compute_ms_per_s
+    if rate >= 0:
+        return rate
+    return SECURE_COMPUTE_MS_PER_S if settings.kafka.authenticated else 0.0
 
 
 def record_digest(raw: bytes, record_ts_ms: float | None) -> str:

@@ -411,3 +411,14 @@ def test_a_tenants_compute_quota_sheds_its_costly_requests_and_not_its_neighbour
     assert 1000 < ev.error["retry_after_ms"] < 2000  # ~150 ms short, at 100 ms per second
     small = routed(r, pack({"id": "n1", "tenant": "neighbour", "parts": [{"modality": "text", "text": "hello"}]}))
     assert small.outcome == "ok"
+
+
+def test_the_compute_quota_is_on_by_default_only_where_tenants_are_authenticated():
+    from streams.stages.routing import SECURE_COMPUTE_MS_PER_S, compute_rate
+
+    sasl = {env_name("kafka", "security_protocol"): "SASL_SSL", env_name("kafka", "username"): "svc",
+            env_name("kafka", "password"): "secret"}
+    assert compute_rate(Settings.from_env({})) == 0.0  # a tenant is only a name there: a limit per name bounds nothing
+    assert compute_rate(Settings.from_env(sasl)) == SECURE_COMPUTE_MS_PER_S
+    assert compute_rate(Settings.from_env({**sasl, env_name("quota", "compute_ms_per_s"): "0"})) == 0.0
+    assert compute_rate(Settings.from_env({env_name("quota", "compute_ms_per_s"): "40"})) == 40.0
