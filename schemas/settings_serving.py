@@ -374,12 +374,6 @@ class QuotaSettings(Section):
         0.0, "Engine milliseconds a tenant may cause at once above that rate; 0: two seconds' worth. A request priced "
         "over it waits for a full bucket and leaves it in debt.", ge=0
     )
-    hold_max_ms: float = setting(
-        5_000.0, "Where tenants are authenticated (each its own ingress topics): how long at most the router stops "
-        "reading a tenant its quota just shed, for the retry-after it was told (streams/policies/tenant_hold.py). Its "
-        "records wait in its topics (its consumer lag), so a flooding tenant's megabytes are not fetched and priced in "
-        "every other tenant's polls only to be shed; they are read when the hold ends. 0: never held.", ge=0
-    )
     produce_bytes_per_s: int = setting(
         8 * 1024 * 1024, "Bytes per second one tenant's clients may produce on a secured broker: `mmstream tenant add` "
         "sets it as the tenant principal's producer_byte_rate client quota, so the broker throttles a flooding tenant "

@@ -226,11 +226,6 @@ class RecordStage(mode.Service):
             self.intake_full = False
             self.bulk_paused = False  # the rt-first gate applies again from here
 
-    def partition_gate(self) -> None:
-        """A stage's own holds on some of its input partitions, applied after the intake and
-        bulk gates before each poll (the router holds a tenant its quota sheds); it must not
-        resume what those gates hold (``intake_full``, ``bulk_paused``)."""
-
     async def _poll_forever(self) -> None:
         while not self.should_stop:
             try:
@@ -238,8 +233,6 @@ class RecordStage(mode.Service):
                 self.intake_gate(budget == 0)
                 if not self.intake_full and (self.bulk_topics or self.pattern is not None):
                     self.bulk_gate(not self.should_take_bulk())
-                if not self.intake_full:
-                    self.partition_gate()
                 records = await self.io.poll(self.poll_timeout_ms, budget)
             except asyncio.CancelledError:
                 raise

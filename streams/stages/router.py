@@ -24,11 +24,10 @@ from streams.observe.metrics import Metrics
 from streams.policies.admission import Backpressure
 from streams.policies.load import LoadView
 from streams.policies.quota import TenantLabels
-from streams.policies.tenant_hold import TenantHolds
 from streams.reply_topics import TopicCache
 from streams.runtime.joint import Joint
 from streams.runtime.produce import Out
-from streams.runtime.stage import RecordStage, bounded
+from streams.runtime.stage import RecordStage
 from streams.stages.routing import JobOut, Routed, Router
 from streams.stores import claim_sweep, load_reports
 from streams.stores.result_cache import ResultCache
@@ -72,8 +71,6 @@ class RouterStage(RecordStage):
         self.colocated = dict(colocated or {})
         """Encode topic -> the encoder running in this process that may take its jobs over."""
         self.observe_failures = 0
-        self.holds = TenantHolds(settings.quota.hold_max_ms if pattern is not None else 0.0)
-        """Tenants whose ingress is not read while their quota would shed them (secured only)."""
 
     async def handle(self, records: list[ConsumerRecord]) -> None:
         epoch = self.io.epoch  # the assignment these records were read in (routing awaits)
@@ -82,8 +79,6 @@ class RouterStage(RecordStage):
         try:
             for r, result in zip(records, routed):
                 self._observe_safely(result)
-                if result.shed is not None and result.retry_after_ms and self.holds.enabled:
-                    self._hold(result.shed[0], result.retry_after_ms)
                 local = [j for j in result.jobs if j.job.topic in self.colocated]
                 if not local:
                     self.io.deliver(result.outs, [r], epoch)
@@ -126,31 +121,6 @@ class RouterStage(RecordStage):
             if id(joint) in untaken:  # the pool must have these now, and the manifest with them
                 joint.send(untaken[id(joint)])
             joint.seal()
-
-    def _hold(self, tenant: str, retry_after_ms: int) -> None:
-        if tenant not in self.holds:
-            log.info("router: holding tenant %s's ingress for %d ms (its quota sheds it)", bounded(tenant),
-                     min(retry_after_ms, self.holds.max_hold_ms))
-        self.holds.note_shed(tenant, retry_after_ms, now_ms())
-
-    def partition_gate(self) -> None:
-        """Pause the ingress topics of the tenants held now (again every poll: a rebalance
-        hands partitions back unpaused), resume those whose hold ended, unless the bulk gate
-        holds that lane."""
-        if not self.holds.enabled:
-            return
-        held, ended = self.holds.due(now_ms())
-        if not held and not ended:
-            return
-        for topic in {tp.topic for tp in self.io.assignment()}:
-            parsed = self.names.parse_ingress(topic)
-            if parsed is None or parsed[1] is None:
-                continue
-            lane, tenant = parsed
-            if tenant in held:
-                self.io.pause(topic)
-            elif tenant in ended and not (lane == "bulk" and self.bulk_paused):
-                self.io.resume(topic)
 
     def lane_of_topic(self, topic: str) -> str:
         parsed = self.names.parse_ingress(topic)

@@ -101,8 +101,6 @@ class Routed:
     """``admit`` or ``reject`` when admission decided; None when it was off or not reached."""
     shed: tuple[str, str] | None = None
     """(tenant, reason) when the tenant's quota shed the request."""
-    retry_after_ms: int | None = None
-    """When the quota shed it: when the tenant may be admitted again."""
     jobs: tuple["JobOut", ...] = ()
     """The encode jobs among ``outs``: a co-located encoder may take them over in process."""
 
@@ -170,7 +168,7 @@ class Router:
         shed = self._quota(req, started, sum(ref_bytes.values()), priced)
         if shed is not None:
             err = WireError(ErrorCode.OVERLOADED, shed.message, None, shed.retry_after_ms)
-            return self._refused(req, err, digest, shed=(req.tenant, shed.reason), retry_after_ms=shed.retry_after_ms)
+            return self._refused(req, err, digest, shed=(req.tenant, shed.reason))
         if stored is not None:
             return self._answer_from_cache(req, stored, client_sent, started, digest)
         decision = self._admit(req, priced)
@@ -223,12 +221,11 @@ class Router:
             return Routed([self._verdict(rid, who_tenant, "rt", reply_to, [event], digest)], "error", str(err.code))
         return req, digest, ref_bytes, refused, claims
 
-    def _refused(self, req: Any, err: WireError, digest: str, shed: tuple[str, str] | None = None,
-                 retry_after_ms: int | None = None) -> Routed:
+    def _refused(self, req: Any, err: WireError, digest: str, shed: tuple[str, str] | None = None) -> Routed:
         # A valid request answered with ``err`` (shed by its quota, or refused by admission).
         event = Event(req.id, EventKind.ERROR, 0, now_ms(), error=err.to_wire())
         return Routed([self._verdict(req.id, req.tenant, str(req.lane), req.reply_to, [event], digest)], "error",
-                      str(err.code), lane=str(req.lane), admission="reject", shed=shed, retry_after_ms=retry_after_ms)
+                      str(err.code), lane=str(req.lane), admission="reject", shed=shed)
 
     def _accepted(self, req: Any, decision: Admit | None, key: str | None, client_sent: float, started: float,
                   digest: str, refused: dict[int, WireError], ref_bytes: dict[int, int], priced: list[Priced]) -> Routed:
