@@ -59,6 +59,13 @@ class KafkaSettings(Section):
     max_message_bytes: int = setting(
         8 * 1024 * 1024, "Largest record the producers send; payloads above go by claim check.", ge=1024
     )
+    fetch_max_bytes: int = setting(
+        1024 * 1024, "Most bytes one fetch response of a stage's consumer carries (fetch.max.bytes), at least one "
+        "record batch whatever its size: a smaller response reaches the stage sooner, so a small record is not held up "
+        "behind megabytes of other records fetched with it. Per partition the limit is max_message_bytes (a "
+        "partition whose first batch is over the response's room is fetched when it comes first: the client shuffles "
+        "the partitions of every fetch).", ge=1024
+    )
     fetch_max_wait_ms: int = setting(
         500, "How long the broker holds a stage's idle fetch open: records that arrive meanwhile answer it at once, so "
         "this only sets how often an idle stage asks (short waits cost CPU on every worker and the broker).", ge=1

@@ -374,6 +374,11 @@ class QuotaSettings(Section):
         0.0, "Engine milliseconds a tenant may cause at once above that rate; 0: two seconds' worth. A request priced "
         "over it waits for a full bucket and leaves it in debt.", ge=0
     )
+    compute_debt: bool = setting(
+        True, "A request priced over the compute burst is admitted on a full bucket and leaves it in debt (so every "
+        "request the per-request bounds allow gets in eventually); false: it is refused as payload_too_large (field "
+        "parts), so no one request costs more than the burst.",
+    )
     produce_bytes_per_s: int = setting(
         8 * 1024 * 1024, "Bytes per second one tenant's clients may produce on a secured broker: `mmstream tenant add` "
         "sets it as the tenant principal's producer_byte_rate client quota, so the broker throttles a flooding tenant "

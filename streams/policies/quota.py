@@ -27,7 +27,9 @@ Two limits, each off at 0:
   engines it takes per second, queued or not, so a tenant within its queued-work share
   cannot keep every core busy with admitted work. It is taken when the request is sent (a
   request admission refuses costs nothing), checked before: a request bigger than the bucket
-  waits for a full one and leaves it in debt, as with ref bytes.
+  waits for a full one and leaves it in debt, as with ref bytes; or, with ``compute_debt``
+  off, is refused outright (``retry_after_ms`` None: it would never fit), so no single
+  request may cost more than the bucket holds.
 
 Shed means ``overloaded`` with ``retry_after_ms`` (the router's ``Reject``). Memory is bounded:
 a tenant's counts are dropped once idle longer than its bucket needs to refill and the
@@ -73,6 +75,9 @@ class QuotaLimits:
     """Predicted engine ms per second a tenant's requests may cause; 0: no compute limit."""
     compute_burst_ms: float = 0.0
     """The compute bucket's capacity; 0: ``COMPUTE_BURST_S`` seconds' worth."""
+    compute_debt: bool = True
+    """A request priced over the compute bucket is admitted on a full one, leaving it in debt;
+    False: refused, as too costly for the tenant's quota."""
 
     @property
     def ref_capacity(self) -> float:
@@ -95,12 +100,13 @@ SHED_REASONS = frozenset(get_args(ShedReason))
 
 @dataclass(frozen=True, slots=True)
 class Shed:
-    """A request the tenant's quota refuses: answer ``overloaded`` with ``retry_after_ms``."""
+    """A request the tenant's quota refuses: answer ``overloaded`` with ``retry_after_ms``, or,
+    where that is None, ``payload_too_large`` (it would never fit the quota)."""
 
     reason: ShedReason
     """Which limit refused it (a metric label)."""
     message: str
-    retry_after_ms: int
+    retry_after_ms: int | None
 
 
 @dataclass
@@ -159,6 +165,9 @@ class TenantQuotas:
             wait = math.ceil((min(float(ref_bytes), q.ref_capacity) - t.ref_tokens) * 1000.0 / q.ref_bytes_per_s)
             return Shed("ref_bytes", f"tenant {tenant} is over its rate of {q.ref_bytes_per_s:.0f} bytes per "
                         "second read through refs; retry later", max(1, wait))
+        if q.compute_ms_per_s > 0 and not q.compute_debt and cost_ms > q.compute_capacity:
+            return Shed("compute", f"this request is priced at {cost_ms:.0f} engine ms; tenant {tenant}'s compute "
+                        f"quota allows at most {q.compute_capacity:.0f} at once: split it", None)
         if q.compute_ms_per_s > 0 and cost_ms > 0 and t.compute_tokens < min(cost_ms, q.compute_capacity):
             wait = math.ceil((min(cost_ms, q.compute_capacity) - t.compute_tokens) * 1000.0 / q.compute_ms_per_s)
             return Shed("compute", f"tenant {tenant} is over its compute rate of {q.compute_ms_per_s:.0f} engine "

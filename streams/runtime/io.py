@@ -72,6 +72,8 @@ class IOSettings:
     fetch_max_wait_ms: int = 500
     """How long the broker holds an idle fetch open (records arriving answer it at once)."""
     max_message_bytes: int = 8 * 1024 * 1024
+    fetch_max_bytes: int = 1024 * 1024
+    """Most bytes one fetch response carries (at least one batch)."""
     linger_ms: int = 0
     """How long the producer waits to fill a batch: trades a little latency for fewer requests."""
     commit_interval_s: float = 0.2
@@ -142,7 +144,7 @@ class StageIO:
         self.consumer = await start_when_reachable(lambda: AIOKafkaConsumer(
             bootstrap_servers=s.bootstrap, group_id=s.group_id, enable_auto_commit=False,
             auto_offset_reset="earliest", fetch_max_wait_ms=s.fetch_max_wait_ms,
-            max_partition_fetch_bytes=s.max_message_bytes, fetch_max_bytes=max(s.max_message_bytes, 52_428_800),
+            max_partition_fetch_bytes=s.max_message_bytes, fetch_max_bytes=s.fetch_max_bytes,
             session_timeout_ms=s.session_timeout_ms, heartbeat_interval_ms=s.heartbeat_interval_ms,
             rebalance_timeout_ms=s.rebalance_timeout_ms,
             max_poll_interval_ms=s.max_poll_interval_ms, metadata_max_age_ms=s.metadata_max_age_ms,

@@ -142,7 +142,8 @@ class Router:
             max_queued_ms=q.max_queued_ms, window_ms=float(q.window_ms), max_tenants=q.max_tenants,
             ref_bytes_per_s=q.ref_bytes_per_s,
             ref_bytes_burst=q.ref_bytes_burst or max(q.ref_bytes_per_s, float(settings.limits.max_request_ref_bytes)),
-            compute_ms_per_s=compute_rate(settings), compute_burst_ms=q.compute_burst_ms))
+            compute_ms_per_s=compute_rate(settings), compute_burst_ms=q.compute_burst_ms,
+            compute_debt=q.compute_debt))
         self.dlq_budget = KeyedBudget(settings.dlq.tenant_rate_per_s, settings.dlq.tenant_burst, q.max_tenants)
         self.nonce = nonce
         self.ref_sizes = ref_sizes
@@ -167,7 +168,8 @@ class Router:
         stored = await self.results.get(key) if key is not None else None
         shed = self._quota(req, started, sum(ref_bytes.values()), priced)
         if shed is not None:
-            err = WireError(ErrorCode.OVERLOADED, shed.message, None, shed.retry_after_ms)
+            err = WireError(ErrorCode.OVERLOADED, shed.message, None, shed.retry_after_ms) \
+                if shed.retry_after_ms is not None else WireError(ErrorCode.PAYLOAD_TOO_LARGE, shed.message, "parts")
             return self._refused(req, err, digest, shed=(req.tenant, shed.reason))
         if stored is not None:
             return self._answer_from_cache(req, stored, client_sent, started, digest)

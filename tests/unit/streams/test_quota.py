@@ -165,3 +165,11 @@ def test_a_shed_by_one_bucket_loses_no_refill_of_the_others():
     q.note_sent("a", 100.0, 0.0)
     assert q.check("a", lane_limit_ms=LANE, now_ms=600.0, cost_ms=100.0).reason == "compute"
     assert q.check("a", lane_limit_ms=LANE, now_ms=1000.0, cost_ms=100.0) is None  # both full again at 1 s
+
+
+def test_without_debt_a_request_priced_over_the_compute_bucket_is_refused_for_good():
+    q = quotas(compute_ms_per_s=100.0, compute_burst_ms=200.0, compute_debt=False)
+    refused = q.check("a", lane_limit_ms=LANE, now_ms=0.0, cost_ms=201.0)
+    assert refused is not None and refused.reason == "compute" and refused.retry_after_ms is None
+    assert "split it" in refused.message
+    assert q.check("a", lane_limit_ms=LANE, now_ms=0.0, cost_ms=200.0) is None  # the burst itself fits

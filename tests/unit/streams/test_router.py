@@ -422,3 +422,11 @@ def test_the_compute_quota_is_on_by_default_only_where_tenants_are_authenticated
     assert compute_rate(Settings.from_env(sasl)) == SECURE_COMPUTE_MS_PER_S
     assert compute_rate(Settings.from_env({**sasl, env_name("quota", "compute_ms_per_s"): "0"})) == 0.0
     assert compute_rate(Settings.from_env({env_name("quota", "compute_ms_per_s"): "40"})) == 40.0
+
+
+def test_without_compute_debt_a_request_over_the_burst_is_payload_too_large():
+    big = _flat_png(5000, 5000)
+    r = make_router(quota__compute_ms_per_s="100", quota__compute_burst_ms="300", quota__compute_debt="false")
+    _, ev = verdict(routed(r, pack({"id": "d1", "parts": [{"modality": "image", "data": big, "mime": "image/png"}]})).outs[0])
+    assert ev.error["code"] == "payload_too_large" and ev.error["field"] == "parts" and not ev.error["retriable"]
+    assert routed(r, pack({"id": "d2", "parts": [{"modality": "text", "text": "small"}]})).outcome == "ok"
