@@ -146,8 +146,9 @@ class ClaimSizer:
         self.ttl_s = ttl_s
         self.head_bytes = head_bytes
 
-    async def sizes(self, refs: Sequence[tuple[int, str]], tenant: str) -> dict[int, ClaimSize | WireError]:
-        """Part index -> its size and head, or the ``WireError`` the part fails with (named
+    async def sizes(self, refs: Sequence[tuple[int, str]], tenant: str,
+                    heads: frozenset[int] = frozenset()) -> dict[int, ClaimSize | WireError]:
+        """Part index -> its size and head (for the parts in ``heads``), or the ``WireError`` the part fails with (named
         ``parts.<i>.ref``: unknown, not the tenant's, not readable, alike; ``internal``,
         retriable, when Redis does not answer)."""
         out: dict[int, ClaimSize | WireError] = {}
@@ -164,7 +165,8 @@ class ClaimSizer:
                     out[i] = WireError(ErrorCode.INVALID_REQUEST, UNKNOWN, field)
             elif ref.startswith("file://"):
                 try:
-                    out[i] = self._file_size(file_target(self.file_root, ref[len("file://"):], field, tenant))
+                    out[i] = self._file_size(file_target(self.file_root, ref[len("file://"):], field, tenant),
+                                             i in heads)
                 except WireError as err:
                     out[i] = err
                 except OSError:
@@ -172,34 +174,34 @@ class ClaimSizer:
             else:
                 out[i] = WireError(ErrorCode.INVALID_REQUEST, "unknown claim-check scheme", field)
         if keys:
-            out.update(await self._redis_sizes(keys))
+            out.update(await self._redis_sizes(keys, heads))
         return out
 
-    def _file_size(self, path: Path) -> ClaimSize:
-        if self.head_bytes <= 0:
+    def _file_size(self, path: Path, head: bool) -> ClaimSize:
+        if self.head_bytes <= 0 or not head:
             return ClaimSize(path.stat().st_size)
         with path.open("rb") as f:
             return ClaimSize(os.fstat(f.fileno()).st_size, f.read(self.head_bytes))
 
-    async def _redis_sizes(self, keys: list[tuple[int, str]]) -> dict[int, ClaimSize | WireError]:
+    async def _redis_sizes(self, keys: list[tuple[int, str]], heads: frozenset[int]) -> dict[int, ClaimSize | WireError]:
         distinct = list(dict.fromkeys(key for _, key in keys))  # one key named by many parts is read once
-        per_key = 3 if self.head_bytes > 0 else 2
+        headed = {key for i, key in keys if i in heads} if self.head_bytes > 0 else set()
         try:
             pipe = self.redis.pipeline(transaction=False)
             for key in distinct:
                 pipe.strlen(key)
                 pipe.expire(key, self.ttl_s, lt=True)
-                if self.head_bytes > 0:
+                if key in headed:
                     pipe.getrange(key, 0, self.head_bytes - 1)
-            replies = await pipe.execute(raise_on_error=False)
+            replies = iter(await pipe.execute(raise_on_error=False))
         except redis.RedisError as exc:
             return {i: WireError(ErrorCode.INTERNAL, f"could not size the claim check in Redis "
                                  f"({exc.__class__.__name__})", f"parts.{i}.ref", retry_after_ms=1000)
                     for i, _ in keys}
         found: dict[str, ClaimSize | None] = {}
-        for n, key in enumerate(distinct):
-            size = replies[per_key * n]
-            head = replies[per_key * n + 2] if self.head_bytes > 0 else b""
+        for key in distinct:
+            size, _ = next(replies), next(replies)
+            head = next(replies) if key in headed else b""
             if isinstance(size, Exception) or not isinstance(size, int) or size <= 0:  # absent, empty, not a string
                 found[key] = None
             else:

@@ -65,14 +65,14 @@ from streams.runtime.stage import bounded
 from workers import modalities
 from workers.cache_keys import content_digest, result_key
 from workers.claims import ClaimSize
-from workers.image_header import HEAD_BYTES
 from workers.text import normalize
 
 log = logging.getLogger(__name__)
 
 TEXT_MAX_TOKENS = 256.0
-# (part index, ref) pairs and the tenant -> per part its size and head, or error (``ClaimSizer.sizes``).
-RefSizes = Callable[[Sequence[tuple[int, str]], str], Awaitable[dict[int, "ClaimSize | WireError"]]]
+# (part index, ref) pairs, the tenant, the parts whose head is wanted -> per part its size and
+# head, or error (``ClaimSizer.sizes``).
+RefSizes = Callable[[Sequence[tuple[int, str]], str, frozenset[int]], Awaitable[dict[int, "ClaimSize | WireError"]]]
 Priced = tuple[str, float] | None
 """One part's price: (the stage whose engine it loads, predicted ms), None for a modality not served."""
 
@@ -157,7 +157,7 @@ class Router:
         if isinstance(checked, Routed):
             return checked
         req, digest, ref_bytes, refused, claims = checked
-        priced = [self._part_stage(p, claims.get(i)) for i, p in enumerate(req.parts)]
+        priced = self._price(req, refused, claims)
         # The client's timestamp, believed only within [started - max age, started].
         client_sent = min(started, max(record_ts_ms, started - self.settings.router.max_record_age_ms)) \
             if record_ts_ms else started
@@ -295,6 +295,13 @@ class Router:
                       "ok", modality=modalities.pop() if len(modalities) == 1 else "mixed", lane=str(req.lane),
                       queued_ms=span["queued_ms"], service_ms=span["service_ms"], admission="admit")
 
+    def _price(self, req: Any, refused: dict[int, WireError], claims: dict[int, ClaimSize]) -> list[Priced]:
+        """Each part's price, None for a part that makes no job: its ref refused, a generate
+        request's text (the language model reads it; no encoder does), a modality not served."""
+        generate = str(req.task) == "generate"
+        return [None if i in refused or (generate and str(p.modality) == "text") else self._part_stage(p, claims.get(i))
+                for i, p in enumerate(req.parts)]
+
     def _part_stage(self, part: Any, claim: ClaimSize | None = None) -> Priced:
         """(the encode stage whose engine a part loads, its predicted ms there); None for a
         modality not served here. A video's frames load the image pool. ``claim``: the size
@@ -312,8 +319,8 @@ class Router:
         reported = self.load.item_ms(stage, 1)
         ms = units * (reported if reported is not None else spec.ms_per_unit)
         if spec.prepare_ms is not None and part.text is None:
-            if part.data is not None:
-                head, stored = part.data[:HEAD_BYTES], size
+            if part.data is not None:  # all of it: the header parse reads no further than the header
+                head, stored = part.data, size
             else:  # a ref the sizer did not read is priced at the bounds
                 head, stored = (claim.head, claim.size) if claim else (b"", self.settings.limits.max_ref_bytes)
             ms += spec.prepare_ms(head, stored, self.settings.limits.max_image_pixels)
@@ -328,6 +335,11 @@ class Router:
         others = sum(1 for p in req.parts if p.text is None)
         return price_generate_ms(estimate_prompt_tokens(chars, others), int(req.params.max_tokens))
 
+    def _wants_head(self, req: Any) -> frozenset[int]:
+        """The ref parts whose price needs their first bytes (an image's header)."""
+        return frozenset(i for i, p in enumerate(req.parts) if p.ref is not None and
+                         getattr(modalities.get(str(p.modality)), "prepare_ms", None) is not None)
+
     async def _price_refs(self, req: Any) -> tuple[dict[int, int], dict[int, WireError], dict[int, ClaimSize]]:
         """(part index -> stored bytes of its ref, part index -> the error it fails with, part
         index -> what the sizer read of its ref) for the ref parts of a served modality. Raises ``WireError`` (``payload_too_large``) when
@@ -340,7 +352,7 @@ class Router:
         if self.ref_sizes is None:
             found: dict[int, ClaimSize | WireError] = {i: ClaimSize(lim.max_ref_bytes) for i, _ in refs}
         else:
-            found = await self.ref_sizes(refs, req.tenant)
+            found = await self.ref_sizes(refs, req.tenant, self._wants_head(req))
         sizes: dict[int, int] = {}
         claims: dict[int, ClaimSize] = {}
         refused: dict[int, WireError] = {}

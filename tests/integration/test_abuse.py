@@ -146,11 +146,13 @@ async def test_refs_are_sized_with_their_header_in_one_read_per_blob(abuse):
     r = connect_async(abuse.settings.redis.url)
     try:
         sizer = ClaimSizer(r, None, CLAIM_TTL_S, head_bytes=HEAD_BYTES)
-        got = await sizer.sizes([(0, f"redis:{key}"), (1, f"redis:{key}"), (2, f"redis:mm:claim:{tenant}:gone:0")],
-                                tenant)
+        refs = [(0, f"redis:{key}"), (1, f"redis:{key}"), (2, f"redis:mm:claim:{tenant}:gone:0")]
+        got = await sizer.sizes(refs, tenant, heads=frozenset({0, 1}))
+        bare = await sizer.sizes(refs[:1], tenant)  # no head asked for (an audio part's): none read
     finally:
         await r.aclose()
     assert got[0] == got[1] == ClaimSize(S, PHOTO[:HEAD_BYTES])  # what prices the photo's decode
+    assert bare[0] == ClaimSize(S)
     assert isinstance(got[2], WireError) and got[2].field == "parts.2.ref"
 
 

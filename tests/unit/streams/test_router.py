@@ -205,7 +205,7 @@ def sized_router(stored: dict[str, int], **env):
     r = make_router(**env)
     asked = []
 
-    async def sizes(refs, tenant):
+    async def sizes(refs, tenant, heads=frozenset()):
         asked.append((list(refs), tenant))
         return {i: ClaimSize(stored[ref], SMALL_PNG) if ref in stored else WireError(ErrorCode.INVALID_REQUEST, "unknown",
                                                                           f"parts.{i}.ref")
@@ -389,7 +389,7 @@ def test_an_image_is_priced_by_the_pixels_its_header_gives_inline_or_by_ref():
         {"modality": "image", "data": SMALL_PNG, "mime": "image/png"}]})).jobs}
     assert priced[0] > 300.0 and priced[1] < 10.0  # the decode on top of the engine's 8 ms
 
-    async def sizes(refs, tenant):
+    async def sizes(refs, tenant, heads=frozenset()):
         return {i: ClaimSize(10_000_000 if "big" in ref else len(SMALL_PNG), big[:2000] if "big" in ref else SMALL_PNG)
                 for i, ref in refs}
 
@@ -430,3 +430,15 @@ def test_without_compute_debt_a_request_over_the_burst_is_payload_too_large():
     _, ev = verdict(routed(r, pack({"id": "d1", "parts": [{"modality": "image", "data": big, "mime": "image/png"}]})).outs[0])
     assert ev.error["code"] == "payload_too_large" and ev.error["field"] == "parts" and not ev.error["retriable"]
     assert routed(r, pack({"id": "d2", "parts": [{"modality": "text", "text": "small"}]})).outcome == "ok"
+
+
+def test_a_part_that_makes_no_job_is_not_priced():
+    r, _ = sized_router({}, quota__compute_ms_per_s="100", quota__compute_burst_ms="500", quota__compute_debt="false")
+    # An unknown ref fails alone and costs nothing: priced at the bounds it would be ~830 ms.
+    ok = routed(r, pack({"id": "nj1", "parts": [image_ref("redis:mm:claim:default:gone:0"),
+                                                {"modality": "text", "text": "hello"}]}))
+    assert ok.outcome == "ok" and [j.job.job.part for j in ok.jobs] == [1]
+    from schemas.request import Part
+
+    priced = r._price(type("R", (), {"task": "generate", "parts": (Part("text", text="a prompt"),)})(), {}, {})
+    assert priced == [None]  # a generate request's text goes to the language model, not an encoder
