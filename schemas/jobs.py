@@ -66,6 +66,10 @@ class EncodeJob(_Job):
     ref_bytes: int | None = omit_none()
     """For a ``ref`` part: its stored size when the router priced it (bytes); the worker reads
     at most that many and refuses a payload that has grown since."""
+    ref_pixels: int | None = omit_none()
+    """For an image ``ref`` part: the pixels its header declared when the router priced it; the
+    worker decodes no image with more (a claim check overwritten since with a larger picture of
+    the same bytes is refused, not decoded at the old price)."""
 
     TYPE = "encode"
 

@@ -31,19 +31,32 @@ the 2-core reference box, idle: a 5000x5000 PNG of 73 KB 395 ms (priced 376), 20
 (25), 640x480 JPEG 4.1 (5.2)."""
 
 
+def declared_pixels(head: bytes) -> int | None:
+    """Width x height as the header in ``head`` declares them (every pixel, whatever scale a
+    decode would use), None when no supported header is found there."""
+    found = _header(head)
+    return found[0] * found[1] if found is not None else None
+
+
 def decoded_pixels(head: bytes, max_pixels: int) -> int:
     """Pixels a decode of this image touches, from its first bytes: all of a PNG's or WebP's,
     a JPEG's at the scale it is decoded at. ``max_pixels`` (the bound a decode enforces) when
     no supported header is found in ``head``: such a part fails or costs the most, and a
     tenant may not make its price lower by hiding its header."""
+    found = _header(head, drafted=True)
+    return min(max_pixels, found[0] * found[1]) if found is not None else max_pixels
+
+
+def _header(head: bytes, drafted: bool = False) -> tuple[int, int] | None:
+    """(width, height) from the header in ``head``; ``drafted``: a baseline JPEG's at the scale
+    ``workers.image.decode_image`` decodes it at."""
     # Here, not at the top: the modality registry (which imports this) loads no imaging library.
     from PIL import Image
 
     from workers.image import RESIZE_SHORTER_SIDE, SUPPORTED_FORMATS
 
     if head[:4] == b"RIFF" and head[8:12] == b"WEBP":  # Pillow's WebP reader wants the whole file
-        size = _webp_size(head)
-        return min(max_pixels, size[0] * size[1]) if size else max_pixels
+        return _webp_size(head)
     try:
         with warnings.catch_warnings():
             # Pillow warns of a header over 89 M pixels, quoting its size: every distinct size
@@ -51,12 +64,11 @@ def decoded_pixels(head: bytes, max_pixels: int) -> int:
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(head), formats=list(SUPPORTED_FORMATS))
         # A progressive JPEG is entropy-decoded at full size whatever the scale it is drawn at.
-        if image.format == "JPEG" and not image.info.get("progressive"):
+        if drafted and image.format == "JPEG" and not image.info.get("progressive"):
             image.draft("RGB", (RESIZE_SHORTER_SIDE, RESIZE_SHORTER_SIDE))
-        width, height = image.size
+        return image.size
     except Exception:  # Pillow raises several types for bytes it cannot parse
-        return max_pixels
-    return min(max_pixels, width * height)
+        return None
 
 
 def decode_ms(head: bytes, size: int, max_pixels: int) -> float:

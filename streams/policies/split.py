@@ -59,6 +59,7 @@ def split_request(
     digest: str | None = None,
     refused: Mapping[int, WireError] | None = None,
     ref_bytes: Mapping[int, int] | None = None,
+    ref_pixels: Mapping[int, int] | None = None,
 ) -> RoutePlan:
     """Split ``req`` into per-part encode jobs on each modality's topic for the request's lane.
 
@@ -67,10 +68,11 @@ def split_request(
     job and every part answered here (``schemas.jobs``: how the assembler knows its parts);
     ``digest`` names the ingress record in the manifest. ``refused``: parts that fail here with
     that error (a ref the router could not price); ``ref_bytes``: the priced size of each ref
-    part, carried in its job.
+    part, carried in its job; ``ref_pixels``: the pixels an image ref's header declared, too.
     """
     refused = refused or {}
     ref_bytes = ref_bytes or {}
+    ref_pixels = ref_pixels or {}
     deadline_at = now_ms + (req.deadline_ms or default_deadline_ms)
     reply_to = req.reply_to or topics.results
     router_span = Span("route", client_sent_at_ms, started_at_ms, now_ms).to_wire()
@@ -119,6 +121,7 @@ def split_request(
             id=req.id, part=i, n_parts=len(req.parts), modality=modality, lane=str(req.lane), tenant=req.tenant,
             deadline_at_ms=deadline_at, sent_at_ms=now_ms, text=part.text, data=part.data, ref=part.ref,
             mime=part.mime, nonce=nonce, ref_bytes=ref_bytes.get(i) if part.ref is not None else None,
+            ref_pixels=ref_pixels.get(i) if part.ref is not None else None,
         )
         jobs.append(RoutedJob(topic_of(part), f"{req.id}:{i}".encode(), job, chosen[i]))
     return RoutePlan(manifest, jobs, failed)

@@ -178,7 +178,8 @@ class Router:
             if decision.code == ErrorCode.OVERLOADED:  # kept out: the others keep to their fair share
                 self.quotas.note_refused(req.tenant, started)
             return self._refused(req, WireError(decision.code, decision.message, None, decision.retry_after_ms), digest)
-        return self._accepted(req, decision, key, client_sent, started, digest, refused, ref_bytes, priced)
+        return self._accepted(req, decision, key, client_sent, started, digest, refused, ref_bytes, priced,
+                              self._ref_bounds(req, claims))
 
     async def _checked(self, raw: bytes, headers: Any, record_ts_ms: float | None, source: str,
                        tenant: str | None) -> tuple[Any, str, dict[int, int], dict[int, WireError], dict[int, ClaimSize]] | Routed:
@@ -230,7 +231,8 @@ class Router:
                       str(err.code), lane=str(req.lane), admission="reject", shed=shed)
 
     def _accepted(self, req: Any, decision: Admit | None, key: str | None, client_sent: float, started: float,
-                  digest: str, refused: dict[int, WireError], ref_bytes: dict[int, int], priced: list[Priced]) -> Routed:
+                  digest: str, refused: dict[int, WireError], ref_bytes: dict[int, int], priced: list[Priced],
+                  ref_pixels: dict[int, int]) -> Routed:
         """An admitted request split into its records: the manifest first (the assembler sends
         ``accepted`` when it arrives), then the parts that failed alone, then the jobs, in
         one producer batch, so encoders start on the parts at once. What it sends is reserved
@@ -243,6 +245,7 @@ class Router:
             served_modalities=self.served_modalities, client_sent_at_ms=client_sent,
             started_at_ms=started, now_ms=now_ms(), default_deadline_ms=self.settings.limits.default_deadline_ms,
             nonce=self.nonce(), digest=digest, refused=refused, ref_bytes=ref_bytes,
+            ref_pixels=ref_pixels,
         )
         m = plan.manifest
         encoded = self.topics.encoded(req.lane)
@@ -334,6 +337,17 @@ class Router:
         chars = sum(len(p.text) for p in req.parts if p.text is not None)
         others = sum(1 for p in req.parts if p.text is None)
         return price_generate_ms(estimate_prompt_tokens(chars, others), int(req.params.max_tokens))
+
+    def _ref_bounds(self, req: Any, claims: dict[int, ClaimSize]) -> dict[int, int]:
+        """Per ref part whose modality bounds it (an image): what its job may not exceed
+        (``EncodeJob.ref_pixels``), read from the head priced at admission."""
+        out: dict[int, int] = {}
+        for i, claim in claims.items():
+            bound = getattr(modalities.get(str(req.parts[i].modality)), "ref_bound", None)
+            found = bound(claim.head) if bound is not None and claim.head else None
+            if found is not None:
+                out[i] = found
+        return out
 
     def _wants_head(self, req: Any) -> frozenset[int]:
         """The ref parts whose price needs their first bytes (an image's header)."""

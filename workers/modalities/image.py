@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from workers import prompt as P
-from workers.image_header import decode_ms
+from workers.image_header import declared_pixels, decode_ms
 from workers.modalities.spec import ModalitySpec
 
 
@@ -36,6 +36,7 @@ SPEC = ModalitySpec(
     cost_unit="image",
     ms_per_unit=8.0,  # per image at 224x224
     prepare_ms=decode_ms,  # the decode and resize, by the pixels its header gives
+    ref_bound=declared_pixels,  # and a ref's blob may not grow more pixels before the worker reads it
     ttl_setting="ttl_image_s",
     grounding=_grounding,
     prompt_part=_prompt_part,

@@ -31,7 +31,7 @@ def image_runner(settings: Settings, observer: Observer, stage: str) -> tuple[Ru
         if job.mime == FRAMES_MIME:  # a video's frame chunk: raw frames already, one unit each
             frames = preprocess(frames_from_bytes(job.data or b""))
             return Prepared(job, float(len(frames)), frames, content=job.data)
-        pixels, content = model_input(job.data or b"", job.mime, settings.limits.max_image_pixels)
+        pixels, content = model_input(job.data or b"", job.mime, pixel_bound(job, settings))
         return Prepared(job, 1.0, pixels, content=content)
 
     def run_together(items: list[Prepared]) -> list[Any]:
@@ -73,4 +73,11 @@ def cache_content(job: EncodeJob, settings: Settings) -> bytes | None:
     # frame chunks are raw pixels already.
     if job.data is None or job.mime == FRAMES_MIME:
         return job.data
-    return normalized_pixels(job.data, job.mime, settings.limits.max_image_pixels)
+    return normalized_pixels(job.data, job.mime, pixel_bound(job, settings))
+
+
+def pixel_bound(job: EncodeJob, settings: Settings) -> int:
+    """The most pixels the job's image may have: the deployment's bound, and for a ref the
+    pixels its header declared when the router priced it."""
+    bound = settings.limits.max_image_pixels
+    return bound if job.ref_pixels is None else min(bound, job.ref_pixels)

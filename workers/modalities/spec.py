@@ -89,6 +89,10 @@ class ModalitySpec:
     """(the payload's first bytes, its size in bytes, ``limits.max_image_pixels``) -> ms of a
     core a worker spends on one part before the engine (an image's decode, read from its
     header), priced by the router on top of the engine's cost; None: nothing beyond it."""
+    ref_bound: Callable[[bytes], int | None] | None = None
+    """(the first bytes of a ref's payload) -> what the job carries as ``ref_pixels``: the
+    bound the worker holds the payload it fetches to, so that the price read at admission
+    stays the price (an image's declared pixels); None: no such bound."""
     cache_ttl_s: int = 3600
     """How long a cached output stays reusable, unless a setting says otherwise."""
     ttl_setting: str | None = None

@@ -442,3 +442,17 @@ def test_a_part_that_makes_no_job_is_not_priced():
 
     priced = r._price(type("R", (), {"task": "generate", "parts": (Part("text", text="a prompt"),)})(), {}, {})
     assert priced == [None]  # a generate request's text goes to the language model, not an encoder
+
+
+def test_an_image_refs_job_carries_the_pixels_it_was_priced_at():
+    from workers.claims import ClaimSize
+
+    r = make_router()
+
+    async def sizes(refs, tenant, heads=frozenset()):
+        return {i: ClaimSize(len(SMALL_PNG), SMALL_PNG if i in heads else b"") for i, _ in refs}
+
+    r.ref_sizes = sizes
+    outs = handle(r, pack({"id": "rp1", "parts": [image_ref("redis:mm:claim:default:a:0")]}))
+    jobs = [EncodeJob.from_wire(unpack(o.value)) for o in outs if o.topic == "mm.encode.image.rt"]
+    assert [(j.ref_bytes, j.ref_pixels) for j in jobs] == [(len(SMALL_PNG), 64 * 48)]

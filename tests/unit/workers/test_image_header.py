@@ -76,3 +76,11 @@ def test_a_header_past_pillows_warning_size_warns_no_one() -> None:
         assert decoded_pixels(png, BOUND) == BOUND
         assert decoded_pixels(png, 200_000_000) == 144_000_000
     assert not [w for w in caught if "DecompressionBomb" in type(w.message).__name__]
+
+
+def test_declared_pixels_are_every_pixel_whatever_the_decode_scale() -> None:
+    from workers.image_header import declared_pixels
+
+    assert declared_pixels(encoded("JPEG", 1600, 1200)) == 1600 * 1200  # decoded at 1/4, declared whole
+    assert declared_pixels(encoded("PNG", 301, 77)) == 301 * 77
+    assert declared_pixels(b"not an image") is None
