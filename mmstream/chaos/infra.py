@@ -164,6 +164,8 @@ class OwnKafka:
                 f"min.insync.replicas={isr}", "share.coordinator.state.topic.replication.factor=1",
                 "share.coordinator.state.topic.min.isr=1", "auto.create.topics.enable=false",
                 "group.initial.rebalance.delay.ms=0", "num.network.threads=2", "num.io.threads=2",
+                # 32 MiB, not 128: the cleaner allocates it at start (infra/kafka/server.properties)
+                "log.cleaner.dedupe.buffer.size=33554432",
                 "unclean.leader.election.enable=false", ""]) + failover_lines())
             procs.run_tool([java, "-cp", self._classpath, "kafka.tools.StorageTool", "format", "-t",
                             self.cluster_id, "-c", str(n.props)], "Formatting a chaos broker", timeout_s=90)
