@@ -70,6 +70,10 @@ class EncodeJob(_Job):
     """For an image ``ref`` part: the pixels its header declared when the router priced it; the
     worker decodes no image with more (a claim check overwritten since with a larger picture of
     the same bytes is refused, not decoded at the old price)."""
+    prep_ms: float | None = omit_none()
+    """What the router priced the work before the engine at (an image's decode and resize, ms),
+    where the modality prices it: the encoder prepares a job priced over
+    ``encoder.heavy_prep_ms`` on a thread of lower CPU priority."""
 
     TYPE = "encode"
 

@@ -80,6 +80,16 @@ class EncoderSettings(Section):
         "fidelity gate, else the engine falls back to fp32). int8 measured 2.4x less CPU per text than fp32 at mean "
         "cosine 0.993 to it on real sentences (docs/capacity.md)."
     )
+    heavy_prep_ms: float = setting(
+        50.0, "A job whose preparation (an image's decode and resize) the router priced over this many ms is prepared "
+        "on a thread of its own at lower CPU priority (heavy_prep_nice): a pixel-bound picture decodes in the cores' "
+        "spare time instead of taking one from every other request's stages. 0: every job on the one prep thread.",
+        ge=0
+    )
+    heavy_prep_nice: int = setting(
+        10, "How much lower that thread's CPU priority is (Linux nice, 1-19; 10 gives it about a tenth of a core "
+        "that other work wants, all of an idle one).", ge=1, le=19
+    )
     max_queue: int = setting(256, "Most jobs held in a worker between Kafka and the engine.", ge=1)
     max_queue_bytes: int = setting(
         256 * 1024 * 1024, "Most payload bytes the jobs held in a worker carry (inline data and text, and refs at the "

@@ -4,12 +4,16 @@ It knows no Kafka; the encode stage (``streams.stages.encoder``) is the glue aro
 generator stage is around the ``GenerationCore``. Jobs come in with ``submit`` (a co-located
 router's too, as placement decides), each with an ``origin`` the core never looks into and hands
 back with the job's ``EncodeAnswer`` through ``on_answer``. One task runs ``step`` in a loop
-(``run``); two threads do the slow work, so the event loop that holds every queue never waits for
+(``run``); threads do the slow work, so the event loop that holds every queue never waits for
 it:
 
 - the prep thread fetches claim-checked bytes, does the CPU work before the model and asks the reuse
   cache (one MGET per submitted batch): hits and refusals are answered at once, misses are queued by
   lane with their real cost (tokens);
+- a job whose preparation the router priced over ``heavy_prep_ms`` (a pixel-bound picture's decode) is
+  prepared on a third thread at lower CPU priority (``lower_thread_priority``), then looked up in the
+  cache on the prep thread: it neither holds the other jobs' preparation behind it nor takes a core
+  from the stages around it while they have work;
 - the engine thread runs the batch the pure ``MicroBatcher`` picks (rt first, length-aware, its
   budget in ms predicted by a ``BatchCostModel`` that learns from every batch) from each lane's
   queue in tenant-fair order (``FairOrder``: one tenant's backlog never holds another's items behind
@@ -32,6 +36,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -124,6 +131,9 @@ class EncoderCore:
         self.wake = asyncio.Event()
         self.engine = ThreadPoolExecutor(1, thread_name_prefix=f"engine-{modality}")
         self.prep = ThreadPoolExecutor(1, thread_name_prefix=f"prep-{modality}")
+        self.prep_heavy: ThreadPoolExecutor | None = None
+        """Where jobs priced over ``limits.heavy_prep_ms`` are prepared, at lower CPU priority
+        (made at the first such job)."""
 
     # -- intake ---------------------------------------------------------------------------
 
@@ -174,9 +184,30 @@ class EncoderCore:
 
     def _prepare(self, jobs: list[tuple[EncodeJob, str, Any]]) -> None:
         """Start preparing one submitted batch: on the prep thread, or, when the engine is
-        idle, prepared and run in one call on the engine thread (the module docstring)."""
+        idle, prepared and run in one call on the engine thread (the module docstring). Its
+        heavy jobs (``heavy_prep_ms``) go to the heavy prep thread instead."""
+        heavy = [t for t in jobs if self._heavy(t[0])]
+        light = [t for t in jobs if not self._heavy(t[0])] if heavy else jobs
+        if light:
+            self._start_prep(light, direct=self.engine_idle())
+        if heavy:
+            self._start_prep(heavy, heavy=True)
+
+    def _heavy(self, job: EncodeJob) -> bool:
+        return 0 < self.limits.heavy_prep_ms < (job.prep_ms or 0.0)
+
+    async def _prepare_heavy(self, jobs: list[EncodeJob]) -> list[Any]:
+        """The prep thread's work for heavy jobs: the decode on the heavy prep thread, the cache
+        lookup back on the prep thread (the cache has one caller)."""
         loop = asyncio.get_running_loop()
-        direct = self.engine_idle()
+        if self.prep_heavy is None:
+            self.prep_heavy = ThreadPoolExecutor(1, thread_name_prefix=f"prep-heavy-{self.modality}",
+                                                 initializer=lower_thread_priority, initargs=(self.limits.heavy_prep_nice,))
+        items = await loop.run_in_executor(self.prep_heavy, self.runner.prepare_items, jobs)
+        return await loop.run_in_executor(self.prep, self.runner.lookup, items)
+
+    def _start_prep(self, jobs: list[tuple[EncodeJob, str, Any]], direct: bool = False, heavy: bool = False) -> None:
+        loop = asyncio.get_running_loop()
         estimate = {lane: 0.0 for lane in LANES}
         for job, lane, _ in jobs:
             estimate[lane] += self.model.per_item_ms(self._length_before_prep(job))
@@ -184,7 +215,8 @@ class EncoderCore:
             work = loop.run_in_executor(self.engine, self._prepare_and_run, [j for j, _, _ in jobs])
             self.direct_ms = max(0.001, estimate["rt"] + estimate["bulk"])
         else:
-            work = loop.run_in_executor(self.prep, self.runner.prepare_many, [j for j, _, _ in jobs])
+            work = (asyncio.ensure_future(self._prepare_heavy([j for j, _, _ in jobs])) if heavy else
+                    loop.run_in_executor(self.prep, self.runner.prepare_many, [j for j, _, _ in jobs]))
             self.preparing += 1
             for lane, ms in estimate.items():
                 self.preparing_ms[lane] += ms
@@ -395,3 +427,17 @@ def _order_key(p: Pending[_Held]) -> tuple[float, int]:
 
 def deadline_error() -> WireError:
     return WireError(ErrorCode.DEADLINE_EXCEEDED, "the part reached its encoder after the request's deadline")
+
+
+def lower_thread_priority(nice: int) -> None:
+    """Thread initializer: the calling thread's CPU priority lowered by ``nice`` (on Linux a
+    thread has a nice value of its own; elsewhere nothing is changed, since the call would
+    lower the whole process). The scheduler then gives it what the other threads leave:
+    nearly all of an idle core, about a tenth of a busy one at ``nice`` 10."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+    except OSError as exc:  # not allowed here: the thread runs at the process's priority
+        log.info("could not lower a prep thread's priority: %r", exc)

@@ -60,6 +60,7 @@ def split_request(
     refused: Mapping[int, WireError] | None = None,
     ref_bytes: Mapping[int, int] | None = None,
     ref_pixels: Mapping[int, int] | None = None,
+    prep_ms: Mapping[int, float] | None = None,
 ) -> RoutePlan:
     """Split ``req`` into per-part encode jobs on each modality's topic for the request's lane.
 
@@ -68,7 +69,8 @@ def split_request(
     job and every part answered here (``schemas.jobs``: how the assembler knows its parts);
     ``digest`` names the ingress record in the manifest. ``refused``: parts that fail here with
     that error (a ref the router could not price); ``ref_bytes``: the priced size of each ref
-    part, carried in its job; ``ref_pixels``: the pixels an image ref's header declared, too.
+    part, carried in its job; ``ref_pixels``: the pixels an image ref's header declared, too;
+    ``prep_ms``: what a part's work before the engine was priced at (``EncodeJob.prep_ms``).
     """
     refused = refused or {}
     ref_bytes = ref_bytes or {}
@@ -122,6 +124,7 @@ def split_request(
             deadline_at_ms=deadline_at, sent_at_ms=now_ms, text=part.text, data=part.data, ref=part.ref,
             mime=part.mime, nonce=nonce, ref_bytes=ref_bytes.get(i) if part.ref is not None else None,
             ref_pixels=ref_pixels.get(i) if part.ref is not None else None,
+            prep_ms=round(prep_ms[i], 1) if prep_ms and i in prep_ms else None,
         )
         jobs.append(RoutedJob(topic_of(part), f"{req.id}:{i}".encode(), job, chosen[i]))
     return RoutePlan(manifest, jobs, failed)

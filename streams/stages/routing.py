@@ -42,7 +42,7 @@ import hashlib
 import logging
 import secrets
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, NamedTuple, Sequence
 
 from schemas.codec import CONTENT_TYPE_HEADER, JSON, DecodeError, header, unpack
 from schemas.errors import ErrorCode, WireError
@@ -73,8 +73,19 @@ TEXT_MAX_TOKENS = 256.0
 # (part index, ref) pairs, the tenant, the parts whose head is wanted -> per part its size and
 # head, or error (``ClaimSizer.sizes``).
 RefSizes = Callable[[Sequence[tuple[int, str]], str, frozenset[int]], Awaitable[dict[int, "ClaimSize | WireError"]]]
-Priced = tuple[str, float] | None
-"""One part's price: (the stage whose engine it loads, predicted ms), None for a modality not served."""
+
+
+class Price(NamedTuple):
+    """One part's price: the stage whose engine it loads and its predicted ms there, of which
+    ``prep_ms`` is the work before the engine (an image's decode; 0 where none is priced)."""
+
+    stage: str
+    ms: float
+    prep_ms: float = 0.0
+
+
+Priced = Price | None
+"""A part's price, None for a part that makes no job."""
 
 
 def limits_from(settings: Settings) -> Limits:
@@ -245,7 +256,8 @@ class Router:
             served_modalities=self.served_modalities, client_sent_at_ms=client_sent,
             started_at_ms=started, now_ms=now_ms(), default_deadline_ms=self.settings.limits.default_deadline_ms,
             nonce=self.nonce(), digest=digest, refused=refused, ref_bytes=ref_bytes,
-            ref_pixels=ref_pixels,
+            ref_pixels=ref_pixels, prep_ms={i: found.prep_ms for i, found in enumerate(priced)
+                                            if found is not None and found.prep_ms > 0},
         )
         m = plan.manifest
         encoded = self.topics.encoded(req.lane)
@@ -318,16 +330,16 @@ class Router:
         if spec.cost_unit == "token":  # cost depends on the length: ask for that length
             tokens = min(TEXT_MAX_TOKENS, units)
             reported = self.load.item_ms(stage, tokens)
-            return stage, reported if reported is not None else spec.ms_per_unit * tokens
+            return Price(stage, reported if reported is not None else spec.ms_per_unit * tokens)
         reported = self.load.item_ms(stage, 1)
-        ms = units * (reported if reported is not None else spec.ms_per_unit)
+        ms, prep = units * (reported if reported is not None else spec.ms_per_unit), 0.0
         if spec.prepare_ms is not None and part.text is None:
             if part.data is not None:  # all of it: the header parse reads no further than the header
                 head, stored = part.data, size
             else:  # a ref the sizer did not read is priced at the bounds
                 head, stored = (claim.head, claim.size) if claim else (b"", self.settings.limits.max_ref_bytes)
-            ms += spec.prepare_ms(head, stored, self.settings.limits.max_image_pixels)
-        return stage, ms
+            prep = spec.prepare_ms(head, stored, self.settings.limits.max_image_pixels)
+        return Price(stage, ms + prep, prep)
 
     def _generate_cost(self, req: Any) -> float:
         """The generator's work a generate request causes (0 for embed), priced before any
@@ -401,8 +413,7 @@ class Router:
         for found in priced:
             if found is None:
                 continue
-            stage, ms = found
-            stages[stage] = stages.get(stage, 0.0) + ms
+            stages[found.stage] = stages.get(found.stage, 0.0) + found.ms
         deadline = req.deadline_ms or self.settings.limits.default_deadline_ms
         queued = self.load.queued_ms(str(req.lane), tenant=req.tenant, own_ms=stages)
         return admit(lane=str(req.lane), stages=stages, queued_ms=queued, deadline_ms=deadline, limits=self.admission)

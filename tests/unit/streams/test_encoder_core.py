@@ -10,6 +10,8 @@ it in fair order; jobs being prepared count as queued work."""
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import threading
 
 import numpy as np
@@ -29,14 +31,17 @@ from workers.outputs import Encoded, Prepared
 class Harness:
     """A core over a gated engine: ``ran`` lists each engine call's texts; ``answers`` each answer."""
 
-    def __init__(self, order: str = "fair", max_wait_ms: float = 4.0) -> None:
+    def __init__(self, order: str = "fair", max_wait_ms: float = 4.0, **limits) -> None:
         self.ran: list[list[str]] = []
+        self.prepared_on: dict[str, tuple[str, int]] = {}  # job id -> (thread name, its nice value)
         self.gate = threading.Event()
         self.gate.set()
         self.answers: list[EncodeAnswer] = []
         self.cache = DictCache({"k:cached": pack_output(np.ones(4, dtype=np.float32), {}, "float16")})
 
         def prepare(job):
+            tid = threading.get_native_id()
+            self.prepared_on[job.id] = (threading.current_thread().name, os.getpriority(os.PRIO_PROCESS, tid))
             if job.text == "refuse":
                 raise ValueError("refused by preprocessing")
             return Prepared(job, float(len(job.text)), job.text, content=job.text.encode())
@@ -48,7 +53,7 @@ class Harness:
 
         front = EncoderFront(Runner(prepare, run, rows_alone=True, variable_length=True), None,
                              CacheFront(self.cache, Quiet(), "text"), key_of=lambda job, content: f"k:{content.decode()}")
-        self.core = EncoderCore(front, EncoderSettings(order=order, max_wait_ms=max_wait_ms), "text", self.answers.append,
+        self.core = EncoderCore(front, EncoderSettings(order=order, max_wait_ms=max_wait_ms, **limits), "text", self.answers.append,
                                 Quiet())
 
     def by_id(self) -> dict[str, EncodeAnswer]:
@@ -201,3 +206,28 @@ async def test_a_bug_before_preparing_answers_each_job_with_internal_and_holds_n
     assert sorted(a.job.id for a in h.answers) == ["r1", "r2"]
     assert all(a.result.code == "internal" for a in h.answers)
     assert h.core.held == 0 and h.core.held_bulk == 0 and h.core.engine_idle()
+
+
+async def test_a_job_priced_heavy_is_prepared_on_a_thread_of_lower_priority_and_still_looked_up() -> None:
+    h = Harness(heavy_prep_ms=50.0, heavy_prep_nice=5)
+    h.gate.clear()  # the engine stays busy with the first batch: the rest go through the prep threads
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    runner = asyncio.create_task(h.core.run(lambda: False))
+    try:
+        _submit(h.core, _job("first", 0))
+        await _until(lambda: h.core.running_ms > 0 or h.core.direct_ms > 0, "the first batch running")
+        _submit(h.core, _job("light", 1, prep_ms=10.0), _job("heavy", 2, prep_ms=400.0),
+                _job("cached", 3, prep_ms=400.0))
+        await _until(lambda: {"r2", "r3"} <= set(h.prepared_on), "the heavy jobs prepared")
+        h.gate.set()
+        await _until(lambda: len(h.answers) == 4, "every job answered")
+    finally:
+        h.gate.set()
+        runner.cancel()
+    assert sorted(a.job.id for a in h.answers) == ["r0", "r1", "r2", "r3"]  # each exactly once
+    heavy, light = h.prepared_on["r2"], h.prepared_on["r1"]
+    assert heavy[0].startswith("prep-heavy-") and not light[0].startswith("prep-heavy-")
+    if sys.platform.startswith("linux"):
+        assert heavy[1] == min(19, base + 5) and light[1] == base
+    assert isinstance(h.by_id()["r3"].result, Encoded)  # the cache lookup still answers a heavy job
+    assert not any("cached" in batch for batch in h.ran) and any("heavy" in batch for batch in h.ran)

@@ -15,7 +15,7 @@ from schemas.settings import Settings, env_name
 from streams.policies.assembly import _grounding
 from streams.stages import stage_names
 from streams.stages.generator import prompt_parts
-from streams.stages.routing import Router
+from streams.stages.routing import Price, Router
 from streams.topics import topic_specs
 from workers import modalities
 from workers import prompt as P
@@ -92,7 +92,7 @@ def test_a_registered_modality_appears_in_every_table(memo) -> None:
     spec = modalities.get("memo")
     assert spec.ms_per_unit == 0.5 and spec.units(400, 16) == 100.0
     # Before any report, the router prices a part from its spec: 400 bytes = 100 tokens at 0.5 ms.
-    assert make_router()._part_stage(Part("memo", data=b"y" * 400)) == ("encode.memo", 50.0)
+    assert make_router()._part_stage(Part("memo", data=b"y" * 400)) == Price("encode.memo", 50.0)
     assert _grounding({"modality": "memo", "extras": {"excerpt": "lunch at noon"}}) == \
         {"modality": "memo", "text": "lunch at noon"}
     assert prompt_parts([{"modality": "memo", "text": "lunch at noon"}, {"modality": "memo", "failed": True}]) == \
@@ -135,4 +135,4 @@ def test_video_is_admitted_against_the_image_pool() -> None:
     r.load.note_sent("mm.encode.image.rt", 0, 10_000.0, 0.0)
     refused = handle(r, {"id": "v1", "parts": [{"modality": "video", "data": b"x", "mime": "video/mp4"}]})
     assert refused.admission == "reject" and "encode.image" in verdict_event(refused.outs[0]).error["message"]
-    assert r._part_stage(Part(Modality.VIDEO, data=b"x")) == ("encode.image", 8.0 * Settings().video.max_frames)
+    assert r._part_stage(Part(Modality.VIDEO, data=b"x")) == Price("encode.image", 8.0 * Settings().video.max_frames)

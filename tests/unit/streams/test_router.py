@@ -444,6 +444,16 @@ def test_a_part_that_makes_no_job_is_not_priced():
     assert priced == [None]  # a generate request's text goes to the language model, not an encoder
 
 
+def test_an_images_job_carries_what_its_decode_was_priced_at():
+    big = _flat_png(5000, 5000)
+    jobs = {j.job.job.part: j.job.job for j in routed(make_router(), pack({"id": "pp1", "parts": [
+        {"modality": "image", "data": big, "mime": "image/png"},
+        {"modality": "text", "text": "no decode"}]})).jobs}
+    assert jobs[0].prep_ms is not None and jobs[0].prep_ms > 300.0  # the encoder prepares it on its heavy thread
+    assert jobs[1].prep_ms is None
+    assert EncodeJob.from_wire(unpack(pack(jobs[0].to_wire()))).prep_ms == jobs[0].prep_ms
+
+
 def test_an_image_refs_job_carries_the_pixels_it_was_priced_at():
     from workers.claims import ClaimSize
 
