@@ -145,6 +145,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("inputs", nargs="*", type=Path, help="for compare: the JSON reports to put side by side")
     b.add_argument("--workload", default="text", choices=list(WORKLOADS), help="request mix (default: %(default)s; chat-mm: a question beside a photo; capacity: 60%% texts of 1, 4 or 15 sentences, 40%% photos of 256-1024 px; images: those photos alone; audio: spoken clips alone; fairness: tenant B's rt text alone, then beside tenant A's flood of the worst requests allowed; retrieve: searches of a collection of --docs passages, --repeat of them near-duplicates; rag: generate grounded in that collection, prefix cache on and off; retrieve-images: image searches of a collection of --docs photo variants)")
     b.add_argument("--abuse-rate", type=float, help="fairness: tenant A's offered requests per second (default: 5x --rate)")
+    b.add_argument("--victim-images", type=float, metavar="SHARE",
+                   help="fairness: the share of tenant B's requests that are a photo each (default: 0, texts only)")
     b.add_argument("--abuse-deadline-ms", type=int, help="fairness: deadline of A's requests (default: the longest allowed)")
     b.add_argument("--docs", type=int, metavar="N",
                    help="retrieve, rag: passages of the offline corpus indexed first (default: 2000)")

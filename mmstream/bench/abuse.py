@@ -13,7 +13,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Sequence
 
-from mmstream.bench.workloads import WORDS, arrival_offsets, text_request
+from mmstream.bench.workloads import WORDS, arrival_offsets, images_request, text_request
 from schemas.request import Lane, Limits, Modality, Params, Part, Request, Task
 from schemas.settings import Settings
 
@@ -83,12 +83,15 @@ class AbuseItem:
     tag: int
 
 
-def victim_schedule(seed: int, rate: float, duration_s: float, phase: str) -> tuple[list[float], list[Request]]:
+def victim_schedule(seed: int, rate: float, duration_s: float, phase: str,
+                    image_share: float = 0.0) -> tuple[list[float], list[Request]]:
     """B's arrivals and requests in ``phase`` (``alone`` or ``flood``): the same offsets in
-    every phase (a function of seed, rate and duration), texts drawn per phase."""
+    every phase (a function of seed, rate and duration), requests drawn per phase: texts, and
+    with ``image_share`` that share of one photo each (the capacity mix's, 256-1024 px)."""
     offsets = arrival_offsets(rate, duration_s, random.Random(f"{seed}:{rate}:victim"))
     rng = random.Random(f"{seed}:{rate}:victim:{phase}")
-    return offsets, [text_request(rng, "rt") for _ in offsets]
+    return offsets, [images_request(rng, "rt") if image_share > 0 and rng.random() < image_share
+                     else text_request(rng, "rt") for _ in offsets]
 
 
 def abuser_plan(seed: int, abuse_rate: float, duration_s: float, shapes: Sequence[str]) -> list[AbuseItem]:

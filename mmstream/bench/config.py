@@ -62,6 +62,9 @@ class BenchConfig:
     chat_max_tokens: int = 32
     abuse_rate: float | None = None
     """Fairness workload: tenant A's offered requests per second. None: five times ``rate``."""
+    victim_images: float = 0.0
+    """Fairness workload: the share of tenant B's requests that are one photo each (the
+    capacity mix's); the rest are texts. 0: texts only."""
     abuse_deadline_ms: int | None = None
     """Fairness workload: the deadline of tenant A's requests. None: the longest allowed
     (``limits.max_deadline_ms``), which outlasts a run's drain: A's unanswered requests are
@@ -101,6 +104,8 @@ class BenchConfig:
         if (self.abuse_rate is not None and self.abuse_rate <= 0) or (self.abuse_deadline_ms is not None
                                                                      and self.abuse_deadline_ms <= 0):
             raise ValueError("abuse rate and deadline must be positive")
+        if not 0.0 <= self.victim_images <= 1.0:
+            raise ValueError(f"--victim-images is a share from 0 to 1, got {self.victim_images}")
         if self.rate_schedule and (self.rates or any(r <= 0 or d <= 0 for r, d in self.rate_schedule)):
             raise ValueError("a rate schedule is positive rate:seconds segments, and replaces --rates")
         if self.docs < 1:

@@ -37,9 +37,17 @@ def victim_comparison(alone: Mapping[str, Any], flood: Mapping[str, Any]) -> dic
             "flood_ms": {q: f.get(q) for q in ("p50", "p95", "p99")},
             "ratio": ratio, "bound": RATIO_BOUND,
             "p99_within_bound": ratio["p99"] is not None and ratio["p99"] <= RATIO_BOUND,
+            "by_modality": {m: _modality_p99(alone, flood, m) for m in sorted(
+                set(alone.get("latency_ms", {})) | set(flood.get("latency_ms", {})))},
             "sent": {"alone": alone["requests"]["sent"], "flood": flood["requests"]["sent"]},
             "errors": {"alone": alone["requests"]["errors"], "flood": flood["requests"]["errors"]},
             "lost": {"alone": alone["requests"]["lost"], "flood": flood["requests"]["lost"]}}
+
+
+def _modality_p99(alone: Mapping[str, Any], flood: Mapping[str, Any], modality: str) -> dict[str, float | None]:
+    """B's e2e p99 of one kind of request (``build_run``'s ``latency_ms`` key) in each phase, and their ratio."""
+    a, f = (run.get("latency_ms", {}).get(modality, {}).get("e2e", {}).get("p99") for run in (alone, flood))
+    return {"alone_p99_ms": a, "flood_p99_ms": f, "ratio": round(f / a, 3) if a and f is not None else None}
 
 
 def shed_cause(code: str | None, message: str) -> str:
@@ -195,7 +203,8 @@ def text_table(doc: Mapping[str, Any]) -> str:
     def num(x: float | None) -> float:
         return nan if x is None else x
 
-    lines = [f"fairness: B {doc['config']['rate']:g} req/s rt text; A {a['offered_rate']:g} req/s offered "
+    kinds = "text" if not doc["config"].get("victim_images") else f"text, {doc['config']['victim_images']:.0%} photos"
+    lines = [f"fairness: B {doc['config']['rate']:g} req/s rt {kinds}; A {a['offered_rate']:g} req/s offered "
              f"({', '.join(doc['abuse_shapes'])}), {doc['config']['duration_s']:g} s per phase",
              f"{'B rt e2e ms':<14}{'p50':>9}{'p95':>9}{'p99':>9}   lost"]
     quantiles = ("p50", "p95", "p99")
@@ -204,6 +213,10 @@ def text_table(doc: Mapping[str, Any]) -> str:
         lines.append(f"{phase:<14}" + "".join(f"{num(ms[q]):>9.1f}" for q in quantiles) + f"   {v['lost'][phase]}")
     lines.append(f"{'flood/alone':<14}" + "".join(f"{num(v['ratio'][q]):>8.2f}x" for q in quantiles)
                  + f"   (bound {v['bound']:g}x on p99)")
+    if len(v.get("by_modality", {})) > 1:
+        for kind, m in v["by_modality"].items():
+            lines.append(f"  {kind + ' p99':<12}{num(m['alone_p99_ms']):>9.1f} alone {num(m['flood_p99_ms']):>9.1f} flood "
+                         f"{num(m['ratio']):>6.2f}x")
     lines.append(f"B errors: alone {v['errors']['alone']}, flood {v['errors']['flood']} (percentiles are of B's "
                  "answered requests)")
     lines.append(f"A: planned {a['planned']}, sent {a['sent']}, ok {a['ok']}, lost {a['lost']}, pending {a['pending']}; "

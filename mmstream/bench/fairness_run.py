@@ -154,7 +154,7 @@ async def _victim_phase(settings: Settings, cfg: BenchConfig, tenant: str, ident
                         workers: list[tuple[str, int]], progress: bool) -> dict[str, Any]:
     """B's traffic of ``phase``, sent open loop; its ``build_run`` report, with the CPU
     each pipeline process spent over the phase."""
-    offsets, requests = victim_schedule(cfg.seed, cfg.rate, cfg.duration_s, phase)
+    offsets, requests = victim_schedule(cfg.seed, cfg.rate, cfg.duration_s, phase, cfg.victim_images)
     requests = [dataclasses.replace(r, tenant=tenant) for r in requests]
     cpu0 = {name: proc_cpu_s(pid) for name, pid in workers}
     async with ident.client(settings) as client:

@@ -46,6 +46,15 @@ def test_the_victims_schedule_is_the_seeds_same_arrivals_in_both_phases_with_tex
     assert victim_schedule(4, 20.0, 10.0, "alone")[0] != a_off
 
 
+def test_the_victim_may_send_a_share_of_photos_and_without_one_sends_the_same_texts_as_before() -> None:
+    texts = victim_schedule(3, 20.0, 10.0, "alone")[1]
+    assert [r.parts for r in victim_schedule(3, 20.0, 10.0, "alone", 0.0)[1]] == [r.parts for r in texts]
+    mixed = victim_schedule(3, 20.0, 10.0, "alone", 0.3)[1]
+    photos = [r for r in mixed if r.parts[0].modality == "image"]
+    assert 0.15 * len(mixed) < len(photos) < 0.45 * len(mixed)
+    assert {r.lane for r in mixed} == {Lane.RT} and len({r.parts[0].data for r in photos}) == len(photos)
+
+
 def test_the_abusers_plan_is_a_function_of_the_seed_and_uses_both_lanes_and_every_shape() -> None:
     plan = abuser_plan(7, 100.0, 5.0, ABUSE_SHAPES)
     assert plan == abuser_plan(7, 100.0, 5.0, ABUSE_SHAPES)
@@ -146,6 +155,15 @@ def test_the_victims_ratio_is_flood_over_alone_per_percentile_against_the_bound(
     slow = victim_comparison(alone, _run([10.0] * 90 + [16.0] * 10))
     assert slow["ratio"]["p99"] == 1.6 and not slow["p99_within_bound"]
     assert victim_comparison(alone, _run([]))["ratio"]["p99"] is None
+
+
+def test_the_victims_ratio_is_also_given_per_kind_of_request() -> None:
+    def run(text_ms: float, image_ms: float) -> dict:
+        records = [Record("text", ("text",), 0.0, text_ms, "ok")] * 50 + [Record("image", ("image",), 0.0, image_ms, "ok")] * 50
+        return build_run("pipeline", BenchConfig(workload="fairness"), 20.0, records, 10.0, {}, {})
+
+    v = victim_comparison(run(10.0, 20.0), run(11.0, 60.0))
+    assert v["by_modality"]["text"]["ratio"] == 1.1 and v["by_modality"]["image"]["ratio"] == 3.0
 
 
 def test_shed_causes_are_read_from_the_policies_own_messages() -> None:

@@ -34,6 +34,8 @@ class Harness:
     def __init__(self, order: str = "fair", max_wait_ms: float = 4.0, **limits) -> None:
         self.ran: list[list[str]] = []
         self.prepared_on: dict[str, tuple[str, int]] = {}  # job id -> (thread name, its nice value)
+        self.slow_prep = threading.Event()  # a text starting "slow" is prepared once this is set
+        self.slow_prep.set()
         self.gate = threading.Event()
         self.gate.set()
         self.answers: list[EncodeAnswer] = []
@@ -42,6 +44,8 @@ class Harness:
         def prepare(job):
             tid = threading.get_native_id()
             self.prepared_on[job.id] = (threading.current_thread().name, os.getpriority(os.PRIO_PROCESS, tid))
+            if job.text.startswith("slow"):
+                self.slow_prep.wait(10)
             if job.text == "refuse":
                 raise ValueError("refused by preprocessing")
             return Prepared(job, float(len(job.text)), job.text, content=job.text.encode())
@@ -231,3 +235,20 @@ async def test_a_job_priced_heavy_is_prepared_on_a_thread_of_lower_priority_and_
         assert heavy[1] == min(19, base + 5) and light[1] == base
     assert isinstance(h.by_id()["r3"].result, Encoded)  # the cache lookup still answers a heavy job
     assert not any("cached" in batch for batch in h.ran) and any("heavy" in batch for batch in h.ran)
+
+
+async def test_a_heavy_jobs_preparation_holds_no_later_light_job_behind_it() -> None:
+    h = Harness(heavy_prep_ms=50.0)
+    h.slow_prep.clear()  # the heavy job's decode takes until the light one is answered
+    runner = asyncio.create_task(h.core.run(lambda: False))
+    try:
+        _submit(h.core, _job("slow heavy", 1, prep_ms=6000.0))
+        await _until(lambda: "r1" in h.prepared_on, "the heavy job being prepared")
+        _submit(h.core, _job("light", 2, prep_ms=5.0))
+        await _until(lambda: "r2" in h.by_id(), "the light job answered while the heavy one is still prepared")
+        assert "r1" not in h.by_id()
+        h.slow_prep.set()
+        await _until(lambda: "r1" in h.by_id(), "the heavy job answered")
+    finally:
+        h.slow_prep.set()
+        runner.cancel()
