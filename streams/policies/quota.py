@@ -172,16 +172,18 @@ class TenantQuotas:
             wait = math.ceil((min(cost_ms, q.compute_capacity) - t.compute_tokens) * 1000.0 / q.compute_ms_per_s)
             return Shed("compute", f"tenant {tenant} is over its compute rate of {q.compute_ms_per_s:.0f} engine "
                         f"ms per second (this request: {cost_ms:.0f} ms); retry later", max(1, wait))
-        rate = q.rate_of(tenant)[0]
-        if rate > 0:
-            if t.tokens < 1.0:
-                wait = math.ceil((1.0 - t.tokens) * 1000.0 / rate)
-                return Shed("rate", f"tenant {tenant} is over its rate of {rate:g} requests per second; retry later",
-                            max(1, wait))
-            t.tokens -= 1.0
-        if q.ref_bytes_per_s > 0:
+        shed = self._take_token(t, tenant)
+        if shed is None and q.ref_bytes_per_s > 0:
             t.ref_tokens -= ref_bytes
-        return None
+        return shed
+
+    def check_rate(self, tenant: str, *, now_ms: float) -> Shed | None:
+        """``check`` for a request that causes no work (answered whole from the reuse cache): it
+        takes a rate token, and neither queued work, ref bytes nor compute stands in its way."""
+        self._expire(now_ms)
+        t = self._touch(tenant, now_ms)
+        self._refill(t, tenant, now_ms)
+        return self._take_token(t, tenant)
 
     def note_refused(self, tenant: str, now_ms: float) -> None:
         """Admission refused ``tenant`` (``overloaded``) now: it is being kept out, so the
@@ -232,6 +234,18 @@ class TenantQuotas:
             t.seen_ms = max(t.seen_ms, now_ms)
             self._tenants.move_to_end(tenant)
         return t
+
+    def _take_token(self, t: _Tenant, tenant: str) -> Shed | None:
+        """One request's token from the rate bucket (refilled), or the shed when there is none."""
+        rate = self.limits.rate_of(tenant)[0]
+        if rate <= 0:
+            return None
+        if t.tokens < 1.0:
+            wait = math.ceil((1.0 - t.tokens) * 1000.0 / rate)
+            return Shed("rate", f"tenant {tenant} is over its rate of {rate:g} requests per second; retry later",
+                        max(1, wait))
+        t.tokens -= 1.0
+        return None
 
     def _refill(self, t: _Tenant, tenant: str, now_ms: float) -> None:
         """Refill every bucket of ``tenant`` for the time since it was last refilled."""

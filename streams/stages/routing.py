@@ -177,7 +177,7 @@ class Router:
         # one poll, routed concurrently, cannot all be admitted on the same queued work.
         key = self._result_key(req)
         stored = await self.results.get(key) if key is not None else None
-        shed = self._quota(req, started, sum(ref_bytes.values()), priced)
+        shed = self._quota(req, started, sum(ref_bytes.values()), priced, answered=stored is not None)
         if shed is not None:
             err = WireError(ErrorCode.OVERLOADED, shed.message, None, shed.retry_after_ms) \
                 if shed.retry_after_ms is not None else WireError(ErrorCode.PAYLOAD_TOO_LARGE, shed.message, "parts")
@@ -397,10 +397,14 @@ class Router:
                             f"limit is {lim.max_request_ref_bytes} per request", "parts")
         return sizes, refused, claims
 
-    def _quota(self, req: Any, now: float, ref_bytes: int, priced: list[Priced]) -> Shed | None:
-        """The tenant's quota decision (None: within it, or no quota is set)."""
+    def _quota(self, req: Any, now: float, ref_bytes: int, priced: list[Priced], answered: bool = False) -> Shed | None:
+        """The tenant's quota decision (None: within it, or no quota is set). ``answered``: the
+        reuse cache holds the whole answer, so the request costs no engine work: only its rate
+        token is taken (a tenant in compute debt still gets what it already paid for)."""
         if not self.quotas.enabled:
             return None
+        if answered:
+            return self.quotas.check_rate(req.tenant, now_ms=now)
         cost = sum(found[1] for found in priced if found is not None) + self._generate_cost(req)
         return self.quotas.check(req.tenant, lane_limit_ms=self.lane_limit_ms.get(str(req.lane), 0.0), now_ms=now,
                                  ref_bytes=ref_bytes, cost_ms=cost)

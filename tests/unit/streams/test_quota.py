@@ -173,3 +173,13 @@ def test_without_debt_a_request_priced_over_the_compute_bucket_is_refused_for_go
     assert refused is not None and refused.reason == "compute" and refused.retry_after_ms is None
     assert "split it" in refused.message
     assert q.check("a", lane_limit_ms=LANE, now_ms=0.0, cost_ms=200.0) is None  # the burst itself fits
+
+
+def test_a_request_answered_whole_from_the_cache_takes_only_its_rate_token():
+    q = TenantQuotas(QuotaLimits(rate_per_s=1.0, burst=2.0, compute_ms_per_s=10.0, max_queued_ms=5.0))
+    assert q.check("t", lane_limit_ms=500.0, now_ms=0.0, cost_ms=1000.0) is None
+    q.note_sent("t", 1000.0, 0.0)  # in compute debt, and over its queued work
+    assert q.check("t", lane_limit_ms=500.0, now_ms=1.0, cost_ms=1.0).reason == "queued"
+    assert q.check_rate("t", now_ms=1.0) is None  # the second token of the burst
+    shed = q.check_rate("t", now_ms=2.0)
+    assert shed is not None and shed.reason == "rate" and shed.retry_after_ms > 0

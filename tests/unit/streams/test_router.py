@@ -466,3 +466,24 @@ def test_an_image_refs_job_carries_the_pixels_it_was_priced_at():
     outs = handle(r, pack({"id": "rp1", "parts": [image_ref("redis:mm:claim:default:a:0")]}))
     jobs = [EncodeJob.from_wire(unpack(o.value)) for o in outs if o.topic == "mm.encode.image.rt"]
     assert [(j.ref_bytes, j.ref_pixels) for j in jobs] == [(len(SMALL_PNG), 64 * 48)]
+
+
+def test_a_tenant_in_compute_debt_still_gets_an_answer_the_cache_holds_whole():
+    class Results:
+        async def get(self, key):
+            return {"task": "embed", "parts": []} if cached else None
+
+    async def exists(topic):
+        return False
+
+    settings = Settings.from_env({env_name("quota", "compute_ms_per_s"): "10", env_name("quota", "compute_burst_ms"): "10"})
+    r = Router(settings, exists, results=Results())
+    r.models["text"] = "minilm/1/int8"  # published: text requests are looked up
+    cached = False
+    big = pack({"id": "debt", "tenant": "t", "parts": [{"modality": "image", "data": _flat_png(5000, 5000), "mime": "image/png"}]})
+    assert routed(r, big).outcome == "ok"  # admitted on a full bucket, leaving it ~370 ms in debt
+    text = {"tenant": "t", "parts": [{"modality": "text", "text": "asked before"}]}
+    assert routed(r, pack({"id": "miss", **text})).shed == ("t", "compute")
+    cached = True
+    hit = routed(r, pack({"id": "hit", **text}))
+    assert hit.outcome == "ok" and not hit.jobs  # no engine work: the debt does not stand in its way
