@@ -125,6 +125,7 @@ class EncoderCore:
         self.running_ms = 0.0  # predicted ms of the batch the engine thread runs now
         self.direct_ms = 0.0  # ... of the submitted batch it prepares and runs directly
         self.preparing = 0  # submitted batches on the prep thread now
+        self.preparing_heavy = 0  # ... of them on the heavy prep thread (the engine may be idle meanwhile)
         # Predicted ms of the jobs being prepared, by lane, from their size before tokenizing:
         # already this core's work, so ``queued_ms`` counts it.
         self.preparing_ms = {lane: 0.0 for lane in LANES}
@@ -179,7 +180,7 @@ class EncoderCore:
         return self.model.per_item_ms(self.lengths[len(self.lengths) // 2])
 
     def engine_idle(self) -> bool:  # the direct path's condition
-        return (self.direct_ms == 0.0 and self.running_ms == 0.0 and self.preparing == 0
+        return (self.direct_ms == 0.0 and self.running_ms == 0.0 and self.preparing == self.preparing_heavy
                 and not self.queues["rt"] and not self.queues["bulk"] and self._wait_s() == 0.0)
 
     def _prepare(self, jobs: list[tuple[EncodeJob, str, Any]]) -> None:
@@ -218,9 +219,10 @@ class EncoderCore:
             work = (asyncio.ensure_future(self._prepare_heavy([j for j, _, _ in jobs])) if heavy else
                     loop.run_in_executor(self.prep, self.runner.prepare_many, [j for j, _, _ in jobs]))
             self.preparing += 1
+            self.preparing_heavy += heavy
             for lane, ms in estimate.items():
                 self.preparing_ms[lane] += ms
-        asyncio.ensure_future(self._prepared(jobs, work, direct, estimate))
+        asyncio.ensure_future(self._prepared(jobs, work, direct, estimate, heavy))
 
     def _length_before_prep(self, job: EncodeJob) -> float:
         """A job's length from its size (as the router prices it), capped at the longest run."""
@@ -235,7 +237,7 @@ class EncoderCore:
         return job.modality if self.modality == "any" else self.modality
 
     async def _prepared(self, jobs: list[tuple[EncodeJob, str, Any]], work: asyncio.Future, direct: bool,
-                        estimate: dict[str, float]) -> None:
+                        estimate: dict[str, float], heavy: bool = False) -> None:
         """Back on the loop: answer what needs no engine, queue the rest (or answer the batch
         the engine thread ran directly)."""
         ran: tuple[list[Any], list[float], float, float] | None = None
@@ -251,6 +253,7 @@ class EncoderCore:
                     ready = await work
                 finally:
                     self.preparing -= 1
+                    self.preparing_heavy -= heavy
                     for lane, ms in estimate.items():
                         self.preparing_ms[lane] = max(0.0, self.preparing_ms[lane] - ms)
         except Exception as exc:  # the runner isolates items; this is a bug

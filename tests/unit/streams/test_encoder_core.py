@@ -244,6 +244,7 @@ async def test_a_heavy_jobs_preparation_holds_no_later_light_job_behind_it() -> 
     try:
         _submit(h.core, _job("slow heavy", 1, prep_ms=6000.0))
         await _until(lambda: "r1" in h.prepared_on, "the heavy job being prepared")
+        assert h.core.engine_idle()  # a heavy decode leaves the engine free for the direct path
         _submit(h.core, _job("light", 2, prep_ms=5.0))
         await _until(lambda: "r2" in h.by_id(), "the light job answered while the heavy one is still prepared")
         assert "r1" not in h.by_id()
