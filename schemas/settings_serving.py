@@ -82,8 +82,9 @@ class EncoderSettings(Section):
     )
     heavy_prep_ms: float = setting(
         50.0, "A job whose preparation (an image's decode and resize) the router priced over this many ms is prepared "
-        "on a thread of its own at lower CPU priority (heavy_prep_nice): a pixel-bound picture decodes in the cores' "
-        "spare time instead of taking one from every other request's stages. 0: every job on the one prep thread.",
+        "on a thread of its own at lower CPU priority (heavy_prep_nice): a pixel-bound picture no longer holds the "
+        "light jobs' preparation behind it, and yields to the encoder's other threads (nice acts within the process; "
+        "between processes the kernel shares cores per autogroup or cgroup). 0: every job on the one prep thread.",
         ge=0
     )
     heavy_prep_nice: int = setting(

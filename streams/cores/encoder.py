@@ -11,9 +11,11 @@ it:
   cache (one MGET per submitted batch): hits and refusals are answered at once, misses are queued by
   lane with their real cost (tokens);
 - a job whose preparation the router priced over ``heavy_prep_ms`` (a pixel-bound picture's decode) is
-  prepared on a third thread at lower CPU priority (``lower_thread_priority``), then looked up in the
-  cache on the prep thread: it neither holds the other jobs' preparation behind it nor takes a core
-  from the stages around it while they have work;
+  prepared on a third thread (heavy jobs in arrival order) at lower CPU priority within this process
+  (``lower_thread_priority``; between processes the kernel's autogroups or cgroups share the cores
+  whatever a thread's nice value), then looked up in the cache on the prep thread: it holds no light
+  job's preparation behind it. Which thread is decided by the router's price, not by the decode's
+  real cost;
 - the engine thread runs the batch the pure ``MicroBatcher`` picks (rt first, length-aware, its
   budget in ms predicted by a ``BatchCostModel`` that learns from every batch) from each lane's
   queue in tenant-fair order (``FairOrder``: one tenant's backlog never holds another's items behind
@@ -189,23 +191,31 @@ class EncoderCore:
         heavy jobs (``heavy_prep_ms``) go to the heavy prep thread instead."""
         heavy = [t for t in jobs if self._heavy(t[0])]
         light = [t for t in jobs if not self._heavy(t[0])] if heavy else jobs
-        if light:
-            self._start_prep(light, direct=self.engine_idle())
-        if heavy:
-            self._start_prep(heavy, heavy=True)
+        for group, is_heavy, direct in ((light, False, self.engine_idle()), (heavy, True, False)):
+            if not group:
+                continue
+            try:
+                self._start_prep(group, direct=direct, heavy=is_heavy)
+            except Exception as exc:  # a bug (a spec's ``units``, the executor): this group's jobs, answered once
+                log.exception("encode.%s: starting to prepare %d jobs failed", self.modality, len(group))
+                err = WireError(ErrorCode.INTERNAL, f"encode.{self.modality} failed: {type(exc).__name__}")
+                for job, lane, origin in group:
+                    self._answer(EncodeAnswer(job, origin, lane, err, None))
 
     def _heavy(self, job: EncodeJob) -> bool:
         return 0 < self.limits.heavy_prep_ms < (job.prep_ms or 0.0)
 
     async def _prepare_heavy(self, jobs: list[EncodeJob]) -> list[Any]:
         """The prep thread's work for heavy jobs: the decode on the heavy prep thread, the cache
-        lookup back on the prep thread (the cache has one caller)."""
+        lookup back on the prep thread (the cache has one caller), waiting for no other worker's
+        claim: a repeat is recomputed (an engine call of milliseconds) rather than holding the
+        prep thread, and every light job behind it, for the claim's wait."""
         loop = asyncio.get_running_loop()
         if self.prep_heavy is None:
             self.prep_heavy = ThreadPoolExecutor(1, thread_name_prefix=f"prep-heavy-{self.modality}",
                                                  initializer=lower_thread_priority, initargs=(self.limits.heavy_prep_nice,))
         items = await loop.run_in_executor(self.prep_heavy, self.runner.prepare_items, jobs)
-        return await loop.run_in_executor(self.prep, self.runner.lookup, items)
+        return await loop.run_in_executor(self.prep, self.runner.lookup, items, False)
 
     def _start_prep(self, jobs: list[tuple[EncodeJob, str, Any]], direct: bool = False, heavy: bool = False) -> None:
         loop = asyncio.get_running_loop()

@@ -4,11 +4,14 @@ report's numbers (ratio, shed counts, memory growth, verdict) come out right."""
 
 from __future__ import annotations
 
+import random
+
 import dataclasses
 
 import pytest
 
 from mmstream.bench import BenchConfig
+from mmstream.bench.workloads import text_request
 from mmstream.bench.abuse import (ABUSE_SHAPES, GENERATE_PROMPT_WORDS, AbuseBounds, AbuseItem, abuse_request,
                                   abuser_plan, ref_blob, victim_schedule)
 from mmstream.bench.fairness import (abuser_summary, memory_summary, shed_cause, stage_bounds, text_table, verdict,
@@ -48,7 +51,8 @@ def test_the_victims_schedule_is_the_seeds_same_arrivals_in_both_phases_with_tex
 
 def test_the_victim_may_send_a_share_of_photos_and_without_one_sends_the_same_texts_as_before() -> None:
     texts = victim_schedule(3, 20.0, 10.0, "alone")[1]
-    assert [r.parts for r in victim_schedule(3, 20.0, 10.0, "alone", 0.0)[1]] == [r.parts for r in texts]
+    rng = random.Random("3:20.0:victim:alone")  # what the schedule drew before photos were an option
+    assert [r.parts for r in texts] == [text_request(rng, "rt").parts for _ in texts]
     mixed = victim_schedule(3, 20.0, 10.0, "alone", 0.3)[1]
     photos = [r for r in mixed if r.parts[0].modality == "image"]
     assert 0.15 * len(mixed) < len(photos) < 0.45 * len(mixed)

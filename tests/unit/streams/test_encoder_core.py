@@ -253,3 +253,24 @@ async def test_a_heavy_jobs_preparation_holds_no_later_light_job_behind_it() -> 
     finally:
         h.slow_prep.set()
         runner.cancel()
+
+
+async def test_when_starting_the_heavy_group_fails_each_job_is_still_answered_once() -> None:
+    h = Harness(heavy_prep_ms=50.0)
+    length = h.core._length_before_prep  # noqa: SLF001
+
+    def broken(job):
+        if (job.prep_ms or 0.0) > 50.0:
+            raise RuntimeError("a spec's units raised")
+        return length(job)
+
+    h.core._length_before_prep = broken  # noqa: SLF001
+    runner = asyncio.create_task(h.core.run(lambda: False))
+    try:
+        _submit(h.core, _job("light", 1, prep_ms=5.0), _job("heavy", 2, prep_ms=400.0))
+        await _until(lambda: len(h.answers) >= 2 and h.core.held == 0, "both answered")
+        await asyncio.sleep(0.05)
+    finally:
+        runner.cancel()
+    assert sorted(a.job.id for a in h.answers) == ["r1", "r2"] and h.core.held == 0
+    assert not isinstance(h.by_id()["r1"].result, Exception) and isinstance(h.by_id()["r2"].result, Exception)
