@@ -153,15 +153,8 @@ class EncoderCore:
                 self._answer(EncodeAnswer(job, origin, lane, deadline_error(), None))
             else:
                 live.append((job, lane, origin))
-        if not live:
-            return
-        try:
+        if live:
             self._prepare(live)
-        except Exception as exc:  # a bug (a spec's ``units``, the executor): each job is answered, never lost
-            log.exception("encode.%s: starting to prepare %d jobs failed", self.modality, len(live))
-            err = WireError(ErrorCode.INTERNAL, f"encode.{self.modality} failed: {type(exc).__name__}")
-            for job, lane, origin in live:
-                self._answer(EncodeAnswer(job, origin, lane, err, None))
 
     def queued_ms(self, lane: str) -> float:
         """Predicted engine time ahead of a new job of ``lane``: the batch running, the rt
@@ -188,9 +181,11 @@ class EncoderCore:
     def _prepare(self, jobs: list[tuple[EncodeJob, str, Any]]) -> None:
         """Start preparing one submitted batch: on the prep thread, or, when the engine is
         idle, prepared and run in one call on the engine thread (the module docstring). Its
-        heavy jobs (``heavy_prep_ms``) go to the heavy prep thread instead."""
-        heavy = [t for t in jobs if self._heavy(t[0])]
-        light = [t for t in jobs if not self._heavy(t[0])] if heavy else jobs
+        heavy jobs (``heavy_prep_ms``) go to the heavy prep thread instead. Never raises: a group
+        that cannot be started (a bug: a spec's ``units``, the executor) has each job answered."""
+        light, heavy = [], []
+        for t in jobs:
+            (heavy if self._heavy(t[0]) else light).append(t)
         for group, is_heavy, direct in ((light, False, self.engine_idle()), (heavy, True, False)):
             if not group:
                 continue

@@ -405,7 +405,7 @@ class Router:
             return None
         if answered:
             return self.quotas.check_rate(req.tenant, now_ms=now)
-        cost = sum(found[1] for found in priced if found is not None) + self._generate_cost(req)
+        cost = sum(found.ms for found in priced if found is not None) + self._generate_cost(req)
         return self.quotas.check(req.tenant, lane_limit_ms=self.lane_limit_ms.get(str(req.lane), 0.0), now_ms=now,
                                  ref_bytes=ref_bytes, cost_ms=cost)
 
