@@ -11,7 +11,10 @@ it:
   cache (one MGET per submitted batch): hits and refusals are answered at once, misses are queued by
   lane with their real cost (tokens);
 - a job whose preparation the router priced over ``heavy_prep_ms`` (a pixel-bound picture's decode) is
-  prepared on a third thread (heavy jobs in arrival order) at lower CPU priority within this process
+  prepared on a third thread, one job at a time in tenant-fair order of their prices (``FairOrder``: one
+  tenant's batch of costly decodes holds another tenant's heavy job behind one decode, not all of them;
+  a job whose turn comes past its deadline is answered without its decode), at lower CPU priority within
+  this process
   (``lower_thread_priority``; between processes the kernel's autogroups or cgroups share the cores
   whatever a thread's nice value), then looked up in the cache on the prep thread: it holds no light
   job's preparation behind it. Which thread is decided by the router's price, not by the decode's
@@ -137,6 +140,8 @@ class EncoderCore:
         self.prep_heavy: ThreadPoolExecutor | None = None
         """Where jobs priced over ``limits.heavy_prep_ms`` are prepared, at lower CPU priority
         (made at the first such job)."""
+        self.heavy_turns: FairOrder[_Turn] = FairOrder(key=_turn_key)  # heavy jobs waiting for that thread
+        self.heavy_busy = False  # a heavy job has its turn now
 
     # -- intake ---------------------------------------------------------------------------
 
@@ -186,7 +191,9 @@ class EncoderCore:
         light, heavy = [], []
         for t in jobs:
             (heavy if self._heavy(t[0]) else light).append(t)
-        for group, is_heavy, direct in ((light, False, self.engine_idle()), (heavy, True, False)):
+        # Each heavy job a group of its own: it takes its turn on the heavy thread alone.
+        groups = [(light, False, self.engine_idle())] + [([t], True, False) for t in heavy]
+        for group, is_heavy, direct in groups:
             if not group:
                 continue
             try:
@@ -200,17 +207,52 @@ class EncoderCore:
     def _heavy(self, job: EncodeJob) -> bool:
         return 0 < self.limits.heavy_prep_ms < (job.prep_ms or 0.0)
 
-    async def _prepare_heavy(self, jobs: list[EncodeJob]) -> list[Any]:
-        """The prep thread's work for heavy jobs: the decode on the heavy prep thread, the cache
-        lookup back on the prep thread (the cache has one caller), waiting for no other worker's
-        claim: a repeat is recomputed (an engine call of milliseconds) rather than holding the
-        prep thread, and every light job behind it, for the claim's wait."""
+    async def _prepare_heavy(self, job: EncodeJob) -> list[Any]:
+        """The prep thread's work for one heavy job: the decode on the heavy prep thread when its
+        turn comes (``_heavy_turn``), the cache lookup back on the prep thread (the cache has one
+        caller), waiting for no other worker's claim: a repeat is recomputed (an engine call of
+        milliseconds) rather than holding the prep thread, and every light job behind it, for
+        the claim's wait."""
         loop = asyncio.get_running_loop()
         if self.prep_heavy is None:
             self.prep_heavy = ThreadPoolExecutor(1, thread_name_prefix=f"prep-heavy-{self.modality}",
                                                  initializer=lower_thread_priority, initargs=(self.limits.heavy_prep_nice,))
-        items = await loop.run_in_executor(self.prep_heavy, self.runner.prepare_items, jobs)
+        await self._heavy_turn(job)
+        try:
+            if job.deadline_at_ms <= now_ms():  # its turn came past its deadline: answered, not decoded
+                return [deadline_error()]
+            items = await loop.run_in_executor(self.prep_heavy, self.runner.prepare_items, [job])
+        finally:
+            self._end_heavy_turn()
         return await loop.run_in_executor(self.prep, self.runner.lookup, items, False)
+
+    async def _heavy_turn(self, job: EncodeJob) -> None:
+        """Wait until ``job`` may use the heavy prep thread: one job at a time, in fair order
+        between tenants by the decode's price (start tags, as the engine's queues)."""
+        turn = _Turn(self.heavy_turns.tag(job.tenant, job.prep_ms or 0.0), asyncio.get_running_loop().create_future())
+        self.heavy_turns.push(turn)
+        self._grant_heavy_turn()
+        try:
+            await turn.go
+        except BaseException:  # cancelled: waiting, it leaves the queue; given the turn, it passes it on
+            if turn in self.heavy_turns.items:
+                self.heavy_turns.items.remove(turn)
+            elif turn.go.done() and not turn.go.cancelled():
+                self._end_heavy_turn()
+            raise
+
+    def _end_heavy_turn(self) -> None:
+        self.heavy_busy = False
+        self._grant_heavy_turn()
+
+    def _grant_heavy_turn(self) -> None:
+        """A free heavy thread goes to the first job in order."""
+        if self.heavy_busy or not self.heavy_turns.items:
+            return
+        turn = self.heavy_turns.items.pop(0)
+        self.heavy_turns.taken([turn.order])
+        self.heavy_busy = True
+        turn.go.set_result(None)
 
     def _start_prep(self, jobs: list[tuple[EncodeJob, str, Any]], direct: bool = False, heavy: bool = False) -> None:
         loop = asyncio.get_running_loop()
@@ -221,7 +263,7 @@ class EncoderCore:
             work = loop.run_in_executor(self.engine, self._prepare_and_run, [j for j, _, _ in jobs])
             self.direct_ms = max(0.001, estimate["rt"] + estimate["bulk"])
         else:
-            work = (asyncio.ensure_future(self._prepare_heavy([j for j, _, _ in jobs])) if heavy else
+            work = (asyncio.ensure_future(self._prepare_heavy(jobs[0][0])) if heavy else
                     loop.run_in_executor(self.prep, self.runner.prepare_many, [j for j, _, _ in jobs]))
             self.preparing += 1
             self.preparing_heavy += heavy
@@ -431,6 +473,18 @@ class EncoderCore:
 
 def _order_key(p: Pending[_Held]) -> tuple[float, int]:
     return p.item.order
+
+
+@dataclass(eq=False, slots=True)
+class _Turn:
+    """A heavy job waiting for the heavy prep thread: ``go`` is set when its turn comes."""
+
+    order: tuple[float, int]
+    go: asyncio.Future
+
+
+def _turn_key(t: _Turn) -> tuple[float, int]:
+    return t.order
 
 
 def deadline_error() -> WireError:

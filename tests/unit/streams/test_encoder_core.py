@@ -173,14 +173,15 @@ async def test_jobs_being_prepared_count_as_queued_work() -> None:
 @hsettings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.sampled_from(["rt", "bulk"]), st.sampled_from(["short", "a longer text", "cached",
                                                                               "refuse", "late"]),
-                          st.sampled_from(["t1", "t2"])), min_size=1, max_size=24),
+                          st.sampled_from(["t1", "t2"]), st.sampled_from([None, 5.0, 400.0])), min_size=1, max_size=24),
        st.lists(st.integers(1, 6), min_size=1, max_size=6))
 def test_every_submitted_job_is_answered_exactly_once(jobs, chunks) -> None:
     async def scenario() -> None:
-        h = Harness()
+        h = Harness(heavy_prep_ms=50.0)  # jobs priced 400 ms go through the heavy thread's turns
         runner = asyncio.create_task(h.core.run(lambda: False))
-        built = [_job("x" if text == "late" else text, i, lane=lane, tenant=tenant,
-                      deadline_at_ms=1.0 if text == "late" else 1e18) for i, (lane, text, tenant) in enumerate(jobs)]
+        built = [_job("x" if text == "late" else text, i, lane=lane, tenant=tenant, prep_ms=prep_ms,
+                      deadline_at_ms=1.0 if text == "late" else 1e18)
+                 for i, (lane, text, tenant, prep_ms) in enumerate(jobs)]
         at = 0
         for n in (chunks * len(built))[: len(built)]:
             if at >= len(built):
@@ -192,6 +193,7 @@ def test_every_submitted_job_is_answered_exactly_once(jobs, chunks) -> None:
         runner.cancel()
         assert sorted(a.job.id for a in h.answers) == sorted(j.id for j in built)
         assert h.core.held_bulk == 0 and not h.core.queues["rt"] and not h.core.queues["bulk"]
+        assert not h.core.heavy_busy and not h.core.heavy_turns.items
         for a in h.answers:
             assert isinstance(a.result, (Encoded, Exception))
 
@@ -274,3 +276,42 @@ async def test_when_starting_the_heavy_group_fails_each_job_is_still_answered_on
         runner.cancel()
     assert sorted(a.job.id for a in h.answers) == ["r1", "r2"] and h.core.held == 0
     assert not isinstance(h.by_id()["r1"].result, Exception) and isinstance(h.by_id()["r2"].result, Exception)
+
+
+async def test_heavy_jobs_take_the_heavy_thread_in_fair_order_between_tenants() -> None:
+    h = Harness(heavy_prep_ms=50.0)
+    h.slow_prep.clear()  # tenant a's first decode runs until b's job has arrived
+    runner = asyncio.create_task(h.core.run(lambda: False))
+    try:
+        _submit(h.core, *(_job(f"slow a{i}", i, tenant="a", prep_ms=400.0) for i in range(1, 4)))
+        await _until(lambda: "r1" in h.prepared_on, "a's first heavy job being prepared")
+        _submit(h.core, _job("slow b", 9, tenant="b", prep_ms=400.0))
+        await asyncio.sleep(0.05)
+        assert list(h.prepared_on) == ["r1"]  # one heavy job on the thread at a time
+        h.slow_prep.set()
+        await _until(lambda: len(h.answers) == 4, "every job answered")
+    finally:
+        h.slow_prep.set()
+        runner.cancel()
+    # b waits for a's decode under way, not for a's whole batch
+    assert list(h.prepared_on) == ["r1", "r9", "r2", "r3"]
+    assert h.core.held == 0 and not h.core.heavy_busy and not h.core.heavy_turns.items
+
+
+async def test_a_heavy_job_whose_turn_comes_past_its_deadline_is_answered_without_its_decode() -> None:
+    h = Harness(heavy_prep_ms=50.0)
+    h.slow_prep.clear()
+    runner = asyncio.create_task(h.core.run(lambda: False))
+    try:
+        _submit(h.core, _job("slow a", 1, tenant="a", prep_ms=400.0))
+        await _until(lambda: "r1" in h.prepared_on, "a's heavy job being prepared")
+        _submit(h.core, _job("b", 2, tenant="b", prep_ms=400.0, deadline_at_ms=now_ms() + 30))
+        await asyncio.sleep(0.1)
+        h.slow_prep.set()
+        await _until(lambda: len(h.answers) == 2, "both answered")
+    finally:
+        h.slow_prep.set()
+        runner.cancel()
+    late = h.by_id()["r2"].result
+    assert isinstance(late, Exception) and "deadline" in str(late) and "r2" not in h.prepared_on
+    assert isinstance(h.by_id()["r1"].result, Encoded) and h.core.held == 0
