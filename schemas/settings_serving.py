@@ -84,7 +84,8 @@ class EncoderSettings(Section):
         50.0, "A job whose preparation (an image's decode and resize) the router priced over this many ms is prepared "
         "on a thread of its own at lower CPU priority (heavy_prep_nice): a pixel-bound picture no longer holds the "
         "light jobs' preparation behind it, and yields to the encoder's other threads (nice acts within the process; "
-        "between processes the kernel shares cores per autogroup or cgroup). 0: every job on the one prep thread.",
+        "between processes the kernel shares cores per autogroup or cgroup). Heavy jobs take that thread one at a time "
+        "in tenant-fair order of their price. 0: every job on the one prep thread.",
         ge=0
     )
     heavy_prep_nice: int = setting(
