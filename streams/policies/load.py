@@ -77,6 +77,8 @@ class Sent:
     partition: int
     ms: float
     tenant: str = ""
+    stage: str = ""
+    """``_stage_of(topic)``, worked out once when it is sent (read for every later request)."""
 
 
 @dataclass
@@ -102,7 +104,7 @@ class LoadView:
         self.sent = [x for x in self.sent if x.at_ms > oldest - self.fetch_lag_ms]
 
     def note_sent(self, topic: str, partition: int | None, ms: float, now_ms: float, tenant: str = "") -> None:
-        self.sent.append(Sent(now_ms, topic, -1 if partition is None else partition, ms, tenant))
+        self.sent.append(Sent(now_ms, topic, -1 if partition is None else partition, ms, tenant, _stage_of(topic)))
 
     @property
     def sent_ms(self) -> dict[str, dict[int, float]]:
@@ -113,12 +115,13 @@ class LoadView:
             by[x.partition] = by.get(x.partition, 0.0) + x.ms
         return out
 
-    def _sent_since(self, report: Report | None, counted: Any) -> list[Sent]:
+    def _sent_since(self, report: Report | None, counted: list[Sent]) -> list[Sent]:
+        """Of ``counted`` (sends to the report's stage and lane), those no report can hold yet."""
         since = -float("inf") if report is None else report.at_ms - self.fetch_lag_ms
         # What it reads: sends to a partition it holds no work from yet are its too.
         mine = None if report is None else report.assigned if report.assigned is not None else \
             {(t, p) for t, by in report.partitions.items() for p in by}
-        return [x for x in self.sent if x.at_ms > since and counted(x.topic)
+        return [x for x in counted if x.at_ms > since
                 and (mine is None or (x.topic, x.partition) in mine or x.partition < 0)]
 
     def _replicas(self, stage: str) -> list[Report]:
@@ -127,12 +130,10 @@ class LoadView:
     def wait_ms(self, stage: str, lane: str = "bulk", tenant: str | None = None, own_ms: float = 0.0) -> float:
         """What a new part of ``lane`` waits at ``stage``; with ``tenant`` (rt), by fair order
         where the replica reports its tenants (``own_ms``: what the part itself costs)."""
-        def counted(topic: str) -> bool:
-            return _stage_of(topic) == stage and (lane != "rt" or topic.endswith(".rt"))
-
+        counted = [x for x in self.sent if x.stage == stage and (lane != "rt" or x.topic.endswith(".rt"))]
         replicas = self._replicas(stage)
         if not replicas:
-            return sum(x.ms for x in self._sent_since(None, counted))
+            return sum(x.ms for x in counted)
         return min(self._replica_wait(r, self._sent_since(r, counted), lane, tenant, own_ms) for r in replicas)
 
     @staticmethod
@@ -155,10 +156,12 @@ class LoadView:
         return None
 
     def queued_ms(self, lane: str = "bulk", tenant: str | None = None,
-                  own_ms: Mapping[str, float] | None = None) -> dict[str, float]:
+                  own_ms: Mapping[str, float] | None = None, only: Iterable[str] | None = None) -> dict[str, float]:
         """Stage -> what a new ``lane`` part (of ``tenant``, costing ``own_ms[stage]``) would
-        wait there (ms)."""
-        stages = {r.stage for r in self.reports.values()} | {_stage_of(t) for t in self.sent_ms}
+        wait there (ms): at every stage known, or at the stages ``only`` names (what a
+        request needs: the router asks per request, so this is on every request's path)."""
+        stages = set(only) if only is not None else \
+            {r.stage for r in self.reports.values()} | {x.stage for x in self.sent}
         own = own_ms or {}
         return {s: self.wait_ms(s, lane, tenant, own.get(s, 0.0)) for s in stages}
 

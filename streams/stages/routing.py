@@ -419,7 +419,7 @@ class Router:
                 continue
             stages[found.stage] = stages.get(found.stage, 0.0) + found.ms
         deadline = req.deadline_ms or self.settings.limits.default_deadline_ms
-        queued = self.load.queued_ms(str(req.lane), tenant=req.tenant, own_ms=stages)
+        queued = self.load.queued_ms(str(req.lane), tenant=req.tenant, own_ms=stages, only=stages)
         return admit(lane=str(req.lane), stages=stages, queued_ms=queued, deadline_ms=deadline, limits=self.admission)
 
     def _verdict(self, rid: str, tenant: Any, lane: str, reply_to: str | None, events: list[Event],

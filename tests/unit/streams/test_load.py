@@ -89,3 +89,17 @@ def test_what_was_sent_to_a_partition_counts_for_the_replica_reading_it_even_wit
     assert view.wait_ms("encode.text", "rt") == 50.0  # b is now the least loaded: a holds the 400 sent to it
     view.note_sent("mm.encode.text.rt", 3, 400.0, 1010.0)
     assert view.wait_ms("encode.text", "rt") == 400.0
+
+
+def test_queued_ms_for_the_stages_a_request_needs_is_the_whole_maps_values_there() -> None:
+    view = LoadView()
+    view.update_reports({
+        "encode.text/a": report("encode.text", 1000.0, 30.0, {"mm.encode.text.rt:0": 30.0}, {"16": 1.0}),
+        "encode.image/a": report("encode.image", 1000.0, 70.0, {"mm.encode.image.rt:0": 70.0}, {"1": 8.0}),
+    }, now_ms=1000.0)
+    view.note_sent("mm.encode.text.rt", 0, 5.0, 1001.0)
+    view.note_sent("mm.encode.audio.bulk", None, 40.0, 1002.0)  # a stage with no report yet
+    whole = view.queued_ms("bulk")
+    assert whole == {"encode.text": 35.0, "encode.image": 70.0, "encode.audio": 40.0}
+    for stages in (["encode.text"], ["encode.image", "encode.audio"], ["encode.video"]):
+        assert view.queued_ms("bulk", only=stages) == {s: whole.get(s, 0.0) for s in stages}
