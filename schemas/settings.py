@@ -64,7 +64,13 @@ class KafkaSettings(Section):
         "record batch whatever its size: a smaller response reaches the stage sooner, so a small record is not held up "
         "behind megabytes of other records fetched with it. Per partition the limit is max_message_bytes (a "
         "partition whose first batch is over the response's room is fetched when it comes first: the client shuffles "
-        "the partitions of every fetch).", ge=1024
+        "the partitions of every fetch, unless fetch_small_first).", ge=1024
+    )
+    fetch_small_first: bool = setting(
+        True, "A stage's fetch requests name the partitions whose recent records are smallest first "
+        "(streams/runtime/fetch_order.py): a small record on the broker goes out in the next response instead of "
+        "waiting for the fetch that names its partition first while another partition holds megabyte records. One "
+        "request in eight keeps the client's shuffled order, so no partition starves. false: the client's order.",
     )
     fetch_max_wait_ms: int = setting(
         500, "How long the broker holds a stage's idle fetch open: records that arrive meanwhile answer it at once, so "

@@ -45,6 +45,7 @@ from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 
 from streams.runtime.produce import Out
 from streams.runtime.fence import FencedError, Lease, ProducerGate, watch_coordinator
+from streams.runtime.fetch_order import FetchOrder, install as install_fetch_order
 from streams.runtime.clients import close_quietly, start_when_reachable
 from streams.runtime.offsets import OffsetTracker
 
@@ -74,6 +75,8 @@ class IOSettings:
     max_message_bytes: int = 8 * 1024 * 1024
     fetch_max_bytes: int = 1024 * 1024
     """Most bytes one fetch response carries (at least one batch)."""
+    fetch_small_first: bool = True
+    """Fetch requests name the partitions of small records first (``streams.runtime.fetch_order``)."""
     linger_ms: int = 0
     """How long the producer waits to fill a batch: trades a little latency for fewer requests."""
     commit_interval_s: float = 0.2
@@ -127,6 +130,7 @@ class StageIO:
         self._random = random.Random()
         self.lease = Lease(settings.session_timeout_ms / 1000.0, settings.fence_margin_s)
         self.gate = ProducerGate(self.lease, settings.group_id)
+        self.fetch_order = FetchOrder() if settings.fetch_small_first else None
         self.epoch = 0
         """Assignments so far: output held across a revoke is never sent again."""
         self.dropped = 0
@@ -150,6 +154,8 @@ class StageIO:
             max_poll_interval_ms=s.max_poll_interval_ms, metadata_max_age_ms=s.metadata_max_age_ms,
             client_id=f"{s.group_id}-consumer", **s.client_kwargs), f"{s.group_id} consumer")
         watch_coordinator(self.consumer, self.lease)
+        if self.fetch_order is not None:
+            install_fetch_order(self.consumer, self.fetch_order)
         if self.pattern is not None:
             self.consumer.subscribe(pattern=self.pattern, listener=_Listener(self))
         else:
@@ -193,6 +199,8 @@ class StageIO:
             for r in records:
                 self.tracker.take(tp, r.offset)
             out.extend(records)
+            if self.fetch_order is not None and records:
+                self.fetch_order.observe(tp, max(r.serialized_value_size for r in records))
         return out
 
     def finish(self, inputs: Iterable[ConsumerRecord]) -> None:

@@ -65,7 +65,7 @@ def io_settings(settings: Settings, group_id: str) -> IOSettings:
     k = settings.kafka
     return IOSettings(bootstrap=k.bootstrap, group_id=group_id, client_kwargs=client_kwargs(settings),
                       max_message_bytes=k.max_message_bytes, fetch_max_bytes=k.fetch_max_bytes,
-                      fetch_max_wait_ms=k.fetch_max_wait_ms,
+                      fetch_max_wait_ms=k.fetch_max_wait_ms, fetch_small_first=k.fetch_small_first,
                       linger_ms=k.linger_ms, commit_interval_s=k.commit_interval_ms / 1000.0,
                       session_timeout_ms=k.session_timeout_ms,
                       heartbeat_interval_ms=min(k.heartbeat_interval_ms, k.session_timeout_ms // 3))
