@@ -13,7 +13,8 @@ alone), while the router itself spent under 11 ms per batch at p95.
 ``FetchOrder`` keeps each partition's recent record size (the largest per poll, decaying with
 a half-life) and orders a fetch request's partitions smallest first, so a small record goes out
 in the next response and a partition of large records gets the rest of it (all of it when the
-small ones are empty). Among partitions of large records the one served least recently has
+small ones are empty). A stage's rt topics come before its bulk ones whatever their sizes, as
+the stage serves rt first. Among partitions of large records the one served least recently has
 decayed most, so it comes first: they take turns. Nothing is starved: one request in
 ``shuffled_every`` keeps aiokafka's shuffled order, so partitions of large records are served
 even while small ones have data on every fetch. Pure but for ``install``.
@@ -46,7 +47,9 @@ class FetchOrder:
     stage's loop is its only caller)."""
 
     def __init__(self, half_life_s: float = HALF_LIFE_S, shuffled_every: int = SHUFFLED_EVERY,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, rank: Callable[[str], int] | None = None) -> None:
+        self.rank = rank or (lambda topic: 0)
+        """A topic's lane: lower goes first, whatever the sizes (the stage's rt before its bulk)."""
         self.half_life_s = half_life_s
         self.shuffled_every = shuffled_every
         self.clock = clock
@@ -71,7 +74,8 @@ class FetchOrder:
 
     def reorder(self, topics: list[tuple[str, list[tuple[int, int, int]]]]) -> None:
         """Sort a fetch request's ``(topic, [(partition, offset, max_bytes), ...])`` list in
-        place, smallest records first: partitions within each topic, and topics by their largest
+        place, smallest records first: partitions within each topic, and topics by lane
+        (``rank``: rt before bulk, as the stage serves them) and then by their largest
         partition's (a request names each topic once, so a topic's partitions travel together;
         a topic is one tenant's lane, and its partitions that have had no records yet must not
         make a topic of megabyte records look small).
@@ -84,7 +88,7 @@ class FetchOrder:
         for topic, partitions in topics:
             sizes = {p[0]: self.size(TopicPartition(topic, p[0]), now) for p in partitions}
             partitions.sort(key=lambda p: sizes[p[0]])
-            keyed.append((max(sizes.values(), default=0.0), topic, partitions))
+            keyed.append(((self.rank(topic), max(sizes.values(), default=0.0)), topic, partitions))
         keyed.sort(key=lambda k: k[0])
         topics[:] = [(topic, partitions) for _, topic, partitions in keyed]
 

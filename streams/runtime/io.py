@@ -112,7 +112,7 @@ class StageIO:
     def __init__(self, settings: IOSettings, topics: Sequence[str], pattern: str | None = None,
                  on_assigned: Callable[[set[TopicPartition]], Awaitable[None]] | None = None,
                  on_revoked: Callable[[set[TopicPartition]], Awaitable[None]] | None = None,
-                 on_failed_output: FailedOutput | None = None) -> None:
+                 on_failed_output: FailedOutput | None = None, lane_rank: Callable[[str], int] | None = None) -> None:
         self.settings = settings
         self.topics = list(topics)
         self.pattern = pattern
@@ -130,7 +130,8 @@ class StageIO:
         self._random = random.Random()
         self.lease = Lease(settings.session_timeout_ms / 1000.0, settings.fence_margin_s)
         self.gate = ProducerGate(self.lease, settings.group_id)
-        self.fetch_order = FetchOrder() if settings.fetch_small_first else None
+        self.fetch_order = FetchOrder(rank=lane_rank) if settings.fetch_small_first else None
+        """``lane_rank``: a topic's lane, lower fetched first (rt 0, bulk 1)."""
         self.epoch = 0
         """Assignments so far: output held across a revoke is never sent again."""
         self.dropped = 0

@@ -102,7 +102,8 @@ class RecordStage(mode.Service):
             io = dataclasses.replace(io, metadata_max_age_ms=max(1000, int(settings.router.topic_cache_s * 1000)))
         self.io = StageIO(io, [*self.rt_topics, *self.bulk_topics], pattern=pattern,
                           on_assigned=self.on_assigned, on_revoked=self.on_revoked,
-                          on_failed_output=self.on_failed_output)
+                          on_failed_output=self.on_failed_output,
+                          lane_rank=lambda topic: int(self.lane_of_topic(topic) == "bulk"))
         super().__init__(loop=app.loop, **kwargs)
 
     def install(self) -> "RecordStage":

@@ -85,3 +85,12 @@ def test_the_hook_reorders_the_requests_of_the_pinned_aiokafka_fetcher() -> None
         assert [t for t, _ in requests[0][1].topics] == ["small", "big"]
 
     asyncio.run(scenario())
+
+
+def test_rt_topics_come_before_bulk_ones_whatever_their_sizes() -> None:
+    order = FetchOrder(shuffled_every=0, rank=lambda topic: int(topic.endswith(".bulk")))
+    order.observe(TopicPartition("encode.image.rt", 0), 200_000)
+    order.observe(TopicPartition("encode.image.bulk", 0), 300)
+    topics = request("encode.image.bulk", "encode.image.rt")
+    order.reorder(topics)
+    assert [t for t, _ in topics] == ["encode.image.rt", "encode.image.bulk"]
