@@ -29,10 +29,13 @@ of its own.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Callable
 
 from aiokafka import TopicPartition
+
+log = logging.getLogger(__name__)
 
 HALF_LIFE_S = 5.0
 """How fast a partition's remembered record size decays once smaller records follow."""
@@ -102,10 +105,13 @@ def install(consumer: Any, order: FetchOrder) -> None:
 
     def get_actions_per_node(assignment: Any) -> Any:
         result = actions(assignment)
-        for _node, request in result[0]:
-            topics = getattr(request, "_topics", None)
-            if isinstance(topics, list):
-                order.reorder(topics)
+        try:
+            for _node, request in result[0]:
+                topics = getattr(request, "_topics", None)
+                if isinstance(topics, list):
+                    order.reorder(topics)
+        except Exception:  # a bug here must cost the order, never the fetcher (it stops on an exception)
+            log.exception("fetch order failed; this request keeps the client's order")
         return result
 
     fetcher._get_actions_per_node = get_actions_per_node  # noqa: SLF001

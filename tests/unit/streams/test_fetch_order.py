@@ -94,3 +94,20 @@ def test_rt_topics_come_before_bulk_ones_whatever_their_sizes() -> None:
     topics = request("encode.image.bulk", "encode.image.rt")
     order.reorder(topics)
     assert [t for t, _ in topics] == ["encode.image.rt", "encode.image.bulk"]
+
+
+def test_a_failing_order_leaves_the_request_as_the_client_built_it() -> None:
+    class Broken(FetchOrder):
+        def reorder(self, topics):
+            raise RuntimeError("a bug in the order")
+
+    built = FetchRequest(500, 1, 1 << 20, 0, request("big", "small"))
+
+    class Fetcher:
+        def _get_actions_per_node(self, assignment):
+            return [(0, built)], {}, 0.1, [], False
+
+    consumer = SimpleNamespace(_fetcher=Fetcher())
+    install(consumer, Broken())
+    requests = consumer._fetcher._get_actions_per_node(None)[0]
+    assert [t for t, _ in requests[0][1].topics] == ["big", "small"]
