@@ -246,13 +246,15 @@ class EncoderCore:
         self._grant_heavy_turn()
 
     def _grant_heavy_turn(self) -> None:
-        """A free heavy thread goes to the first job in order."""
-        if self.heavy_busy or not self.heavy_turns.items:
-            return
-        turn = self.heavy_turns.items.pop(0)
-        self.heavy_turns.taken([turn.order])
-        self.heavy_busy = True
-        turn.go.set_result(None)
+        """A free heavy thread goes to the first job in order still waiting (a turn cancelled
+        whose task has not run its handler yet is passed over, never granted)."""
+        while not self.heavy_busy and self.heavy_turns.items:
+            turn = self.heavy_turns.items.pop(0)
+            if turn.go.done():
+                continue
+            self.heavy_turns.taken([turn.order])
+            self.heavy_busy = True
+            turn.go.set_result(None)
 
     def _start_prep(self, jobs: list[tuple[EncodeJob, str, Any]], direct: bool = False, heavy: bool = False) -> None:
         loop = asyncio.get_running_loop()

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 from schemas.jobs import EncodeJob
 from schemas.settings_serving import EncoderSettings
 from schemas.trace import now_ms
-from streams.cores.encoder import EncodeAnswer, EncoderCore
+from streams.cores.encoder import EncodeAnswer, EncoderCore, _Turn
 from tests.unit.streams.encoder_fakes import DictCache, Quiet
 from workers.cache import CacheFront, pack_output
 from workers.encoders import EncoderFront, Runner
@@ -315,3 +315,20 @@ async def test_a_heavy_job_whose_turn_comes_past_its_deadline_is_answered_withou
     late = h.by_id()["r2"].result
     assert isinstance(late, Exception) and "deadline" in str(late) and "r2" not in h.prepared_on
     assert isinstance(h.by_id()["r1"].result, Encoded) and h.core.held == 0
+
+
+async def test_a_waiting_heavy_turn_cancelled_just_before_the_thread_frees_is_passed_over() -> None:
+    h = Harness(heavy_prep_ms=50.0)
+    loop = asyncio.get_running_loop()
+    turn = _Turn(h.core.heavy_turns.tag("b", 400.0), loop.create_future())
+    h.core.heavy_busy = True  # a job holds the heavy thread
+    h.core.heavy_turns.push(turn)
+    turn.go.cancel()  # its task is cancelled; its handler has not run yet
+    h.core._end_heavy_turn()  # noqa: SLF001 - the holder's decode ends first
+    assert not h.core.heavy_busy and not h.core.heavy_turns.items
+    runner = asyncio.create_task(h.core.run(lambda: False))
+    try:  # the thread still serves the next heavy job
+        _submit(h.core, _job("heavy", 1, prep_ms=400.0))
+        await _until(lambda: "r1" in h.by_id(), "the next heavy job answered")
+    finally:
+        runner.cancel()
