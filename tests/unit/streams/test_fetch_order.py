@@ -3,7 +3,6 @@ and the hook that does it fits the pinned aiokafka's fetcher."""
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from types import SimpleNamespace
 
@@ -65,26 +64,27 @@ def test_one_request_in_n_keeps_the_clients_order_so_nothing_starves() -> None:
     assert kept == 2
 
 
+def hooked(order: FetchOrder, built: FetchRequest) -> list[tuple[int, FetchRequest]]:
+    """The requests a fetcher whose ``_get_actions_per_node`` builds ``built`` sends once
+    ``install`` has hooked it (the shape the pinned aiokafka's method returns)."""
+    class Fetcher:
+        def _get_actions_per_node(self, assignment):
+            return [(0, built)], {}, 0.1, [], False
+
+    consumer = SimpleNamespace(_fetcher=Fetcher())
+    install(consumer, order)
+    return consumer._fetcher._get_actions_per_node(None)[0]
+
+
 def test_the_hook_reorders_the_requests_of_the_pinned_aiokafka_fetcher() -> None:
-    async def scenario() -> None:
-        order = FetchOrder(shuffled_every=0)
-        order.observe(TopicPartition("big", 0), 1_000_000)
-        built = FetchRequest(500, 1, 1 << 20, 0, request("big", "small"))
-
-        class Fetcher:  # the pinned fetcher's method is checked to exist and keeps its signature
-            def _get_actions_per_node(self, assignment):
-                return [(0, built)], {}, 0.1, [], False
-
-        # What the hook relies on in the pinned aiokafka: the method, its one argument, and
-        # requests whose topics are a list it may sort.
-        assert list(inspect.signature(Real._get_actions_per_node).parameters) == ["self", "assignment"]
-        assert isinstance(built._topics, list) and built.topics is built._topics
-        consumer = SimpleNamespace(_fetcher=Fetcher())
-        install(consumer, order)
-        requests = consumer._fetcher._get_actions_per_node(None)[0]
-        assert [t for t, _ in requests[0][1].topics] == ["small", "big"]
-
-    asyncio.run(scenario())
+    # What the hook relies on in the pinned aiokafka: the method, its one argument, and
+    # requests whose topics are a list it may sort.
+    assert list(inspect.signature(Real._get_actions_per_node).parameters) == ["self", "assignment"]
+    built = FetchRequest(500, 1, 1 << 20, 0, request("big", "small"))
+    assert isinstance(built._topics, list) and built.topics is built._topics
+    order = FetchOrder(shuffled_every=0)
+    order.observe(TopicPartition("big", 0), 1_000_000)
+    assert [t for t, _ in hooked(order, built)[0][1].topics] == ["small", "big"]
 
 
 def test_rt_topics_come_before_bulk_ones_whatever_their_sizes() -> None:
@@ -102,12 +102,4 @@ def test_a_failing_order_leaves_the_request_as_the_client_built_it() -> None:
             raise RuntimeError("a bug in the order")
 
     built = FetchRequest(500, 1, 1 << 20, 0, request("big", "small"))
-
-    class Fetcher:
-        def _get_actions_per_node(self, assignment):
-            return [(0, built)], {}, 0.1, [], False
-
-    consumer = SimpleNamespace(_fetcher=Fetcher())
-    install(consumer, Broken())
-    requests = consumer._fetcher._get_actions_per_node(None)[0]
-    assert [t for t, _ in requests[0][1].topics] == ["big", "small"]
+    assert [t for t, _ in hooked(Broken(), built)[0][1].topics] == ["big", "small"]
