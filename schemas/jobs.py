@@ -74,6 +74,10 @@ class EncodeJob(_Job):
     """What the router priced the work before the engine at (an image's decode and resize, ms),
     where the modality prices it: the encoder prepares a job priced over
     ``encoder.heavy_prep_ms`` on a thread of lower CPU priority."""
+    predicted_wait_ms: float | None = omit_none()
+    """What the router predicted this job would wait at its stage before the engine starts it
+    (ms, from the load reports, before any calibration): the encoder compares it with the wait
+    it sees and reports how far such predictions run (``streams.policies.calibration``)."""
 
     TYPE = "encode"
 

@@ -28,6 +28,11 @@ The direct path: while the engine is idle (nothing queued, running or being prep
 nothing) the engine thread prepares and runs a submitted batch in one call while the prep thread
 asks the cache: two hand-offs fewer, most of what an idle stage adds.
 
+Each rt job that carries the wait the router predicted for it (``EncodeJob.predicted_wait_ms``)
+teaches ``waits`` how far such predictions run from the wait it had until the engine started it
+(from the router's send: the hop and the intake included) or until it expired; the stage reports
+it (``wait_scale``) and the router's admission scales its predictions by it.
+
 Every job submitted is answered exactly once: its output, its error (refused, failed, or past its
 deadline: such work never reaches the engine) or a cache hit. ``held`` counts jobs between
 ``submit`` and their answer; bounding intake on it is the caller's.
@@ -54,8 +59,10 @@ from schemas.jobs import EncodeJob
 from schemas.settings_serving import EncoderSettings
 from schemas.trace import now_ms
 from streams.policies.batching import Batch, BatchLimits, MicroBatcher, Pending, Wait
+from streams.policies.calibration import PredictionCalibration
 from streams.policies.cost_model import BatchCostModel, Observation
 from streams.policies.fair_order import FairOrder
+from streams.policies.load import MAX_WAIT_SCALE, MIN_WAIT_SCALE, WAIT_FLOOR_MS
 from workers import modalities
 from workers.calibration import CalibrationCache
 from workers.outputs import Encoded, EncoderRunner, Prepared
@@ -142,6 +149,9 @@ class EncoderCore:
         (made at the first such job)."""
         self.heavy_turns: FairOrder[_Turn] = FairOrder(key=_turn_key)  # heavy jobs waiting for that thread
         self.heavy_busy = False  # a heavy job has its turn now
+        self.waits = PredictionCalibration(floor_ms=WAIT_FLOOR_MS, low=MIN_WAIT_SCALE, high=MAX_WAIT_SCALE)
+        """How far the router's predicted waits (``EncodeJob.predicted_wait_ms``) ran from the
+        waits rt jobs had until the engine started them, or until they expired waiting."""
 
     # -- intake ---------------------------------------------------------------------------
 
@@ -444,6 +454,7 @@ class EncoderCore:
         ``ran_lengths``: what the engine ran, when more than ``live``) and store its misses."""
         writes, answers = [], []
         for h, r in zip(live, results):
+            self._observe_wait(h.prepared.job, h.lane, started)
             if isinstance(r, Encoded) and h.prepared.key is not None:
                 writes.append((h.prepared.key, r))
                 r = Encoded(r.embedding, r.extras, cache="miss")
@@ -459,10 +470,17 @@ class EncoderCore:
         if writes:
             asyncio.get_running_loop().run_in_executor(self.prep, self.runner.store, writes)
 
+    def _observe_wait(self, job: EncodeJob, lane: str, reached_ms: float) -> None:
+        """Learn from one rt job that reached the engine (or its deadline) at ``reached_ms``."""
+        if lane == "rt" and job.predicted_wait_ms is not None:
+            self.waits.observe(job.predicted_wait_ms, max(0.0, reached_ms - job.sent_at_ms))
+
     def _answer(self, answer: EncodeAnswer) -> None:
         self.held -= 1
         self.held_bulk -= answer.lane == "bulk"
         self.held_bytes -= answer.job.payload_bytes
+        if isinstance(answer.result, WireError) and answer.result.code == ErrorCode.DEADLINE_EXCEEDED:
+            self._observe_wait(answer.job, answer.lane, now_ms())  # it waited at least this long
         try:
             self.on_answer(answer)
         except Exception:  # the caller's bug must not stop the answers after it

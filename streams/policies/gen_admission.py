@@ -120,39 +120,6 @@ def price_generate_ms(prompt_tokens: int, max_tokens: int, cost: tuple[float, fl
     return prompt_tokens * per_prompt + max_tokens * (per_decode + fixed / max(1, batch))
 
 
-class PredictionCalibration:
-    """How far predictions run from what happens, learned online: a running estimate of the
-    ``quantile`` (0.9) of actual / predicted TTFT over admitted requests (stochastic
-    approximation on the log of the ratio, clamped to [``low``, ``high``]). The step cost
-    model knows the engine; this sees what it does not (prefix-cache hits, sequences ending
-    at eos before ``max_tokens``, neighbours on the same cores), so ``scale(predicted)`` is a
-    TTFT that about 90% of admitted requests beat, and admission holds that to its bound
-    (the mean would let half of them past it). Starts at 1 (no correction)."""
-
-    def __init__(self, quantile: float = 0.9, step: float = 0.05, low: float = 0.25, high: float = 4.0) -> None:
-        self.quantile, self.step = quantile, step
-        self._lo, self._hi = math.log(low), math.log(high)
-        self._log = 0.0
-        self.observed = 0
-
-    def observe(self, predicted_ms: float, actual_ms: float) -> None:
-        if predicted_ms <= 0 or actual_ms <= 0:
-            return
-        x = math.log(actual_ms / predicted_ms)
-        # Up by step * q when the ratio is above the estimate, down by step * (1 - q) below:
-        # it settles where a share q of the ratios lies below it.
-        self._log += self.step * (self.quantile - (1.0 if x < self._log else 0.0))
-        self._log = min(self._hi, max(self._lo, self._log))
-        self.observed += 1
-
-    @property
-    def factor(self) -> float:
-        return math.exp(self._log)
-
-    def scale(self, predicted_ms: float) -> float:
-        return predicted_ms * self.factor
-
-
 MAX_RETRY_AFTER_MS = 30_000
 
 

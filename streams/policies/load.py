@@ -17,6 +17,12 @@ part waits (``fair_wait_ms``): its own tenant's queue, and from every other tena
 as much again plus the part, not the other tenants' whole backlog. ``item_ms(stage, length)`` is what the part itself
 costs. Reports older than ``stale_ms`` are ignored (a replica gone, Redis away): with none
 left, a stage counts as idle and the encoders' own deadline checks remain.
+
+What the reports cannot know (the hop to the encoder, its intake, cores shared with other
+stages) each encoder learns from its own rt jobs: how far the wait predicted for them (carried
+in the job) ran from the wait they had until the engine started them. ``calibrated(stage,
+wait)`` applies what it reports (``wait_scale``), so admission holds the wait requests see to
+its bound, not only the wait the cost model predicts.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
+
+from streams.policies.calibration import scaled
 
 @dataclass
 class Report:
@@ -45,6 +53,9 @@ class Report:
     """(ms, tenants) of the rt work of the tenants not named in ``tenants_rt``."""
     assigned: frozenset[tuple[str, int]] | None = None
     """The (topic, partition)s the replica reads; None: not reported (then those it holds work from)."""
+    wait_scale: float = 1.0
+    """How far the waits the router predicted for this replica's rt jobs ran from the waits
+    they had (``streams.policies.calibration``, floor ``WAIT_FLOOR_MS``): 1 until it learned."""
 
     @classmethod
     def from_map(cls, key: str, m: Mapping[str, Any]) -> "Report":
@@ -60,7 +71,8 @@ class Report:
                    item_ms=sorted((float(k), float(v)) for k, v in (m.get("item_ms") or {}).items()),
                    tenants_rt=None if tenants is None else {str(k): float(v) for k, v in dict(tenants).items()},
                    rest_rt=(float(rest[0]), int(rest[1])),
-                   assigned=None if assigned is None else frozenset(_topic_partition(x) for x in assigned))
+                   assigned=None if assigned is None else frozenset(_topic_partition(x) for x in assigned),
+                   wait_scale=min(MAX_WAIT_SCALE, max(MIN_WAIT_SCALE, float(m.get("wait_scale", 1.0)))))
 
     def cost(self, length: float) -> float | None:
         if not self.item_ms:
@@ -78,7 +90,7 @@ class Sent:
     ms: float
     tenant: str = ""
     stage: str = ""
-    """``_stage_of(topic)``, worked out once when it is sent (read for every later request)."""
+    """``stage_of(topic)``, worked out once when it is sent (read for every later request)."""
 
 
 @dataclass
@@ -104,7 +116,7 @@ class LoadView:
         self.sent = [x for x in self.sent if x.at_ms > oldest - self.fetch_lag_ms]
 
     def note_sent(self, topic: str, partition: int | None, ms: float, now_ms: float, tenant: str = "") -> None:
-        self.sent.append(Sent(now_ms, topic, -1 if partition is None else partition, ms, tenant, _stage_of(topic)))
+        self.sent.append(Sent(now_ms, topic, -1 if partition is None else partition, ms, tenant, stage_of(topic)))
 
     @property
     def sent_ms(self) -> dict[str, dict[int, float]]:
@@ -146,6 +158,13 @@ class LoadView:
         base = max(0.0, r.queued_rt_ms - sum(r.tenants_rt.values()) - r.rest_rt[0])
         return fair_wait_ms(base, tenants, r.rest_rt, tenant, own_ms)
 
+    def calibrated(self, stage: str, wait_ms: float) -> float:
+        """``wait_ms`` predicted at ``stage`` corrected by how far such predictions ran there:
+        the largest ``wait_scale`` its fresh replicas report (one replica running late is
+        where the least-loaded choice may send the part)."""
+        factor = max((r.wait_scale for r in self._replicas(stage)), default=1.0)
+        return scaled(wait_ms, factor, WAIT_FLOOR_MS) if factor != 1.0 else wait_ms
+
     def item_ms(self, stage: str, length: float) -> float | None:
         """What one item of ``length`` costs at ``stage``, from its freshest report; None
         before any report (the caller falls back to the modality's default cost)."""
@@ -184,6 +203,13 @@ class LoadView:
         return out
 
 
+WAIT_FLOOR_MS = 50.0
+"""Waits are compared as (actual + this) / (predicted + this): a few milliseconds off on a
+nearly empty queue teach nothing."""
+MIN_WAIT_SCALE, MAX_WAIT_SCALE = 0.5, 4.0
+"""The range a reported ``wait_scale`` is held to (a report is the encoders' word, not law)."""
+
+
 def _topic_partition(s: Any) -> tuple[str, int]:
     topic, _, p = str(s).rpartition(":")
     return topic, int(p)
@@ -214,7 +240,7 @@ def fair_wait_ms(base_ms: float, tenants: Mapping[str, float], rest: tuple[float
     return base_ms + mine + others
 
 
-def _stage_of(topic: str) -> str:
+def stage_of(topic: str) -> str:
     """``<prefix>.encode.<modality>.<lane>`` -> ``encode.<modality>``."""
     parts = topic.split(".")
     return f"encode.{parts[-2]}" if len(parts) >= 3 and parts[-3] == "encode" else topic

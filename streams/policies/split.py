@@ -61,6 +61,7 @@ def split_request(
     ref_bytes: Mapping[int, int] | None = None,
     ref_pixels: Mapping[int, int] | None = None,
     prep_ms: Mapping[int, float] | None = None,
+    predicted_wait_ms: Callable[[str], float | None] = lambda topic: None,
 ) -> RoutePlan:
     """Split ``req`` into per-part encode jobs on each modality's topic for the request's lane.
 
@@ -70,7 +71,8 @@ def split_request(
     ``digest`` names the ingress record in the manifest. ``refused``: parts that fail here with
     that error (a ref the router could not price); ``ref_bytes``: the priced size of each ref
     part, carried in its job; ``ref_pixels``: the pixels an image ref's header declared, too;
-    ``prep_ms``: what a part's work before the engine was priced at (``EncodeJob.prep_ms``).
+    ``prep_ms``: what a part's work before the engine was priced at (``EncodeJob.prep_ms``);
+    ``predicted_wait_ms``: the wait admission predicted on a job's topic (``EncodeJob.predicted_wait_ms``).
     """
     refused = refused or {}
     ref_bytes = ref_bytes or {}
@@ -125,6 +127,11 @@ def split_request(
             mime=part.mime, nonce=nonce, ref_bytes=ref_bytes.get(i) if part.ref is not None else None,
             ref_pixels=ref_pixels.get(i) if part.ref is not None else None,
             prep_ms=round(prep_ms[i], 1) if prep_ms and i in prep_ms else None,
+            predicted_wait_ms=_rounded(predicted_wait_ms(topic_of(part))),
         )
         jobs.append(RoutedJob(topic_of(part), f"{req.id}:{i}".encode(), job, chosen[i]))
     return RoutePlan(manifest, jobs, failed)
+
+
+def _rounded(ms: float | None) -> float | None:
+    return None if ms is None else round(ms, 1)

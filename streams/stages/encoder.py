@@ -225,7 +225,7 @@ class EncoderStage(RecordStage):
                "items": core.held + unread,
                "partitions": {k: round(v, 3) for k, v in parts.items()},
                "assigned": sorted(f"{tp.topic}:{tp.partition}" for tp in self.io.assignment()),
-               "item_ms": merge_item_costs(core.item_costs())}
+               "item_ms": merge_item_costs(core.item_costs()), "wait_scale": round(core.waits.factor, 3)}
         if core.fair:  # what each tenant's rt work is: a new rt item waits by fair order, not behind all of it
             out.update(tenant_shares(tenants_rt))
         return out

@@ -35,7 +35,8 @@ from schemas.trace import now_ms
 from streams.app import topic_names
 from streams.cores.generation import GenerationCore, GenerationRequest, GenerationUpdate, calibrate
 from streams.observe.metrics import Metrics
-from streams.policies.gen_admission import PredictionCalibration, retry_after_ms, ttft_bound_ms
+from streams.policies.calibration import PredictionCalibration
+from streams.policies.gen_admission import retry_after_ms, ttft_bound_ms
 from streams.policies.scheduler import ContinuousBatchScheduler, SchedulerLimits, StaticBatchScheduler
 from streams.runtime.produce import Out, out_map
 from streams.runtime.recovery import AnswerLedger, recover, stage_timings

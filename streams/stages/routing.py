@@ -55,7 +55,7 @@ from schemas.trace import now_ms
 from streams.policies.admission import AdmissionLimits, Admit, Reject, admit
 from streams.policies.budget import KeyedBudget
 from streams.policies.gen_admission import estimate_prompt_tokens, price_generate_ms
-from streams.policies.load import LoadView
+from streams.policies.load import LoadView, stage_of
 from streams.policies.partitioning import Partitioner
 from streams.policies.quota import QuotaLimits, Shed, TenantQuotas
 from streams.policies.split import RoutedJob, split_request
@@ -184,13 +184,13 @@ class Router:
             return self._refused(req, err, digest, shed=(req.tenant, shed.reason))
         if stored is not None:
             return self._answer_from_cache(req, stored, client_sent, started, digest)
-        decision = self._admit(req, priced)
+        decision, waits = self._admit(req, priced)
         if isinstance(decision, Reject):
             if decision.code == ErrorCode.OVERLOADED:  # kept out: the others keep to their fair share
                 self.quotas.note_refused(req.tenant, started)
             return self._refused(req, WireError(decision.code, decision.message, None, decision.retry_after_ms), digest)
         return self._accepted(req, decision, key, client_sent, started, digest, refused, ref_bytes, priced,
-                              self._ref_bounds(req, claims))
+                              self._ref_bounds(req, claims), waits)
 
     async def _checked(self, raw: bytes, headers: Any, record_ts_ms: float | None, source: str,
                        tenant: str | None) -> tuple[Any, str, dict[int, int], dict[int, WireError], dict[int, ClaimSize]] | Routed:
@@ -243,7 +243,7 @@ class Router:
 
     def _accepted(self, req: Any, decision: Admit | None, key: str | None, client_sent: float, started: float,
                   digest: str, refused: dict[int, WireError], ref_bytes: dict[int, int], priced: list[Priced],
-                  ref_pixels: dict[int, int]) -> Routed:
+                  ref_pixels: dict[int, int], waits: dict[str, float]) -> Routed:
         """An admitted request split into its records: the manifest first (the assembler sends
         ``accepted`` when it arrives), then the parts that failed alone, then the jobs, in
         one producer batch, so encoders start on the parts at once. What it sends is reserved
@@ -258,6 +258,7 @@ class Router:
             nonce=self.nonce(), digest=digest, refused=refused, ref_bytes=ref_bytes,
             ref_pixels=ref_pixels, prep_ms={i: found.prep_ms for i, found in enumerate(priced)
                                             if found is not None and found.prep_ms > 0},
+            predicted_wait_ms=lambda topic: waits.get(stage_of(topic)),
         )
         m = plan.manifest
         encoded = self.topics.encoded(req.lane)
@@ -409,18 +410,21 @@ class Router:
         return self.quotas.check(req.tenant, lane_limit_ms=self.lane_limit_ms.get(str(req.lane), 0.0), now_ms=now,
                                  ref_bytes=ref_bytes, cost_ms=cost)
 
-    def _admit(self, req: Any, priced: list[Priced]) -> Admit | Reject | None:
-        """The admission decision for a valid request (None when admission is off)."""
+    def _admit(self, req: Any, priced: list[Priced]) -> tuple[Admit | Reject | None, dict[str, float]]:
+        """The admission decision for a valid request (None when admission is off), and the
+        wait predicted at each stage it needs before calibration (what its jobs carry)."""
         if self.admission is None:
-            return None
+            return None, {}
         stages: dict[str, float] = {}
         for found in priced:
             if found is None:
                 continue
             stages[found.stage] = stages.get(found.stage, 0.0) + found.ms
         deadline = req.deadline_ms or self.settings.limits.default_deadline_ms
-        queued = self.load.queued_ms(str(req.lane), tenant=req.tenant, own_ms=stages, only=stages)
-        return admit(lane=str(req.lane), stages=stages, queued_ms=queued, deadline_ms=deadline, limits=self.admission)
+        predicted = self.load.queued_ms(str(req.lane), tenant=req.tenant, own_ms=stages, only=stages)
+        queued = {s: self.load.calibrated(s, ms) for s, ms in predicted.items()}
+        return admit(lane=str(req.lane), stages=stages, queued_ms=queued, deadline_ms=deadline,
+                     limits=self.admission), predicted
 
     def _verdict(self, rid: str, tenant: Any, lane: str, reply_to: str | None, events: list[Event],
                  digest: str | None) -> Out:

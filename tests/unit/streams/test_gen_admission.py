@@ -80,7 +80,7 @@ def test_retry_after_is_bounded() -> None:
 def test_the_calibration_learns_a_high_quantile_of_how_far_predictions_run() -> None:
     import random
 
-    from streams.policies.gen_admission import PredictionCalibration
+    from streams.policies.calibration import PredictionCalibration
 
     cal = PredictionCalibration()
     assert cal.scale(800) == 800
