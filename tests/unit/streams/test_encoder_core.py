@@ -332,3 +332,29 @@ async def test_a_waiting_heavy_turn_cancelled_just_before_the_thread_frees_is_pa
         await _until(lambda: "r1" in h.by_id(), "the next heavy job answered")
     finally:
         runner.cancel()
+
+
+async def test_rt_jobs_teach_the_core_how_far_the_routers_predicted_waits_run() -> None:
+    """Each rt job that carries the router's predicted wait is compared with the wait it had from
+    the router's send to the engine's start (or to its deadline, when it expired waiting): jobs
+    that waited far longer than predicted raise the scale the stage reports; bulk jobs and jobs
+    without a prediction teach nothing."""
+    h = Harness()
+    assert h.core.waits.factor == 1.0
+    sent = now_ms() - 400.0  # each was sent 400 ms ago, predicted to wait 10 ms
+    jobs = [_job(f"late-{i}", i, sent_at_ms=sent, predicted_wait_ms=10.0) for i in range(20)]
+    _submit(h.core, *jobs[:10])
+    await _until(lambda: len(h.answers) == 10, "the first ten answered")
+    runner = asyncio.create_task(h.core.run(lambda: False))
+    _submit(h.core, *jobs[10:])
+    await _until(lambda: len(h.answers) == 20, "all answered")
+    learned = h.core.waits.factor
+    assert learned > 1.5 and h.core.waits.observed == 20, learned
+    _submit(h.core, *(_job(f"bulk-{i}", 100 + i, lane="bulk", sent_at_ms=sent, predicted_wait_ms=10.0) for i in range(5)),
+            *(_job(f"blind-{i}", 200 + i, sent_at_ms=sent) for i in range(5)))
+    await _until(lambda: len(h.answers) == 30, "the bulk and unpredicted jobs answered")
+    assert h.core.waits.observed == 20 and h.core.waits.factor == learned
+    _submit(h.core, _job("expired", 300, sent_at_ms=sent, predicted_wait_ms=10.0, deadline_at_ms=1.0))
+    assert h.by_id()["r300"].result.code == "deadline_exceeded" and h.core.waits.observed == 21
+    assert h.core.waits.factor > learned  # it waited at least as long, and was never served
+    runner.cancel()

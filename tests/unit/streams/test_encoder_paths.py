@@ -190,6 +190,9 @@ async def test_the_load_report_counts_what_the_core_holds_and_is_preparing(stage
     # the scaler's view: the direct run is the batch in service, and four jobs are held in all
     assert report["running_ms"] == pytest.approx(stage.core.direct_ms, abs=0.01) and report["running_ms"] > 0
     assert report["items"] == 4
+    assert report["wait_scale"] == 1.0  # nothing learned yet (no job here carries a predicted wait)
+    stage.core.waits.observe(10.0, 1000.0)
+    assert stage.report()["wait_scale"] == round(stage.core.waits.factor, 3) > 1.0  # what the router scales by
     loop_task = asyncio.create_task(stage.core.run(lambda: False))
     stage.gate.set()
     await _until(lambda: stage.core.held == 0, "all answered")

@@ -75,22 +75,3 @@ def test_retry_after_is_bounded() -> None:
     from streams.policies.gen_admission import MAX_RETRY_AFTER_MS, retry_after_ms
 
     assert retry_after_ms(1100, 1000) == 100 and retry_after_ms(10**9, 1000) == MAX_RETRY_AFTER_MS
-
-
-def test_the_calibration_learns_a_high_quantile_of_how_far_predictions_run() -> None:
-    import random
-
-    from streams.policies.calibration import PredictionCalibration
-
-    cal = PredictionCalibration()
-    assert cal.scale(800) == 800
-    rng = random.Random(3)
-    ratios = [rng.uniform(0.2, 0.6) for _ in range(3000)]  # predictions 1.7-5x too high
-    for r in ratios:
-        cal.observe(1000, 1000 * r)
-    below = sum(r < cal.factor for r in ratios[-1000:]) / 1000
-    assert 0.8 < below < 0.97, (cal.factor, below)
-    for _ in range(500):
-        cal.observe(100, 10_000)  # a hundred times too low: clamped
-    assert cal.factor <= 4.0 + 1e-9
-    cal.observe(0, 10)  # nothing to learn from

@@ -103,3 +103,22 @@ def test_queued_ms_for_the_stages_a_request_needs_is_the_whole_maps_values_there
     assert whole == {"encode.text": 35.0, "encode.image": 70.0, "encode.audio": 40.0}
     for stages in (["encode.text"], ["encode.image", "encode.audio"], ["encode.video"]):
         assert view.queued_ms("bulk", only=stages) == {s: whole.get(s, 0.0) for s in stages}
+
+
+def test_a_wait_is_calibrated_by_the_latest_scale_its_stages_replicas_report() -> None:
+    from streams.policies.load import MAX_WAIT_SCALE, WAIT_FLOOR_MS
+
+    view = LoadView()
+    assert view.calibrated("encode.image", 200.0) == 200.0  # no report: as predicted
+    late = {**report("encode.image", 1000.0, 200.0, {}, {"1": 8.0}), "wait_scale": 2.0}
+    on_time = report("encode.image", 1000.0, 50.0, {}, {"1": 8.0})  # an older replica: no scale reported
+    view.update_reports({"encode.image/a": late, "encode.image/b": on_time,
+                         "encode.text/a": report("encode.text", 1000.0, 200.0, {}, {"16": 1.0})}, now_ms=1100.0)
+    # The largest reported scale: the least-loaded choice may send the part to the late replica.
+    assert view.calibrated("encode.image", 200.0) == (200.0 + WAIT_FLOOR_MS) * 2.0 - WAIT_FLOOR_MS
+    assert view.calibrated("encode.text", 200.0) == 200.0  # another stage's scale is not this one's
+    wild = {**report("encode.image", 1000.0, 0.0, {}, {"1": 8.0}), "wait_scale": 1e9}
+    view.update_reports({"encode.image/a": wild}, now_ms=1100.0)
+    assert view.calibrated("encode.image", 100.0) == (100.0 + WAIT_FLOOR_MS) * MAX_WAIT_SCALE - WAIT_FLOOR_MS
+    view.update_reports({"encode.image/a": late}, now_ms=10_000.0)  # stale: forgotten with its report
+    assert view.calibrated("encode.image", 200.0) == 200.0

@@ -487,3 +487,29 @@ def test_a_tenant_in_compute_debt_still_gets_an_answer_the_cache_holds_whole():
     cached = True
     hit = routed(r, pack({"id": "hit", **text}))
     assert hit.outcome == "ok" and not hit.jobs  # no engine work: the debt does not stand in its way
+
+
+def test_admission_holds_the_calibrated_wait_to_its_bound_and_each_job_carries_the_wait_as_predicted():
+    """An encoder that reports its rt jobs wait 3x what the router predicted for them makes
+    the router count that: a queue of 200 ms predicted is 700 ms to a request (over rt's 500),
+    while the job of a request that gets in carries the prediction before the correction."""
+    from schemas.trace import now_ms
+
+    def with_reports(scale):
+        r = make_router(admission__max_queued_ms_rt="500")
+        stats = {"stage": "encode.text", "at": now_ms(), "queued_ms": 200.0, "queued_rt_ms": 200.0,
+                 "partitions": {}, "item_ms": {"16": 1.0, "256": 20.0}}
+        if scale is not None:
+            stats["wait_scale"] = scale
+        r.load.update_reports({"encode.text/a": stats}, now_ms=now_ms())
+        return r
+
+    raw = pack({"v": 1, "id": "w1", "parts": [{"modality": "text", "text": "hello there"}]})
+    outs = handle(with_reports(None), raw)
+    jobs = [EncodeJob.from_wire(unpack(o.value)) for o in outs if o.topic == "mm.encode.text.rt"]
+    assert len(jobs) == 1 and jobs[0].predicted_wait_ms == 200.0
+    assert EncodeJob.from_wire(unpack(pack(jobs[0].to_wire()))).predicted_wait_ms == 200.0
+
+    outs = handle(with_reports(3.0), raw)
+    reply_to, ev = verdict(outs[0])
+    assert ev.kind == "error" and ev.error["code"] == "overloaded" and ev.error["retry_after_ms"] > 0
