@@ -471,8 +471,10 @@ class EncoderCore:
             asyncio.get_running_loop().run_in_executor(self.prep, self.runner.store, writes)
 
     def _observe_wait(self, job: EncodeJob, lane: str, reached_ms: float) -> None:
-        """Learn from one rt job that reached the engine (or its deadline) at ``reached_ms``."""
-        if lane == "rt" and job.predicted_wait_ms is not None:
+        """Learn from one rt job that reached the engine (or its deadline) at ``reached_ms``. Not
+        from a heavy job: its wait is mostly its turn for the heavy thread behind its own
+        tenant's decodes, which a prediction for any other tenant's job does not share."""
+        if lane == "rt" and job.predicted_wait_ms is not None and not self._heavy(job):
             self.waits.observe(job.predicted_wait_ms, max(0.0, reached_ms - job.sent_at_ms))
 
     def _answer(self, answer: EncodeAnswer) -> None:

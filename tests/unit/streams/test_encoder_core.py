@@ -358,3 +358,13 @@ async def test_rt_jobs_teach_the_core_how_far_the_routers_predicted_waits_run() 
     assert h.by_id()["r300"].result.code == "deadline_exceeded" and h.core.waits.observed == 21
     assert h.core.waits.factor > learned  # it waited at least as long, and was never served
     runner.cancel()
+
+
+async def test_a_heavy_jobs_wait_for_its_decode_turn_teaches_nothing() -> None:
+    h = Harness(heavy_prep_ms=50.0)
+    sent = now_ms() - 5000.0  # far later than predicted: its tenant's decodes ran ahead of it
+    runner = asyncio.create_task(h.core.run(lambda: False))
+    _submit(h.core, _job("heavy", 1, sent_at_ms=sent, predicted_wait_ms=10.0, prep_ms=400.0))
+    await _until(lambda: len(h.answers) == 1, "answered")
+    runner.cancel()
+    assert h.ran == [["heavy"]] and h.core.waits.observed == 0 and h.core.waits.factor == 1.0
