@@ -33,6 +33,7 @@ from typing import Any, Iterable, Mapping
 
 from streams.policies.calibration import scaled
 
+
 @dataclass
 class Report:
     stage: str
