@@ -75,6 +75,8 @@ TEXT_LENGTHS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 # Engine ms one batch may take when the engine runs its rows alone: company saves it nothing
 # and every row waits for the end of its batch, so batches stay short and in arrival order.
 ROWS_ALONE_BATCH_MS = 10.0
+WAIT_FORGET_S = 10.0
+"""A wait calibration that learned nothing for this long starts again from 1."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,9 +151,10 @@ class EncoderCore:
         (made at the first such job)."""
         self.heavy_turns: FairOrder[_Turn] = FairOrder(key=_turn_key)  # heavy jobs waiting for that thread
         self.heavy_busy = False  # a heavy job has its turn now
-        self.waits = PredictionCalibration(floor_ms=WAIT_FLOOR_MS, low=MIN_WAIT_SCALE, high=MAX_WAIT_SCALE)
+        self.waits = self._new_waits()
         """How far the router's predicted waits (``EncodeJob.predicted_wait_ms``) ran from the
         waits rt jobs had until the engine started them, or until they expired waiting."""
+        self.waits_at = 0.0  # when ``waits`` last learned (monotonic s)
 
     # -- intake ---------------------------------------------------------------------------
 
@@ -434,6 +437,7 @@ class EncoderCore:
         live = [p.item for p in batch.items if p.item.prepared.job.deadline_at_ms > now]
         for p in batch.items:
             if p.item.prepared.job.deadline_at_ms <= now:
+                self._observe_wait(p.item.prepared.job, p.item.lane, now)  # it waited at least this long
                 self._answer(EncodeAnswer(p.item.prepared.job, p.item.origin, p.item.lane, deadline_error(), None))
         if not live:
             return
@@ -471,18 +475,32 @@ class EncoderCore:
             asyncio.get_running_loop().run_in_executor(self.prep, self.runner.store, writes)
 
     def _observe_wait(self, job: EncodeJob, lane: str, reached_ms: float) -> None:
-        """Learn from one rt job that reached the engine (or its deadline) at ``reached_ms``. Not
-        from a heavy job: its wait is mostly its turn for the heavy thread behind its own
-        tenant's decodes, which a prediction for any other tenant's job does not share."""
+        """Learn from one rt job that reached the engine (or expired in its queue) at
+        ``reached_ms``, against what was predicted for it plus its own preparation (the router
+        priced it; the wait until the engine includes it). Not from a heavy job: its wait is
+        mostly its turn for the heavy thread behind its own tenant's decodes, which a
+        prediction for any other tenant's job does not share. Not from a job that expired
+        before it was taken in (a replay after a rebalance, a stage that was down): no
+        admission could have predicted that wait."""
         if lane == "rt" and job.predicted_wait_ms is not None and not self._heavy(job):
-            self.waits.observe(job.predicted_wait_ms, max(0.0, reached_ms - job.sent_at_ms))
+            self.waits.observe(job.predicted_wait_ms + (job.prep_ms or 0.0), max(0.0, reached_ms - job.sent_at_ms))
+            self.waits_at = time.monotonic()
+
+    def wait_scale(self) -> float:
+        """What ``waits`` learned, or 1 once no rt job taught it anything for
+        ``WAIT_FORGET_S`` (what a burst or a replay taught is not kept for an idle stage)."""
+        if self.waits.observed and time.monotonic() - self.waits_at > WAIT_FORGET_S:
+            self.waits = self._new_waits()
+        return self.waits.factor
+
+    @staticmethod
+    def _new_waits() -> PredictionCalibration:
+        return PredictionCalibration(floor_ms=WAIT_FLOOR_MS, low=MIN_WAIT_SCALE, high=MAX_WAIT_SCALE)
 
     def _answer(self, answer: EncodeAnswer) -> None:
         self.held -= 1
         self.held_bulk -= answer.lane == "bulk"
         self.held_bytes -= answer.job.payload_bytes
-        if isinstance(answer.result, WireError) and answer.result.code == ErrorCode.DEADLINE_EXCEEDED:
-            self._observe_wait(answer.job, answer.lane, now_ms())  # it waited at least this long
         try:
             self.on_answer(answer)
         except Exception:  # the caller's bug must not stop the answers after it

@@ -28,6 +28,7 @@ its bound, not only the wait the cost model predicts.
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
@@ -73,7 +74,7 @@ class Report:
                    tenants_rt=None if tenants is None else {str(k): float(v) for k, v in dict(tenants).items()},
                    rest_rt=(float(rest[0]), int(rest[1])),
                    assigned=None if assigned is None else frozenset(_topic_partition(x) for x in assigned),
-                   wait_scale=min(MAX_WAIT_SCALE, max(MIN_WAIT_SCALE, float(m.get("wait_scale", 1.0)))))
+                   wait_scale=_scale(m.get("wait_scale", 1.0)))
 
     def cost(self, length: float) -> float | None:
         if not self.item_ms:
@@ -209,6 +210,13 @@ WAIT_FLOOR_MS = 50.0
 nearly empty queue teach nothing."""
 MIN_WAIT_SCALE, MAX_WAIT_SCALE = 0.5, 4.0
 """The range a reported ``wait_scale`` is held to (a report is the encoders' word, not law)."""
+
+
+def _scale(raw: Any) -> float:
+    scale = float(raw)
+    if not math.isfinite(scale):
+        raise ValueError(f"wait_scale {raw!r} is not a number")
+    return min(MAX_WAIT_SCALE, max(MIN_WAIT_SCALE, scale))
 
 
 def _topic_partition(s: Any) -> tuple[str, int]:

@@ -72,7 +72,8 @@ def split_request(
     that error (a ref the router could not price); ``ref_bytes``: the priced size of each ref
     part, carried in its job; ``ref_pixels``: the pixels an image ref's header declared, too;
     ``prep_ms``: what a part's work before the engine was priced at (``EncodeJob.prep_ms``);
-    ``predicted_wait_ms``: the wait admission predicted on a job's topic (``EncodeJob.predicted_wait_ms``).
+    ``predicted_wait_ms``: the wait admission predicted on a job's topic, to which each job adds
+    the cost of the request's parts before it there (``EncodeJob.predicted_wait_ms``).
     """
     refused = refused or {}
     ref_bytes = ref_bytes or {}
@@ -87,6 +88,7 @@ def split_request(
         params=req.params.to_wire(), trace=[router_span], result_key=result_key, nonce=nonce, digest=digest,
     )
     jobs: list[RoutedJob] = []
+    ahead: dict[str, float] = {}  # topic -> the cost of this request's jobs on it so far
     failed: list[EncodedPart] = []
     partitioner = partitioner or Partitioner("spread")
 
@@ -127,10 +129,15 @@ def split_request(
             mime=part.mime, nonce=nonce, ref_bytes=ref_bytes.get(i) if part.ref is not None else None,
             ref_pixels=ref_pixels.get(i) if part.ref is not None else None,
             prep_ms=round(prep_ms[i], 1) if prep_ms and i in prep_ms else None,
-            predicted_wait_ms=_rounded(predicted_wait_ms(topic_of(part))),
+            predicted_wait_ms=_rounded(_plus(predicted_wait_ms(topic_of(part)), ahead.get(topic_of(part), 0.0))),
         )
         jobs.append(RoutedJob(topic_of(part), f"{req.id}:{i}".encode(), job, chosen[i]))
+        ahead[topic_of(part)] = ahead.get(topic_of(part), 0.0) + cost_ms(part)
     return RoutePlan(manifest, jobs, failed)
+
+
+def _plus(ms: float | None, more: float) -> float | None:
+    return None if ms is None else ms + more
 
 
 def _rounded(ms: float | None) -> float | None:

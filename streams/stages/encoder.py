@@ -29,6 +29,7 @@ queued work (ms, per partition) and what one more item costs it, for the router'
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import uuid
@@ -87,9 +88,15 @@ class LocalEncoder:
         core = self.core
         taken = take_local([Offer(job.lane, ms) for job, ms, _ in offers], core.queued_ms("rt"),
                            core.queued_ms("bulk"), self.room(), max_queued_ms, max_part_ms)
-        core.submit([(job, "bulk" if job.lane == "bulk" else "rt", Local(send))
+        # A job taken here skips the hop and is taken only onto a short queue: what it waits
+        # says nothing of the pool's waits, so it does not teach the core's calibration.
+        core.submit([(unpredicted(job), "bulk" if job.lane == "bulk" else "rt", Local(send))
                      for (job, _, send), took in zip(offers, taken) if took])
         return taken
+
+
+def unpredicted(job: EncodeJob) -> EncodeJob:
+    return job if job.predicted_wait_ms is None else dataclasses.replace(job, predicted_wait_ms=None)
 
 
 class EncoderStage(RecordStage):
@@ -225,7 +232,7 @@ class EncoderStage(RecordStage):
                "items": core.held + unread,
                "partitions": {k: round(v, 3) for k, v in parts.items()},
                "assigned": sorted(f"{tp.topic}:{tp.partition}" for tp in self.io.assignment()),
-               "item_ms": merge_item_costs(core.item_costs()), "wait_scale": round(core.waits.factor, 3)}
+               "item_ms": merge_item_costs(core.item_costs()), "wait_scale": round(core.wait_scale(), 3)}
         if core.fair:  # what each tenant's rt work is: a new rt item waits by fair order, not behind all of it
             out.update(tenant_shares(tenants_rt))
         return out

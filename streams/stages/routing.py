@@ -52,7 +52,7 @@ from schemas.request import TENANT_RE, Limits, peek_reply, validate_request
 from schemas.settings import Settings, parse_quota_overrides
 from schemas.topics import TopicNames
 from schemas.trace import now_ms
-from streams.policies.admission import AdmissionLimits, Admit, Reject, admit
+from streams.policies.admission import IDLE_SHARE, AdmissionLimits, Admit, Reject, admit
 from streams.policies.budget import KeyedBudget
 from streams.policies.gen_admission import estimate_prompt_tokens, price_generate_ms
 from streams.policies.load import LoadView, stage_of
@@ -421,9 +421,14 @@ class Router:
                 continue
             stages[found.stage] = stages.get(found.stage, 0.0) + found.ms
         deadline = req.deadline_ms or self.settings.limits.default_deadline_ms
-        predicted = self.load.queued_ms(str(req.lane), tenant=req.tenant, own_ms=stages, only=stages)
-        queued = {s: self.load.calibrated(s, ms) for s, ms in predicted.items()}
-        return admit(lane=str(req.lane), stages=stages, queued_ms=queued, deadline_ms=deadline,
+        lane = str(req.lane)
+        predicted = self.load.queued_ms(lane, tenant=req.tenant, own_ms=stages, only=stages)
+        # Corrected by what rt jobs waited (rt is what teaches it); a stage the model sees as
+        # idle stays idle, so a costly request still gets onto it (admission's IDLE_SHARE).
+        idle = IDLE_SHARE * self.lane_limit_ms.get(lane, 0.0)
+        queued = predicted if lane != "rt" else \
+            {s: self.load.calibrated(s, ms) if ms > idle else ms for s, ms in predicted.items()}
+        return admit(lane=lane, stages=stages, queued_ms=queued, deadline_ms=deadline,
                      limits=self.admission), predicted
 
     def _verdict(self, rid: str, tenant: Any, lane: str, reply_to: str | None, events: list[Event],

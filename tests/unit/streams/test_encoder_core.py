@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 from schemas.jobs import EncodeJob
 from schemas.settings_serving import EncoderSettings
 from schemas.trace import now_ms
+from streams.cores import encoder as encoder_core
 from streams.cores.encoder import EncodeAnswer, EncoderCore, _Turn
 from tests.unit.streams.encoder_fakes import DictCache, Quiet
 from workers.cache import CacheFront, pack_output
@@ -336,28 +337,51 @@ async def test_a_waiting_heavy_turn_cancelled_just_before_the_thread_frees_is_pa
 
 async def test_rt_jobs_teach_the_core_how_far_the_routers_predicted_waits_run() -> None:
     """Each rt job that carries the router's predicted wait is compared with the wait it had from
-    the router's send to the engine's start (or to its deadline, when it expired waiting): jobs
-    that waited far longer than predicted raise the scale the stage reports; bulk jobs and jobs
-    without a prediction teach nothing."""
+    the router's send to the engine's start (or to its deadline, when it expired in the queue):
+    jobs that waited far longer than predicted raise the scale the stage reports; bulk jobs,
+    jobs without a prediction and jobs already expired when taken in teach nothing."""
     h = Harness()
-    assert h.core.waits.factor == 1.0
+    assert h.core.wait_scale() == 1.0
     sent = now_ms() - 400.0  # each was sent 400 ms ago, predicted to wait 10 ms
-    jobs = [_job(f"late-{i}", i, sent_at_ms=sent, predicted_wait_ms=10.0) for i in range(20)]
-    _submit(h.core, *jobs[:10])
-    await _until(lambda: len(h.answers) == 10, "the first ten answered")
+    h.gate.clear()  # the first runs directly and holds the engine: the rest go through the queue
+    _submit(h.core, _job("late-0", 0, sent_at_ms=sent, predicted_wait_ms=10.0))
+    await _until(lambda: h.core.direct_ms > 0, "a direct run")
+    _submit(h.core, *(_job(f"late-{i}", i, sent_at_ms=sent, predicted_wait_ms=10.0) for i in range(1, 20)),
+            _job("expires", 50, sent_at_ms=sent, predicted_wait_ms=10.0, deadline_at_ms=now_ms() + 150))
+    await _until(lambda: len(h.core.queues["rt"]) == 20, "queued")
+    await asyncio.sleep(0.2)  # the last one's deadline passes in the queue
     runner = asyncio.create_task(h.core.run(lambda: False))
-    _submit(h.core, *jobs[10:])
-    await _until(lambda: len(h.answers) == 20, "all answered")
-    learned = h.core.waits.factor
-    assert learned > 1.5 and h.core.waits.observed == 20, learned
+    h.gate.set()
+    await _until(lambda: len(h.answers) == 21, "all answered")
+    assert h.by_id()["r50"].result.code == "deadline_exceeded"
+    learned = h.core.wait_scale()
+    assert learned > 1.5 and h.core.waits.observed == 21, learned
     _submit(h.core, *(_job(f"bulk-{i}", 100 + i, lane="bulk", sent_at_ms=sent, predicted_wait_ms=10.0) for i in range(5)),
-            *(_job(f"blind-{i}", 200 + i, sent_at_ms=sent) for i in range(5)))
-    await _until(lambda: len(h.answers) == 30, "the bulk and unpredicted jobs answered")
-    assert h.core.waits.observed == 20 and h.core.waits.factor == learned
-    _submit(h.core, _job("expired", 300, sent_at_ms=sent, predicted_wait_ms=10.0, deadline_at_ms=1.0))
-    assert h.by_id()["r300"].result.code == "deadline_exceeded" and h.core.waits.observed == 21
-    assert h.core.waits.factor > learned  # it waited at least as long, and was never served
+            *(_job(f"blind-{i}", 200 + i, sent_at_ms=sent) for i in range(5)),
+            _job("expired", 300, sent_at_ms=sent, predicted_wait_ms=10.0, deadline_at_ms=1.0))
+    await _until(lambda: len(h.answers) == 32, "the bulk, unpredicted and expired jobs answered")
+    assert h.by_id()["r300"].result.code == "deadline_exceeded"
+    assert h.core.waits.observed == 21 and h.core.wait_scale() == learned
     runner.cancel()
+
+
+async def test_what_the_wait_scale_learned_is_forgotten_once_nothing_teaches_it() -> None:
+    h = Harness()
+    sent = now_ms() - 2000.0
+    _submit(h.core, *(_job(f"late-{i}", i, sent_at_ms=sent, predicted_wait_ms=10.0) for i in range(10)))
+    await _until(lambda: len(h.answers) == 10, "answered")
+    assert h.core.wait_scale() > 1.2
+    h.core.waits_at -= encoder_core.WAIT_FORGET_S + 1  # an idle stage, that long after
+    assert h.core.wait_scale() == 1.0 and h.core.waits.observed == 0
+
+
+async def test_a_jobs_own_preparation_priced_by_the_router_counts_as_predicted() -> None:
+    h = Harness()
+    sent = now_ms() - 60.0  # each waited about 60 ms: 10 predicted in the queue, its own 40 ms decode
+    _submit(h.core, *(_job(f"photo-{i}", i, sent_at_ms=sent, predicted_wait_ms=10.0, prep_ms=40.0) for i in range(20)))
+    await _until(lambda: len(h.answers) == 20, "answered")
+    assert h.core.waits.observed == 20
+    assert h.core.wait_scale() < 1.3  # about (60 + 50) / (10 + 40 + 50); without the decode, (60 + 50) / (10 + 50)
 
 
 async def test_a_heavy_jobs_wait_for_its_decode_turn_teaches_nothing() -> None:

@@ -19,6 +19,7 @@ from aiokafka.structs import ConsumerRecord
 
 from schemas.codec import pack, unpack
 from schemas.jobs import EncodeJob
+from schemas.trace import now_ms
 from schemas.settings import Settings
 from streams.app import create_app
 from streams.observe.health import WorkerHealth
@@ -131,6 +132,16 @@ async def test_jobs_handed_over_in_process_are_answered_through_the_routers_send
     assert stage.local.take([(_job("busy", 9), 1.0, sent.append)], max_queued_ms=-1.0, max_part_ms=25.0) == [False]
 
 
+async def test_a_job_handed_over_in_process_teaches_the_wait_calibration_nothing(stage) -> None:
+    # It skipped the hop and was taken only onto a short queue: its wait is not the pool's.
+    sent: list[dict] = []
+    late = dataclasses.replace(_job("local-late", 11), predicted_wait_ms=1.0, sent_at_ms=now_ms() - 2000.0)
+    assert stage.local.take([(late, 1.0, lambda out: sent.append(unpack(out.value)))], max_queued_ms=25.0,
+                            max_part_ms=25.0) == [True]
+    await _until(lambda: len(sent) == 1, "answered")
+    assert sent[0]["embedding"] is not None and stage.core.waits.observed == 0
+
+
 async def test_bulk_holds_at_most_half_the_stage_and_a_poll_never_takes_more_than_the_room(stage) -> None:
     stage.max_queue = 8
     stage.gate.clear()  # nothing finishes meanwhile
@@ -191,7 +202,8 @@ async def test_the_load_report_counts_what_the_core_holds_and_is_preparing(stage
     assert report["running_ms"] == pytest.approx(stage.core.direct_ms, abs=0.01) and report["running_ms"] > 0
     assert report["items"] == 4
     assert report["wait_scale"] == 1.0  # nothing learned yet (no job here carries a predicted wait)
-    stage.core.waits.observe(10.0, 1000.0)
+    late = dataclasses.replace(_job("late", 99), predicted_wait_ms=10.0, sent_at_ms=now_ms() - 1000.0)
+    stage.core._observe_wait(late, "rt", now_ms())  # noqa: SLF001 - one job that waited 1 s for a predicted 10 ms
     assert stage.report()["wait_scale"] == round(stage.core.waits.factor, 3) > 1.0  # what the router scales by
     loop_task = asyncio.create_task(stage.core.run(lambda: False))
     stage.gate.set()

@@ -122,3 +122,6 @@ def test_a_wait_is_calibrated_by_the_latest_scale_its_stages_replicas_report() -
     assert view.calibrated("encode.image", 100.0) == (100.0 + WAIT_FLOOR_MS) * MAX_WAIT_SCALE - WAIT_FLOOR_MS
     view.update_reports({"encode.image/a": late}, now_ms=10_000.0)  # stale: forgotten with its report
     assert view.calibrated("encode.image", 200.0) == 200.0
+    nan = {**report("encode.image", 10_000.0, 900.0, {}, {"1": 8.0}), "wait_scale": float("nan")}
+    view.update_reports({"encode.image/a": nan}, now_ms=10_000.0)  # refused whole, not read as the least scale
+    assert view.calibrated("encode.image", 200.0) == 200.0 and view.wait_ms("encode.image") == 0.0

@@ -489,27 +489,50 @@ def test_a_tenant_in_compute_debt_still_gets_an_answer_the_cache_holds_whole():
     assert hit.outcome == "ok" and not hit.jobs  # no engine work: the debt does not stand in its way
 
 
-def test_admission_holds_the_calibrated_wait_to_its_bound_and_each_job_carries_the_wait_as_predicted():
-    """An encoder that reports its rt jobs wait 3x what the router predicted for them makes
-    the router count that: a queue of 200 ms predicted is 700 ms to a request (over rt's 500),
-    while the job of a request that gets in carries the prediction before the correction."""
+def _with_wait_report(scale, queued=200.0, **env):
+    """A router whose text encoder reports ``queued`` ms and a ``wait_scale`` (None: none)."""
     from schemas.trace import now_ms
 
-    def with_reports(scale):
-        r = make_router(admission__max_queued_ms_rt="500")
-        stats = {"stage": "encode.text", "at": now_ms(), "queued_ms": 200.0, "queued_rt_ms": 200.0,
-                 "partitions": {}, "item_ms": {"16": 1.0, "256": 20.0}}
-        if scale is not None:
-            stats["wait_scale"] = scale
-        r.load.update_reports({"encode.text/a": stats}, now_ms=now_ms())
-        return r
+    r = make_router(**{"admission__max_queued_ms_rt": "500", "admission__max_queued_ms_bulk": "1000", **env})
+    stats = {"stage": "encode.text", "at": now_ms(), "queued_ms": queued, "queued_rt_ms": queued,
+             "partitions": {}, "item_ms": {"16": 1.0, "256": 20.0}}
+    if scale is not None:
+        stats["wait_scale"] = scale
+    r.load.update_reports({"encode.text/a": stats}, now_ms=now_ms())
+    return r
 
+
+def _jobs(outs):
+    return [EncodeJob.from_wire(unpack(o.value)) for o in outs if o.topic.startswith("mm.encode.text.")]
+
+
+def test_admission_holds_the_calibrated_wait_to_its_bound_and_each_job_carries_the_wait_as_predicted():
+    """An encoder that reports its rt jobs wait 3x what the router predicted for them makes
+    the router count that: a queue of 200 ms predicted is 700 ms to a request (over rt's 500).
+    At 1.5x it is 325 ms: admitted, and the job carries the prediction before the correction
+    (what the encoder learns against)."""
     raw = pack({"v": 1, "id": "w1", "parts": [{"modality": "text", "text": "hello there"}]})
-    outs = handle(with_reports(None), raw)
-    jobs = [EncodeJob.from_wire(unpack(o.value)) for o in outs if o.topic == "mm.encode.text.rt"]
-    assert len(jobs) == 1 and jobs[0].predicted_wait_ms == 200.0
-    assert EncodeJob.from_wire(unpack(pack(jobs[0].to_wire()))).predicted_wait_ms == 200.0
+    for scale in (None, 1.5):
+        jobs = _jobs(handle(_with_wait_report(scale), raw))
+        assert len(jobs) == 1 and jobs[0].predicted_wait_ms == 200.0, scale
+        assert EncodeJob.from_wire(unpack(pack(jobs[0].to_wire()))).predicted_wait_ms == 200.0
 
-    outs = handle(with_reports(3.0), raw)
+    outs = handle(_with_wait_report(3.0), raw)
     reply_to, ev = verdict(outs[0])
     assert ev.kind == "error" and ev.error["code"] == "overloaded" and ev.error["retry_after_ms"] > 0
+
+
+def test_the_wait_correction_applies_to_rt_on_a_stage_the_model_sees_busy():
+    """rt jobs teach the scale, so bulk is admitted on the model's own prediction; and a stage
+    the model sees as idle stays idle (a request costlier than the whole limit still gets on it)."""
+    bulk = pack({"v": 1, "id": "b1", "lane": "bulk", "parts": [{"modality": "text", "text": "hello there"}]})
+    assert len(_jobs(handle(_with_wait_report(4.0, queued=600.0), bulk))) == 1  # 600 of bulk's 1000
+    costly = pack({"v": 1, "id": "c1", "parts": [{"modality": "text", "text": " ".join(f"w{i}" for i in range(400))}]})
+    assert len(_jobs(handle(_with_wait_report(4.0, queued=0.3, admission__max_queued_ms_rt="10"), costly))) == 1
+
+
+def test_each_part_of_a_request_is_predicted_to_wait_behind_the_parts_before_it_on_its_topic():
+    parts = [{"modality": "text", "text": t} for t in ("one", "two words", "three words here")]
+    jobs = _jobs(handle(_with_wait_report(None), pack({"v": 1, "id": "m1", "parts": parts})))
+    waits = [j.predicted_wait_ms for j in sorted(jobs, key=lambda j: j.part)]
+    assert waits[0] == 200.0 and waits[0] < waits[1] < waits[2]
