@@ -50,7 +50,7 @@ import os
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Protocol
 
@@ -471,8 +471,13 @@ class EncoderCore:
             self.observer.batch(answers, started, finished)
         except Exception:
             log.exception("encode.%s: accounting for a batch of %d failed", self.modality, len(live))
-        if writes:
-            asyncio.get_running_loop().run_in_executor(self.prep, self.runner.store, writes)
+        if writes:  # straight on the prep thread: nothing awaits the store, so its end wakes no loop
+            self.prep.submit(self.runner.store, writes).add_done_callback(self._stored)
+
+    def _stored(self, done: Future) -> None:
+        """Prep thread: a store that raised (the runner keeps cache trouble to itself; a bug)."""
+        if not done.cancelled() and done.exception() is not None:
+            log.error("encode.%s: storing outputs in the reuse cache failed", self.modality, exc_info=done.exception())
 
     def _observe_wait(self, job: EncodeJob, lane: str, reached_ms: float) -> None:
         """Learn from one rt job that reached the engine (or expired in its queue) at

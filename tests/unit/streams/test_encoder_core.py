@@ -392,3 +392,15 @@ async def test_a_heavy_jobs_wait_for_its_decode_turn_teaches_nothing() -> None:
     await _until(lambda: len(h.answers) == 1, "answered")
     runner.cancel()
     assert h.ran == [["heavy"]] and h.core.waits.observed == 0 and h.core.waits.factor == 1.0
+
+
+async def test_a_store_that_raises_is_logged_and_costs_no_answer(caplog) -> None:
+    h = Harness()
+
+    def broken_store(writes):
+        raise RuntimeError("store bug")
+
+    h.core.runner.store = broken_store
+    _submit(h.core, _job("fresh", 1))
+    await _until(lambda: "storing outputs in the reuse cache failed" in caplog.text, "the failed store logged")
+    assert [a.job.id for a in h.answers] == ["r1"] and h.answers[0].result.cache == "miss"
