@@ -80,6 +80,8 @@ class LocalKafka:
 
     template = "server.properties"
     state_name = "kafka"
+    serves_tls = False
+    """Whether its clients talk TLS to it (the JVM's AES-GCM intrinsics are C2's: ``kafka_jit``)."""
 
     def __init__(self, local: LocalSettings, bootstrap: str, repo_root: Path,
                  probe_timeout_s: float = 5.0) -> None:
@@ -252,11 +254,8 @@ class LocalKafka:
             procs.run_tool([java, f"@{argfile}"], "Formatting the Kafka data directory", timeout_s=60)
         finally:
             argfile.unlink(missing_ok=True)
-        heap = self.local.kafka_heap_mb
         pid = procs.start_detached(
-            [java, f"-Xmx{heap}m", f"-Xms{heap // 2}m",
-             # A broker out of memory is broken; exiting lets status() say so.
-             "-XX:+ExitOnOutOfMemoryError", log4j, "-cp", classpath, "kafka.Kafka", str(props)],
+            [java, *broker_jvm_options(self.local, self.serves_tls), log4j, "-cp", classpath, "kafka.Kafka", str(props)],
             run_dir / "broker.log", cwd=run_dir,
         )
         return procs.write_pid_file(self.pid_file, pid, run_id=run_id, bootstrap=self.bootstrap)
@@ -310,6 +309,16 @@ def metadata_round_trip(bootstrap: str, timeout_s: float, client_kwargs: dict[st
             return pool.submit(asyncio.run, probe()).result()
         except Exception:  # any failure, whatever the client raises, means "not healthy"
             return False
+
+
+def broker_jvm_options(local: LocalSettings, tls: bool = False) -> list[str]:
+    """The local broker's JVM options: its heap, its compilers (``local.kafka_jit``; ``auto`` is
+    C1 only for a broker without TLS), and exit on running out of memory (a broker out of memory
+    is broken; exiting lets status() say so)."""
+    heap = local.kafka_heap_mb
+    c1 = local.kafka_jit == "c1" or (local.kafka_jit == "auto" and not tls)
+    return [f"-Xmx{heap}m", f"-Xms{heap // 2}m", *(["-XX:TieredStopAtLevel=1"] if c1 else []),
+            "-XX:+ExitOnOutOfMemoryError"]
 
 
 def _require_java() -> str:

@@ -48,6 +48,7 @@ class SecureKafka(LocalKafka):
 
     template = "server-secure.properties"
     state_name = "kafka-secure"
+    serves_tls = True
 
     def __init__(self, local: LocalSettings, repo_root: Path, host: str = "127.0.0.1",
                  probe_timeout_s: float = 10.0) -> None:
