@@ -255,7 +255,8 @@ class LocalKafka:
         finally:
             argfile.unlink(missing_ok=True)
         pid = procs.start_detached(
-            [java, *broker_jvm_options(self.local, self.serves_tls), log4j, "-cp", classpath, "kafka.Kafka", str(props)],
+            [java, *broker_jvm_options(self.local, self.serves_tls), log4j, "-cp", classpath, "kafka.Kafka",
+             str(props)],
             run_dir / "broker.log", cwd=run_dir,
         )
         return procs.write_pid_file(self.pid_file, pid, run_id=run_id, bootstrap=self.bootstrap)

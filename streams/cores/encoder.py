@@ -477,7 +477,8 @@ class EncoderCore:
     def _stored(self, done: Future) -> None:
         """Prep thread: a store that raised (the runner keeps cache trouble to itself; a bug)."""
         if not done.cancelled() and done.exception() is not None:
-            log.error("encode.%s: storing outputs in the reuse cache failed", self.modality, exc_info=done.exception())
+            log.error("encode.%s: storing outputs in the reuse cache failed", self.modality,
+                      exc_info=done.exception())
 
     def _observe_wait(self, job: EncodeJob, lane: str, reached_ms: float) -> None:
         """Learn from one rt job that reached the engine (or expired in its queue) at
