@@ -25,7 +25,8 @@ from pathlib import Path
 import redis as redis_sync
 
 from mmstream.localstack import procs
-from mmstream.localstack.kafka import LocalKafka, _cluster_id, _require_java, failover_lines, metadata_round_trip
+from mmstream.localstack.kafka import (C1_ONLY, LocalKafka, _cluster_id, _require_java, failover_lines,
+                                       metadata_round_trip)
 from mmstream.localstack.redis import LocalRedis
 from schemas.settings import Settings
 
@@ -34,7 +35,7 @@ TOXIPROXY_HINT = ("toxiproxy-server is missing: `make chaos-tools` (or infra/cha
                   f"`go install github.com/Shopify/toxiproxy/v2/cmd/server@{TOXIPROXY_VERSION}`")
 
 
-FAST_START_JVM = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
+FAST_START_JVM = (C1_ONLY, "-XX:+UseSerialGC")
 """A chaos broker is restarted under load and must answer soon: the C1 compiler only and the
 serial collector start it faster on a small box (restart after kill -9 on the 2-core box,
 nothing else of the run running: 6.1 s stock, 5.4 s with these; docs/reliability.md). Its

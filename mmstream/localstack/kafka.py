@@ -312,13 +312,17 @@ def metadata_round_trip(bootstrap: str, timeout_s: float, client_kwargs: dict[st
             return False
 
 
+C1_ONLY = "-XX:TieredStopAtLevel=1"
+"""The JVM's quick compiler only: no C2 recompiles competing for a small box's cores."""
+
+
 def broker_jvm_options(local: LocalSettings, tls: bool = False) -> list[str]:
     """The local broker's JVM options: its heap, its compilers (``local.kafka_jit``; ``auto`` is
     C1 only for a broker without TLS), and exit on running out of memory (a broker out of memory
     is broken; exiting lets status() say so)."""
     heap = local.kafka_heap_mb
     c1 = local.kafka_jit == "c1" or (local.kafka_jit == "auto" and not tls)
-    return [f"-Xmx{heap}m", f"-Xms{heap // 2}m", *(["-XX:TieredStopAtLevel=1"] if c1 else []),
+    return [f"-Xmx{heap}m", f"-Xms{heap // 2}m", *([C1_ONLY] if c1 else []),
             "-XX:+ExitOnOutOfMemoryError"]
 
 

@@ -5,12 +5,9 @@ compiler")."""
 import pytest
 from pydantic import ValidationError
 
-from mmstream.localstack.kafka import LocalKafka, broker_jvm_options
+from mmstream.localstack.kafka import C1_ONLY, LocalKafka, broker_jvm_options
 from mmstream.localstack.secure import SecureKafka
 from schemas.settings import Settings
-
-C1_ONLY = "-XX:TieredStopAtLevel=1"
-
 
 def _local(**env: str):
     return Settings.from_env({f"MMSTREAM_LOCAL_{k.upper()}": v for k, v in env.items()}).local
