@@ -144,6 +144,11 @@ class RouterSettings(Section):
         "in the process that routes every request, and the pool must be deployed. Off measured better for the "
         "tenant beside a flooding one at the same capacity (docs/isolation.md)."
     )
+    answer_local: bool = setting(
+        True, "A request with one text part that the router's own encoder takes (colocate) is answered by the router, "
+        "with a done marker of its own, instead of through the assembler: one broker hop and one process fewer. "
+        "Off: the assembler answers every embed request."
+    )
     colocate_max_queued_ms: float = setting(
         25.0, "Predicted work (ms) queued ahead of a part past which the router's own encoder is passed over and "
         "the part goes through its encode topic to the whole pool; 0: only while that encoder is idle.", ge=0

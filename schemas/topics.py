@@ -144,6 +144,11 @@ class TopicNames:
         return f"{self.prefix}.assembler.done"
 
     @property
+    def router_done(self) -> str:
+        """Requests the router answered itself (compacted; partitioned like the ingress topics)."""
+        return f"{self.prefix}.router.done"
+
+    @property
     def retrieve_done(self) -> str:
         """Searches the retrieve stage answered or forwarded (compacted; partitioned like its input)."""
         return f"{self.prefix}.retrieve.done"

@@ -82,6 +82,7 @@ def topic_specs(kafka: KafkaSettings, dlq: DlqSettings | None = None) -> list[To
             "segment.ms": str(DONE_RETENTION_MS // 4), "compression.type": "uncompressed"}
     specs.append(TopicSpec(names.assembler_done, n, "requests the assembler answered", done))
     specs.append(TopicSpec(names.generator_done, n, "generations the generator finished", done))
+    specs.append(TopicSpec(names.router_done, n, "requests the router answered itself", done))
     specs.append(TopicSpec(names.retrieve_done, n, "searches the retrieve stage answered", done))
     specs.append(TopicSpec(names.results, n, "default reply topic", big))
     specs.append(TopicSpec(names.vectors, n, "document embeddings of every collection (the indexes' source)",

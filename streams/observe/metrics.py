@@ -349,6 +349,25 @@ def request_modality(modalities: Iterable[str]) -> str:
     return next(iter(distinct)) if len(distinct) == 1 else MIXED
 
 
+def observe_terminal(metrics: Metrics, event: Any, manifest: Any) -> None:
+    """Record a request's terminal event (``schemas.events.Event``) where it is sent: its
+    assembly span, its end-to-end time and its outcome under the ``assemble`` stage (the
+    assembler's, or the router's for a request it answers itself). ``manifest``: the
+    request's (``schemas.jobs.Manifest``), or None."""
+    modality = request_modality(manifest.modalities) if manifest is not None else "text"
+    lane = manifest.lane if manifest is not None else "rt"
+    timings = event.timings or {}
+    for st in timings.get("stages", []):
+        if st["stage"] == "assemble":
+            metrics.observe_span("assemble", modality, lane, st["queued_ms"], st["service_ms"])
+    if "e2e_ms" in timings:
+        metrics.observe_e2e(modality, lane, timings["e2e_ms"])
+    if event.error:
+        metrics.request_done("assemble", "error", event.error.get("code"))
+    else:
+        metrics.request_done("assemble", "ok")
+
+
 class _WorkerCollector(Collector):
     """``mmstream_inflight``, ``mmstream_ready`` and ``mmstream_cold_start_seconds``, read from the worker's
     state at scrape time."""

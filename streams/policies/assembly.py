@@ -206,6 +206,12 @@ def same_record(a: str | None, b: str | None) -> bool:
     return a is None or b is None or a == b
 
 
+def accepted_event(m: Manifest) -> Event:
+    """A request's ``accepted`` event (seq 0), from its manifest."""
+    return Event(m.id, EventKind.ACCEPTED, 0, m.accepted_at_ms,
+                 payload={"task": m.task, "parts": m.n_parts, "deadline_at_ms": m.deadline_at_ms})
+
+
 def reused_id(m: Manifest, now_ms: float) -> Event:
     """The answer to a request that reuses the id of another of its tenant's requests
     (open, or answered less than ``retention_ms`` ago)."""

@@ -112,6 +112,8 @@ class Recovered:
     sent: dict[str, set[tuple[str, int]]] = field(default_factory=dict)
     """Request key -> (kind, seq) of its events already on its reply topic ("terminal" for
     a result or error)."""
+    ends: dict[TopicPartition, int] = field(default_factory=dict)
+    """Input partition -> its end offset when read: the records below it are the replay."""
     replayed: set[str] = field(default_factory=set)
     """Request keys of the records the replay brings back that were never answered: work a
     previous owner took on (a stage does not turn it away again)."""
@@ -147,6 +149,7 @@ async def recover(consumer: AIOKafkaConsumer, bootstrap: str, client_kwargs: dic
         wanted: list[tuple[str, bytes, float]] = []
         owners: dict[tuple[str, bytes], set[str]] = {}
         for tp in tps:
+            out.ends[tp] = ends[tp]
             at = committed_at.get(tp)
             committed = at.offset if at is not None and at.offset >= 0 else None
             if committed is None:  # nothing committed yet: the replay starts at the beginning

@@ -55,9 +55,10 @@ from schemas.request import TENANT_RE
 from schemas.settings import Settings
 from schemas.topics import TopicNames
 from schemas.trace import now_ms
-from streams.policies.assembly import Assembly, AssemblyPolicy, Intake, KeyView, Step, intake, reused_id, step
+from streams.policies.assembly import (Assembly, AssemblyPolicy, Intake, KeyView, Step, accepted_event, intake, reused_id,
+                                       step)
 from streams.policies.lifecycle import RequestStatus
-from streams.observe.metrics import Metrics, request_modality
+from streams.observe.metrics import Metrics, observe_terminal
 from streams.runtime.linger import Held, Linger, take
 from streams.runtime.produce import Out, out_map
 from streams.stores.result_cache import ResultCache
@@ -206,11 +207,9 @@ class AssemblerStage(RecordStage):
         entry.state = result.state
         if isinstance(msg, Manifest) and not entry.accepted_sent:
             entry.accepted_sent = True
-            m = msg
-            accepted = Event(m.id, EventKind.ACCEPTED, 0, m.accepted_at_ms,
-                             payload={"task": m.task, "parts": m.n_parts, "deadline_at_ms": m.deadline_at_ms})
             if ("accepted", 0) not in part.sent.get(key, ()):
-                entry.accepted = self.accepted_linger.hold(out_map(m.reply_to, m.id, accepted.to_wire()), now)
+                entry.accepted = self.accepted_linger.hold(out_map(msg.reply_to, msg.id, accepted_event(msg).to_wire()),
+                                                           now)
         if result.emit is not None or result.forward is not None:
             self._answer(part, key, entry, result)
 
@@ -229,7 +228,7 @@ class AssemblerStage(RecordStage):
         elif result.emit is not None:
             if ("terminal", result.emit.seq) not in part.sent.get(key, ()):
                 outs.append(out_map(m.reply_to, m.id, result.emit.to_wire()))
-            _observe_terminal(self.metrics, result.emit, state)
+            observe_terminal(self.metrics, result.emit, m)
             if (self.results is not None and m.result_key and m.nonce is not None
                     and state.status == RequestStatus.FINISHED):  # complete answers of the pipeline's own parts only
                 asyncio.ensure_future(self.results.put(m.result_key, result.emit.payload or {}))
@@ -370,22 +369,6 @@ def _opens(rec: ConsumerRecord) -> tuple[str, str, str] | None:
         return None
     key = fan_in_key(msg)
     return (key, msg.reply_to, msg.id) if key is not None else None
-
-
-def _observe_terminal(metrics: Metrics, event: Event, state: Assembly | None) -> None:
-    manifest = state.manifest if state else None
-    modality = request_modality(manifest.modalities) if manifest else "text"
-    lane = manifest.lane if manifest else "rt"
-    timings = event.timings or {}
-    for st in timings.get("stages", []):
-        if st["stage"] == "assemble":
-            metrics.observe_span("assemble", modality, lane, st["queued_ms"], st["service_ms"])
-    if "e2e_ms" in timings:
-        metrics.observe_e2e(modality, lane, timings["e2e_ms"])
-    if event.error:
-        metrics.request_done("assemble", "error", event.error.get("code"))
-    else:
-        metrics.request_done("assemble", "ok")
 
 
 def install_assembler(app: faust.App, settings: Settings, metrics: Metrics) -> None:

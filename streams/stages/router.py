@@ -13,9 +13,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 import faust
+from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
+from schemas.codec import unpack
 from schemas.errors import ErrorCode
+from schemas.jobs import Verdict
 from schemas.settings import Settings
 from schemas.topics import TopicNames
 from schemas.trace import now_ms
@@ -25,9 +28,12 @@ from streams.policies.admission import Backpressure
 from streams.policies.load import LoadView
 from streams.policies.quota import TenantLabels
 from streams.reply_topics import TopicCache
+from streams.policies.direct import Action
 from streams.runtime.joint import Joint
+from streams.runtime.recovery import Recovered, recover
 from streams.runtime.produce import Out
 from streams.runtime.stage import RecordStage
+from streams.stages.direct import DirectAnswers, eligible
 from streams.stages.routing import JobOut, Routed, Router
 from streams.stores import claim_sweep, load_reports
 from streams.stores.result_cache import ResultCache
@@ -65,6 +71,10 @@ class RouterStage(RecordStage):
         sizer = ClaimSizer(self.redis, Path(lim.ref_file_root) if lim.ref_file_root else None, lim.claim_ttl_s,
                            head_bytes=HEAD_BYTES)
         self.router = Router(settings, self.topic_cache.exists, self.load, results, ref_sizes=sizer.sizes)
+        self.direct = DirectAnswers(self.names, metrics, results, float(settings.assembler.retention_ms),
+                                    self.router.replies.default, self._tenant_of) \
+            if settings.router.answer_local and colocated else None
+        """Requests this router answers itself (``router.answer_local``), or None."""
         self.tenant_labels = TenantLabels(settings.quota.metric_tenants)
         adm = settings.admission
         self.backpressure = Backpressure(adm.backpressure_high_ms, adm.backpressure_low_ms)
@@ -80,20 +90,68 @@ class RouterStage(RecordStage):
             for r, result in zip(records, routed):
                 self._observe_safely(result)
                 local = [j for j in result.jobs if j.job.topic in self.colocated]
+                action = self._direct_action(r, result, local)
+                if action is Action.DROP:  # a duplicate of a request this router answered
+                    self.io.finish([r])
+                    continue
+                if action is Action.REUSED:
+                    self.io.deliver(self._refusal(result), [r], epoch)
+                    continue
                 if not local:
                     self.io.deliver(result.outs, [r], epoch)
                     continue
                 # The manifest and everything not offered wait for the encoder's answers and
                 # leave with them, in one produce request (one fetch for the assembler, one
                 # answer produce, one fetch for the client), unless a job goes through its topic.
+                # A request answered here sends its answer instead of the manifest.
                 offered = {id(j.out) for j in local}
-                joint = Joint(self.io, r, epoch)
+                if action is Action.DIRECT and self.direct is not None and result.manifest and result.key:
+                    joint: Joint = self.direct.joint(self.io, r, epoch, result.manifest, result.key)
+                else:
+                    joint = Joint(self.io, r, epoch)
                 self.io.hold([r])  # finished by the joint once every delivery landed
                 joint.hold([o for o in result.outs if id(o) not in offered])
                 handovers.append((joint, local))
         finally:  # a record held above is taken care of: it must leave, whatever raised after it
             if handovers:
                 self._hand_over(handovers)
+
+    def _direct_action(self, r: ConsumerRecord, result: Routed, local: list[JobOut]) -> Action:
+        if self.direct is None or result.key is None:
+            return Action.ASSEMBLER
+        m = result.manifest
+        ok = m is not None and eligible(m.task, m.n_parts, result.outs, len(local))
+        return self.direct.decide(r, result.key, result.digest, ok)
+
+    def _refusal(self, result: Routed) -> list[Out]:
+        """A request reusing the id of one this router answered: its own error, nothing else."""
+        assert self.direct is not None
+        if result.manifest is not None:
+            return self.direct.refusal(result.manifest)
+        verdict = Verdict.from_wire(unpack(result.outs[0].value))  # the router's own answer of it, refused instead
+        return self.direct.refusal(verdict)
+
+    def _tenant_of(self, topic: str) -> str | None:
+        """The tenant an ingress topic belongs to (None: the shared ingress, or plaintext mode)."""
+        parsed = self.names.parse_ingress(topic) if self.pattern is not None else None
+        return parsed[1] if parsed is not None else None
+
+    async def on_assigned(self, tps: set[TopicPartition]) -> None:
+        if self.direct is None:
+            return
+        assert self.io.consumer is not None
+        k = self.settings.kafka
+        found: Recovered | None = None
+        try:
+            found = await recover(self.io.consumer, k.bootstrap, self.io.settings.client_kwargs, k.max_message_bytes,
+                                  self.names.router_done, tps, self.direct.opens, now_ms(), self.direct.retention_ms)
+        except Exception:
+            log.exception("router: recovery of %s failed; its replayed requests go to the assembler", tps)
+        self.direct.assigned(tps, found)
+
+    async def on_revoked(self, tps: set[TopicPartition]) -> None:
+        if self.direct is not None:
+            self.direct.revoked(tps)
 
     def _hand_over(self, handovers: list[tuple[Joint, list[JobOut]]]) -> None:
         """Offer the jobs of co-located encoders to them (one call per encoder and poll); send

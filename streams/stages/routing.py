@@ -47,7 +47,7 @@ from typing import Any, Awaitable, Callable, NamedTuple, Sequence
 from schemas.codec import CONTENT_TYPE_HEADER, JSON, DecodeError, header, unpack
 from schemas.errors import ErrorCode, WireError
 from schemas.events import Event, EventKind
-from schemas.jobs import Verdict, request_key
+from schemas.jobs import Manifest, Verdict, request_key
 from schemas.request import TENANT_RE, Limits, peek_reply, validate_request
 from schemas.settings import Settings, parse_quota_overrides
 from schemas.topics import TopicNames
@@ -114,6 +114,12 @@ class Routed:
     """(tenant, reason) when the tenant's quota shed the request."""
     jobs: tuple["JobOut", ...] = ()
     """The encode jobs among ``outs``: a co-located encoder may take them over in process."""
+    key: str | None = None
+    """The request's key (``<tenant>/<id>``) where its records name one."""
+    digest: str | None = None
+    """The ingress record's digest (``record_digest``) where its records name one."""
+    manifest: Manifest | None = None
+    """An admitted request's manifest (the first of ``outs``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,14 +238,16 @@ class Router:
                 reply_to = self.replies.default(tenant)
             event = Event(rid, EventKind.ERROR, 0, now_ms(), error=err.to_wire())
             who_tenant = tenant if tenant is not None else obj.get("tenant")
-            return Routed([self._verdict(rid, who_tenant, "rt", reply_to, [event], digest)], "error", str(err.code))
+            v = self._verdict(rid, who_tenant, "rt", reply_to, [event], digest)
+            return Routed([v], "error", str(err.code), key=v.key.decode() if v.key else None, digest=digest)
         return req, digest, ref_bytes, refused, claims
 
     def _refused(self, req: Any, err: WireError, digest: str, shed: tuple[str, str] | None = None) -> Routed:
         # A valid request answered with ``err`` (shed by its quota, or refused by admission).
         event = Event(req.id, EventKind.ERROR, 0, now_ms(), error=err.to_wire())
         return Routed([self._verdict(req.id, req.tenant, str(req.lane), req.reply_to, [event], digest)], "error",
-                      str(err.code), lane=str(req.lane), admission="reject", shed=shed)
+                      str(err.code), lane=str(req.lane), admission="reject", shed=shed,
+                      key=request_key(req.tenant, req.id), digest=digest)
 
     def _accepted(self, req: Any, decision: Admit | None, key: str | None, client_sent: float, started: float,
                   digest: str, refused: dict[int, WireError], ref_bytes: dict[int, int], priced: list[Priced],
@@ -275,7 +283,8 @@ class Router:
         modalities = set(m.modalities)
         return Routed(outs, "ok", modality=modalities.pop() if len(modalities) == 1 else "mixed", lane=str(req.lane),
                       queued_ms=max(0.0, started - client_sent), service_ms=m.accepted_at_ms - started,
-                      admission="admit" if decision is not None else None, jobs=jobs)
+                      admission="admit" if decision is not None else None, jobs=jobs, key=rkey, digest=digest,
+                      manifest=m)
 
     def _result_key(self, req: Any) -> str | None:
         """The whole-result key of an embed request whose parts all have content here and a
@@ -309,7 +318,8 @@ class Router:
         modalities = {str(p.modality) for p in req.parts}
         return Routed([self._verdict(req.id, req.tenant, str(req.lane), reply_to, [accepted, result], digest)],
                       "ok", modality=modalities.pop() if len(modalities) == 1 else "mixed", lane=str(req.lane),
-                      queued_ms=span["queued_ms"], service_ms=span["service_ms"], admission="admit")
+                      queued_ms=span["queued_ms"], service_ms=span["service_ms"], admission="admit",
+                      key=request_key(req.tenant, req.id), digest=digest)
 
     def _price(self, req: Any, refused: dict[int, WireError], claims: dict[int, ClaimSize]) -> list[Priced]:
         """Each part's price, None for a part that makes no job: its ref refused, a generate
