@@ -1,9 +1,10 @@
 """Direct answers: which requests the router answers itself, without the assembler's hop.
 
-A request with one text part that the router's own encoder takes (``router.colocate``) has
-nothing to assemble: its answer is its one encoded part. The router can send that answer
-itself, with a done marker of its own (``<prefix>.router.done``, partitioned like its
-ingress), and skip the assembler's fetch, produce and process (``router.answer_local``).
+An embed request with one part that the router's own encoder takes (``router.colocate``: a
+text by default) has nothing to assemble: its answer is its one encoded part. The router can
+send that answer itself, with a done marker of its own (``<prefix>.router.done``,
+partitioned like its ingress), and skip the assembler's fetch, produce and process
+(``router.answer_local``).
 Everything else goes the assembler's way, as before.
 
 Two stages may now answer requests with the same key, so each must know what the other
@@ -57,7 +58,8 @@ def decide(prev: Seen | None, digest: str | None, *, replayed: bool, answered_be
     """What to do with one routed request. ``prev``: what the ledger holds for its key;
     ``replayed``: its record is one this replica replays after a take-over;
     ``answered_before``: the take-over found its terminal event on its reply topic;
-    ``eligible``: it qualifies for a direct answer (one text part, taken by the router's encoder)."""
+    ``eligible``: it qualifies for a direct answer (an embed request with one part,
+    taken by the router's encoder)."""
     if prev is not None and prev.direct:
         return Action.DROP if same_record(prev.digest, digest) else Action.REUSED
     if prev is not None:

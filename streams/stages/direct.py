@@ -1,4 +1,4 @@
-"""The router's direct answers (``router.answer_local``): a request with one text part that
+"""The router's direct answers (``router.answer_local``): an embed request with one part that
 the router's own encoder takes is answered by the router, with a done marker of its own,
 instead of going to the assembler as a manifest and an encoded part. Which requests qualify,
 and how the router and the assembler keep out of each other's way, is
