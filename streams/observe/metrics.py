@@ -95,7 +95,7 @@ _TYPES: dict[type, str] = {Histogram: "histogram", Counter: "counter", Gauge: "g
 _C = TypeVar("_C", Histogram, Counter, Gauge, Info)
 
 
-STATE_KINDS = frozenset({"open", "orphans", "tombstones", "active", "done"})
+STATE_KINDS = frozenset({"open", "orphans", "tombstones", "active", "done", "keys"})
 """What ``mmstream_state_entries`` counts (a fixed set: labels stay low-cardinality)."""
 
 class LagSample(Protocol):

@@ -18,12 +18,17 @@ did. The rule is that a key the router has seen stays with whoever took it first
 - a record being replayed after a take-over (below the partition's end offset when this
   replica took it over) is never answered directly: the last owner may have sent it the
   assembler's way. One whose terminal event is already on its reply topic was answered
-  (by either stage) and is dropped; one marked done by the router too.
+  (by either stage) and is dropped; one marked done by the router too;
+- after a take-over of a partition that had records within the retention, nothing of it is
+  answered directly for one retention (``direct_from``): the keys the last owner sent the
+  assembler's way are not in the router's markers, so until they are too old to matter
+  every request of that partition goes the assembler's way, and the assembler, which knows
+  them, answers duplicates and reused ids.
 
-Pure: the stage keeps a ``Ledger`` per ingress partition and carries the decisions out.
-What it does not see: a key the assembler answered before this router replica took the
-partition over (a rebalance), when reused within the assembler's retention by a request
-that qualifies for a direct answer, is answered, not refused as a reused id.
+Pure: the stage keeps a ``Ledger`` per ingress partition index (the shared and every tenant's
+ingress topics alike: a key names its tenant, so keys never collide) and carries the
+decisions out. What it shares with the assembler's take-over (docs/reliability.md): a
+terminal event found on a reply topic is matched by id, not by the record it answered.
 """
 
 from __future__ import annotations
@@ -56,7 +61,8 @@ class Seen(NamedTuple):
 def decide(prev: Seen | None, digest: str | None, *, replayed: bool, answered_before: bool,
            eligible: bool) -> Action:
     """What to do with one routed request. ``prev``: what the ledger holds for its key;
-    ``replayed``: its record is one this replica replays after a take-over;
+    ``replayed``: its record is one this replica replays after a take-over, or comes while
+    the partition is not answered directly yet (``Ledger.direct_from``);
     ``answered_before``: the take-over found its terminal event on its reply topic;
     ``eligible``: it qualifies for a direct answer (an embed request with one part,
     taken by the router's encoder)."""
@@ -71,14 +77,16 @@ def decide(prev: Seen | None, digest: str | None, *, replayed: bool, answered_be
 
 @dataclass
 class Ledger:
-    """What the router knows of the keys of one ingress partition: at most ``max_keys``, each
-    for ``retention_ms`` (the assembler's retention), oldest forgotten first."""
+    """What the router knows of the keys of one ingress partition index: at most ``max_keys``,
+    each for ``retention_ms`` (the assembler's retention), oldest forgotten first."""
 
     retention_ms: float
     max_keys: int
     seen: dict[str, Seen] = field(default_factory=dict)
-    replay_end: int = 0
-    """Records below this offset are replays of the last owner's (0: none)."""
+    replay_end: dict[str, int] = field(default_factory=dict)
+    """Topic -> the offset below which its records are replays of the last owner's."""
+    direct_from: dict[str, float] = field(default_factory=dict)
+    """Topic -> when (epoch ms) its requests may be answered directly again after a take-over."""
     answered_before: set[str] = field(default_factory=set)
     """Keys of replayed records whose terminal event the take-over found on their reply topic."""
 
@@ -95,6 +103,9 @@ class Ledger:
                 break
             del self.seen[key]
 
-    def decide(self, key: str, digest: str | None, offset: int, eligible: bool) -> Action:
-        return decide(self.seen.get(key), digest, replayed=offset < self.replay_end,
-                      answered_before=key in self.answered_before, eligible=eligible)
+    def decide(self, topic: str, key: str, digest: str | None, offset: int, eligible: bool,
+               now_ms: float) -> Action:
+        self.prune(now_ms)
+        replayed = offset < self.replay_end.get(topic, 0) or now_ms < self.direct_from.get(topic, 0.0)
+        return decide(self.seen.get(key), digest, replayed=replayed, answered_before=key in self.answered_before,
+                      eligible=eligible)

@@ -114,6 +114,9 @@ class Recovered:
     a result or error)."""
     ends: dict[TopicPartition, int] = field(default_factory=dict)
     """Input partition -> its end offset when read: the records below it are the replay."""
+    unseen: set[TopicPartition] = field(default_factory=set)
+    """Input partitions with records younger than the retention that a previous owner handled
+    (below the committed offset): what it did with them is known only from its markers."""
     replayed: set[str] = field(default_factory=set)
     """Request keys of the records the replay brings back that were never answered: work a
     previous owner took on (a stage does not turn it away again)."""
@@ -121,8 +124,18 @@ class Recovered:
 
 async def recover(consumer: AIOKafkaConsumer, bootstrap: str, client_kwargs: dict[str, Any], max_bytes: int,
                   done_topic: str, tps: set[TopicPartition], opens: Opens, now_ms: float,
-                  retention_ms: float) -> Recovered:
+                  retention_ms: float, marker_partitions: int | None = None, find_unseen: bool = False) -> Recovered:
+    """What a replica taking ``tps`` over must know (module doc). ``marker_partitions``: the
+    done topic's partition count where it may have fewer partitions than an input topic (the
+    router's: a tenant's ingress topic made after ``kafka.partitions`` grew); input partition
+    ``p``'s markers are then on ``p % marker_partitions``. ``find_unseen``: also find the
+    partitions with records younger than ``retention_ms`` below the committed offset
+    (``Recovered.unseen``)."""
     out = Recovered()
+
+    def index(p: int) -> int:
+        return p % marker_partitions if marker_partitions else p
+
     clock = time.monotonic
     began = clock()
     async with BrokerReader(bootstrap, client_kwargs, max_bytes) as reader:
@@ -130,7 +143,7 @@ async def recover(consumer: AIOKafkaConsumer, bootstrap: str, client_kwargs: dic
         # One round trip each for the beginning and end offsets of every partition read here
         # (markers and inputs together) and one for the committed offsets, not one per
         # partition: a take-over with nothing to replay cost ~0.4 s of such round trips.
-        marker_tps = [TopicPartition(done_topic, p) for p in sorted({tp.partition for tp in tps})]
+        marker_tps = [TopicPartition(done_topic, p) for p in sorted({index(tp.partition) for tp in tps})]
         beginnings = await reader.consumer.beginning_offsets([*marker_tps, *tps])
         ends = await reader.consumer.end_offsets([*marker_tps, *tps])
         committed_at = await consumer._coordinator.fetch_committed_offsets(list(tps))  # noqa: SLF001 - one request
@@ -139,7 +152,7 @@ async def recover(consumer: AIOKafkaConsumer, bootstrap: str, client_kwargs: dic
             markers[mtp.partition] = await reader.read_range(mtp, beginnings[mtp], ends[mtp])
         for tp in tps:
             done = out.done.setdefault(tp, {})
-            for rec in markers.get(tp.partition, []):
+            for rec in markers.get(index(tp.partition), []):
                 marker = _marker(rec.value)
                 if rec.key and marker is not None and now_ms - marker[0] < retention_ms:
                     done[rec.key.decode()] = marker[0]
@@ -161,6 +174,13 @@ async def recover(consumer: AIOKafkaConsumer, bootstrap: str, client_kwargs: dic
                     out.replayed.add(key)
                     wanted.append((reply_to, reply_key.encode(), float(rec.timestamp)))
                     owners.setdefault((reply_to, reply_key.encode()), set()).add(key)
+        if find_unseen:  # one request: the first offset of each partition younger than the retention
+            since = await reader.consumer.offsets_for_times({tp: max(0, int(now_ms - retention_ms)) for tp in tps})
+            for tp in tps:
+                at = committed_at.get(tp)
+                first = since.get(tp)
+                if at is not None and at.offset >= 0 and first is not None and first.offset < at.offset:
+                    out.unseen.add(tp)
         read_inputs = clock()
         for (topic, reply_key), marks in (await reader.events_on_replies(wanted)).items():
             for key in owners.get((topic, reply_key), ()):

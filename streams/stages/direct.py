@@ -40,9 +40,10 @@ from streams.runtime.recovery import Recovered, done_marker
 
 log = logging.getLogger(__name__)
 
-MAX_KEYS_PER_PARTITION = 100_000
-"""Most keys one ingress partition's ledger holds (the assembler's retention bounds it first at
-any rate under about 800 requests a second per partition)."""
+MAX_KEYS_PER_PARTITION = 200_000
+"""Most keys one ingress partition index's ledger holds, over every ingress topic (the
+assembler's retention bounds it first at any rate under about 1,600 requests a second per
+partition index)."""
 
 
 class DirectJoint(Joint):
@@ -64,7 +65,13 @@ class DirectJoint(Joint):
     def _answered(self, out: Out) -> None:
         self.due -= 1
         self.held = None  # the manifest: the assembler never hears of this request
-        self._deliver(self.answer(out))
+        try:
+            outs = self.answer(out)
+        except Exception:  # ``answer`` answers its own failures; this is a bug past that
+            log.exception("router: a direct answer could not be built; the record is left for a replay")
+            self.failed = True  # never finished here: its next owner replays it the assembler's way
+            return
+        self._deliver(outs)
 
 
 class DirectAnswers:
@@ -79,30 +86,50 @@ class DirectAnswers:
         self.retention_ms = retention_ms
         self.default_reply = default_reply
         self.tenant_of = tenant_of
-        self.ledgers: dict[TopicPartition, Ledger] = {}
+        self.done_partitions = 1
+        """Partitions of the router's done topic (read at each take-over): a marker goes to the
+        ingress partition's index modulo this."""
+        self.ledgers: dict[int, Ledger] = {}
+        """Ingress partition index -> its ledger (shared by the shared and every tenant's topics)."""
+        self.owned: set[TopicPartition] = set()
         self.failures = 0
 
     # -- ownership -----------------------------------------------------------------------
 
     def assigned(self, tps: set[TopicPartition], found: Recovered | None) -> None:
         """Partitions taken over, with what ``recover`` found (None: it failed, and these
-        partitions answer nothing directly in this assignment: their replay range is unknown)."""
+        partitions answer nothing directly in this assignment: their replay range is unknown).
+        A partition whose last owner handled records younger than the retention
+        (``Recovered.unseen``) answers nothing directly for one retention (``Ledger.direct_from``)."""
         now = now_ms()
         for tp in tps:
-            ledger = Ledger(self.retention_ms, MAX_KEYS_PER_PARTITION)
+            self.owned.add(tp)
+            ledger = self.ledgers.get(tp.partition)
+            if ledger is None:
+                ledger = self.ledgers[tp.partition] = Ledger(self.retention_ms, MAX_KEYS_PER_PARTITION)
             if found is None:
-                ledger.replay_end = 2 ** 62
-            else:
-                ledger.replay_end = found.ends.get(tp, 0)
-                for key, at in sorted(found.done.get(tp, {}).items(), key=lambda kv: kv[1]):
+                ledger.replay_end[tp.topic] = 2 ** 62
+                continue
+            ledger.replay_end[tp.topic] = found.ends.get(tp, 0)
+            if tp in found.unseen:
+                ledger.direct_from[tp.topic] = now + self.retention_ms
+            for key, at in found.done.get(tp, {}).items():  # every topic of this index has the same markers
+                if key not in ledger.seen:
                     ledger.seen[key] = Seen(at, found.digests.get(key), True)
-                ledger.answered_before = {k for k, marks in found.sent.items() if any(m[0] == "terminal" for m in marks)}
-                ledger.prune(now)
-            self.ledgers[tp] = ledger
+            ledger.answered_before |= {k for k, marks in found.sent.items() if any(m[0] == "terminal" for m in marks)}
+        for ledger in self.ledgers.values():
+            ledger.seen = dict(sorted(ledger.seen.items(), key=lambda kv: kv[1].at_ms))  # age order
+            ledger.prune(now)
 
     def revoked(self, tps: set[TopicPartition]) -> None:
+        self.owned -= tps
         for tp in tps:
-            self.ledgers.pop(tp, None)
+            ledger = self.ledgers.get(tp.partition)
+            if ledger is not None:
+                ledger.replay_end.pop(tp.topic, None)
+                ledger.direct_from.pop(tp.topic, None)
+        for index in [i for i in self.ledgers if not any(tp.partition == i for tp in self.owned)]:
+            del self.ledgers[index]  # its next take-over rebuilds it from the markers
 
     def opens(self, rec: ConsumerRecord) -> tuple[str, str, str] | None:
         """(request key, reply topic, id) of an ingress record, for ``recover``."""
@@ -115,15 +142,27 @@ class DirectAnswers:
             given = obj.get("tenant") if isinstance(obj, dict) else None
             tenant = given if isinstance(given, str) and TENANT_RE.fullmatch(given) else "default"
         rid, reply_to = who
-        return request_key(tenant, rid), reply_to or self.default_reply(self.tenant_of(rec.topic)), rid
+        owner = self.tenant_of(rec.topic)
+        if reply_to is None or self.names.is_internal(reply_to) or \
+                (owner is not None and not self.names.in_reply_namespace(reply_to, owner)):
+            reply_to = self.default_reply(owner)  # where the router answers a refused reply topic's request
+        return request_key(tenant, rid), reply_to, rid
+
+    def entries(self) -> int:
+        """Keys the ledgers hold (``mmstream_state_entries{stage="route",kind="keys"}``), the
+        ones older than the retention forgotten first."""
+        now = now_ms()
+        for ledger in self.ledgers.values():
+            ledger.prune(now)
+        return sum(len(ledger.seen) for ledger in self.ledgers.values())
 
     # -- one routed request --------------------------------------------------------------
 
     def decide(self, r: ConsumerRecord, key: str | None, digest: str | None, eligible: bool) -> Action:
-        ledger = self.ledgers.get(TopicPartition(r.topic, r.partition))
-        if ledger is None or key is None:
+        ledger = self.ledgers.get(r.partition)
+        if ledger is None or key is None or TopicPartition(r.topic, r.partition) not in self.owned:
             return Action.ASSEMBLER
-        action = ledger.decide(key, digest, r.offset, eligible)
+        action = ledger.decide(r.topic, key, digest, r.offset, eligible, now_ms())
         if action is Action.DROP and key not in ledger.seen:  # a replay answered before: its place is kept
             ledger.note(key, digest, now_ms(), direct=True)
         elif action in (Action.DIRECT, Action.ASSEMBLER):
@@ -132,7 +171,7 @@ class DirectAnswers:
 
     def declined(self, r: ConsumerRecord, key: str, digest: str | None) -> None:
         """The router's encoder did not take the job of a request meant for a direct answer."""
-        ledger = self.ledgers.get(TopicPartition(r.topic, r.partition))
+        ledger = self.ledgers.get(r.partition)
         if ledger is not None:
             ledger.note(key, digest, now_ms(), direct=False)
 
@@ -168,7 +207,7 @@ class DirectAnswers:
             asyncio.ensure_future(self.results.put(m.result_key, event.payload or {}))
         marker = done_marker(self.names.router_done, key, m.reply_to, now, m.digest)
         return [out_map(m.reply_to, m.id, accepted_event(m).to_wire()), out_map(m.reply_to, m.id, event.to_wire()),
-                Out(marker.topic, marker.key, marker.value, marker.headers, r.partition)]
+                Out(marker.topic, marker.key, marker.value, marker.headers, r.partition % self.done_partitions)]
 
 
 def eligible(task: str, n_parts: int, outs: Sequence[Out], local_jobs: int) -> bool:

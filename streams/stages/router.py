@@ -46,6 +46,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+RECOVERY_ATTEMPTS = 3
+"""Reads of the router's done markers on a take-over before its partitions are served without
+direct answers."""
+
+
 class RouterStage(RecordStage):
     """The router's record loop: each polled batch is routed concurrently (their result-cache
     lookups overlap), and each record is finished when its outputs are with the broker.
@@ -142,11 +147,21 @@ class RouterStage(RecordStage):
         assert self.io.consumer is not None
         k = self.settings.kafka
         found: Recovered | None = None
-        try:
-            found = await recover(self.io.consumer, k.bootstrap, self.io.settings.client_kwargs, k.max_message_bytes,
-                                  self.names.router_done, tps, self.direct.opens, now_ms(), self.direct.retention_ms)
-        except Exception:
-            log.exception("router: recovery of %s failed; its replayed requests go to the assembler", tps)
+        for attempt in range(RECOVERY_ATTEMPTS):  # the partitions stay paused meanwhile
+            try:
+                assert self.io.producer is not None
+                self.direct.done_partitions = len(await self.io.producer.partitions_for(self.names.router_done))
+                found = await recover(self.io.consumer, k.bootstrap, self.io.settings.client_kwargs,
+                                      k.max_message_bytes, self.names.router_done, tps, self.direct.opens, now_ms(),
+                                      self.direct.retention_ms, marker_partitions=self.direct.done_partitions,
+                                      find_unseen=True)
+                break
+            except Exception:
+                found = None
+                log.exception("router: recovery of %s failed (attempt %d of %d)", tps, attempt + 1, RECOVERY_ATTEMPTS)
+                await asyncio.sleep(0.5 * 2 ** attempt)
+        if found is None:
+            log.error("router: no recovery of %s: this assignment answers nothing of them directly", tps)
         self.direct.assigned(tps, found)
 
     async def on_revoked(self, tps: set[TopicPartition]) -> None:
@@ -250,6 +265,8 @@ class RouterStage(RecordStage):
                 self.load.update_reports(await load_reports.read_loads(self.redis, prefix), now_ms())
                 self.router.models = await load_reports.read_identities(self.redis, prefix)
                 self.router.partitioner.refresh(self.load.partition_ms)
+                if self.direct is not None:
+                    self.metrics.set_state(self.stage, keys=self.direct.entries())
             except Exception as exc:  # keep the last estimate; admission must not stop routing
                 log.warning("router: could not read the encoders' load: %r", exc)
             await asyncio.sleep(interval)

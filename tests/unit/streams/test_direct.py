@@ -62,6 +62,7 @@ def record(offset: int) -> ConsumerRecord:
 def answers(found: Recovered | None = None) -> tuple[DirectAnswers, Counts]:
     metrics = Counts()
     d = DirectAnswers(NAMES, metrics, None, 120_000.0, lambda tenant: "mm.results", lambda topic: None)
+    d.done_partitions = 2
     d.assigned({TP}, found if found is not None else Recovered(ends={TP: 0}))
     return d, metrics
 
@@ -81,6 +82,20 @@ def answers(found: Recovered | None = None) -> tuple[DirectAnswers, Counts]:
 ])
 def test_the_decision(prev, digest, replayed, answered_before, eligible_, expected):
     assert decide(prev, digest, replayed=replayed, answered_before=answered_before, eligible=eligible_) is expected
+
+
+def test_a_key_older_than_the_retention_is_forgotten_before_the_decision():
+    ledger = Ledger(retention_ms=100.0, max_keys=10)
+    ledger.note("a", "1", 0.0, True)
+    assert ledger.decide("t", "a", "2", 5, True, now_ms=50.0) is Action.REUSED
+    assert ledger.decide("t", "a", "2", 5, True, now_ms=150.0) is Action.DIRECT  # as the assembler forgot it
+
+
+def test_the_keys_gauge_counts_what_is_left_after_the_retention():
+    d, _ = answers()
+    d.ledgers[TP.partition].note("t/old", "1", now_ms() - 200_000.0, True)
+    d.ledgers[TP.partition].note("t/new", "1", now_ms(), True)
+    assert d.entries() == 1  # read on a quiet partition too: the chaos suite checks it empties
 
 
 def test_a_ledger_forgets_by_age_and_by_count():
@@ -121,6 +136,12 @@ def test_the_answer_is_the_assemblers_with_a_marker_on_the_ingress_partition():
     assert marker.key == b"t/r" and marker.partition == TP.partition
     assert msgpack.unpackb(marker.value)["d"] == "d1"
     assert metrics.done == [("assemble", "ok")] and len(metrics.e2e) == 1
+
+
+def test_a_marker_goes_to_the_ingress_index_modulo_the_done_topics_partitions():
+    d, _ = answers()
+    d.done_partitions = 1  # a tenant's ingress topic made after kafka.partitions grew
+    assert d.answer(record(7), manifest(), "t/r", part_out())[2].partition == 0
 
 
 def test_a_part_that_cannot_answer_its_request_costs_an_error_never_the_record():
@@ -172,13 +193,36 @@ def test_a_take_over_replays_through_the_assembler_and_drops_what_was_answered()
     assert d.decide(record(10), "t/fresh", "d1", True) is Action.DIRECT
 
 
+def test_after_taking_over_a_busy_partition_nothing_is_answered_directly_for_one_retention():
+    metrics = Counts()
+    d = DirectAnswers(NAMES, metrics, None, 120_000.0, lambda tenant: "mm.results", lambda topic: None)
+    tenant_tp = TopicPartition("mm.ingress.rt.acme", TP.partition)
+    found = Recovered(done={TP: {"t/marked": now_ms() - 1000.0}, tenant_tp: {"t/marked": now_ms() - 1000.0}},
+                      digests={"t/marked": "d1"}, ends={TP: 10, tenant_tp: 0},
+                      unseen={TP})  # the last owner handled records of TP in the last retention; of the tenant's none
+    d.assigned({TP, tenant_tp}, found)
+    # The last owner's keys that went the assembler's way are unknown here: the assembler's they stay.
+    assert d.decide(record(10), "t/new", "d1", True) is Action.ASSEMBLER
+    # Its own markers still hold, for every topic of the partition index.
+    assert d.decide(record(11), "t/marked", "d2", True) is Action.REUSED
+    tenant_record = ConsumerRecord(tenant_tp.topic, tenant_tp.partition, 0, 0, 0, None, b"", None, 0, 0, [])
+    assert d.decide(tenant_record, "acme/q", "d1", True) is Action.DIRECT
+    assert d.decide(tenant_record, "t/marked", "d1", True) is Action.DROP
+    assert len(d.ledgers) == 1  # one ledger per partition index, whatever the topics
+    d.ledgers[TP.partition].direct_from[TP.topic] = now_ms() - 1.0  # one retention later
+    assert d.decide(record(12), "t/later", "d1", True) is Action.DIRECT
+    d.revoked({TP})
+    assert d.decide(record(13), "t/gone", "d1", True) is Action.ASSEMBLER  # not ours any more
+    assert d.decide(tenant_record, "acme/q2", "d1", True) is Action.DIRECT
+
+
 def test_a_failed_take_over_answers_nothing_directly():
     metrics = Counts()
     d = DirectAnswers(NAMES, metrics, None, 120_000.0, lambda tenant: "mm.results", lambda topic: None)
     d.assigned({TP}, None)
     assert d.decide(record(10 ** 9), "t/a", "d1", True) is Action.ASSEMBLER
     d.revoked({TP})
-    assert TP not in d.ledgers
+    assert d.ledgers == {}
 
 
 # -- the joint: the answer instead of the manifest ---------------------------------------------
@@ -216,7 +260,7 @@ async def test_a_declined_job_goes_the_assemblers_way_with_its_manifest():
     io.land(0)
     await settle()
     assert io.finished == [rec]
-    assert d.ledgers[TP].seen["t/r"].direct is False
+    assert d.ledgers[TP.partition].seen["t/r"].direct is False
 
 
 def test_opens_names_the_request_of_an_ingress_record():
@@ -228,3 +272,10 @@ def test_opens_names_the_request_of_an_ingress_record():
                            lambda topic: "globex")
     assert secure.opens(rec) == ("globex/q1", "mm.results.globex", "q1")  # the topic's tenant, never the payload's
     assert d.opens(dataclasses.replace(rec, value=pack({"no": "id"}))) is None
+    # A reply topic the router would refuse is not read on a take-over: the router answered on the default.
+    internal = dataclasses.replace(rec, value=pack({"id": "q1", "reply_to": "mm.assembler.done"}))
+    assert d.opens(internal) == ("default/q1", "mm.results", "q1")
+    foreign = dataclasses.replace(rec, value=pack({"id": "q1", "reply_to": "mm.results.initech"}))
+    assert secure.opens(foreign) == ("globex/q1", "mm.results.globex", "q1")
+    own = dataclasses.replace(rec, value=pack({"id": "q1", "reply_to": "mm.results.globex.mine"}))
+    assert secure.opens(own) == ("globex/q1", "mm.results.globex.mine", "q1")
