@@ -110,6 +110,14 @@ class EncoderSettings(Section):
     )
 
 
+def _nice(raw: str) -> int:
+    """A nice increment, 1-19; raises ``ValueError``."""
+    n = whole_number(raw, 1)
+    if n > 19:
+        raise ValueError(raw)
+    return n
+
+
 class RouterSettings(Section):
     served_modalities: str = setting(
         "", "Comma-separated modalities with an encoder pool (empty: every registered one); parts of others fail "
@@ -149,6 +157,12 @@ class RouterSettings(Section):
         "with a done marker of its own, instead of through the assembler: one broker hop and one process fewer. "
         "Off: the assembler answers every embed request."
     )
+    colocate_nice: str = setting(
+        "", "Per modality placed in the router (colocate), how much lower (Linux nice, 1-19) the CPU priority of its "
+        "encoder's engine and preparation threads is than the router's record loop and its other threads, as "
+        "modality=nice pairs (image=10): that encoder then takes what the intake of every request leaves. Empty: all "
+        "at the process's priority."
+    )
     colocate_max_queued_ms: float = setting(
         25.0, "Predicted work (ms) queued ahead of a part past which the router's own encoder is passed over and "
         "the part goes through its encode topic to the whole pool; 0: only while that encoder is idle.", ge=0
@@ -157,6 +171,16 @@ class RouterSettings(Section):
         25.0, "Predicted engine time (ms) of one part past which it never runs in the router's own encoder (a long "
         "text goes to the pool, not into the process that routes every tenant's requests).", ge=0
     )
+
+    @field_validator("colocate_nice")
+    @classmethod
+    def _nice_pairs(cls, value: str) -> str:
+        parse_assignments(value, _nice, "modality=nice with nice 1-19")
+        return value
+
+    def nice_of(self, modality: str) -> int:
+        """How much lower the placed ``modality`` encoder's threads run (``colocate_nice``; 0: not lowered)."""
+        return parse_assignments(self.colocate_nice, _nice, "modality=nice").get(modality, 0)
 
     @field_validator("served_tasks")
     @classmethod

@@ -118,7 +118,8 @@ class EncoderCore:
     event loop with each job's answer, exactly once per job."""
 
     def __init__(self, runner: EncoderRunner, limits: EncoderSettings, modality: str,
-                 on_answer: Callable[[EncodeAnswer], None], observer: EncoderObserver, max_frames: int = 1) -> None:
+                 on_answer: Callable[[EncodeAnswer], None], observer: EncoderObserver, max_frames: int = 1,
+                 thread_nice: int = 0) -> None:
         self.runner, self.limits, self.modality = runner, limits, modality
         self.on_answer, self.max_frames = on_answer, max_frames
         self.observer = observer
@@ -144,8 +145,10 @@ class EncoderCore:
         # already this core's work, so ``queued_ms`` counts it.
         self.preparing_ms = {lane: 0.0 for lane in LANES}
         self.wake = asyncio.Event()
-        self.engine = ThreadPoolExecutor(1, thread_name_prefix=f"engine-{modality}")
-        self.prep = ThreadPoolExecutor(1, thread_name_prefix=f"prep-{modality}")
+        # ``thread_nice``: these threads below the process's others (an encoder placed in the router).
+        lowered = {"initializer": lower_thread_priority, "initargs": (thread_nice,)} if thread_nice > 0 else {}
+        self.engine = ThreadPoolExecutor(1, thread_name_prefix=f"engine-{modality}", **lowered)
+        self.prep = ThreadPoolExecutor(1, thread_name_prefix=f"prep-{modality}", **lowered)
         self.prep_heavy: ThreadPoolExecutor | None = None
         """Where jobs priced over ``limits.heavy_prep_ms`` are prepared, at lower CPU priority
         (made at the first such job)."""

@@ -101,7 +101,8 @@ def unpredicted(job: EncodeJob) -> EncodeJob:
 
 class EncoderStage(RecordStage):
     def __init__(self, app: faust.App, settings: Settings, metrics: Metrics, modality: str, runner: EncoderRunner,
-                 wire_dtype: str = "float16", group_id: str | None = None, intake: bool = True) -> None:
+                 wire_dtype: str = "float16", group_id: str | None = None, intake: bool = True,
+                 thread_nice: int = 0) -> None:
         names = TopicNames(settings.kafka.topic_prefix)
         super().__init__(app, settings, [names.encode(modality, "rt")], [names.encode(modality, "bulk")],
                          group_id=group_id, intake=intake)
@@ -111,7 +112,8 @@ class EncoderStage(RecordStage):
         self.runner = runner
         self.wire_dtype = wire_dtype
         self.core = EncoderCore(runner, settings.encoder, modality, self._answered,
-                                _Observer(metrics, self.stage, self._modality), max_frames=settings.video.max_frames)
+                                _Observer(metrics, self.stage, self._modality), max_frames=settings.video.max_frames,
+                                thread_nice=thread_nice)
         self.max_queue = settings.encoder.max_queue
         self.max_queue_bytes = settings.encoder.max_queue_bytes
         self.local = LocalEncoder(self.stage, self.core, self.poll_budget)

@@ -92,7 +92,8 @@ def _router(app: faust.App, settings: Settings, metrics: Metrics) -> None:
             continue
         encoders.append(EncoderStage(app, settings, metrics, spec.name, runner,
                                      group_id=group_id(settings.kafka.topic_prefix, spec.stage),
-                                     intake=settings.router.colocate_pool))
+                                     intake=settings.router.colocate_pool,
+                                     thread_nice=settings.router.nice_of(name)))
     install_router(app, settings, metrics, encoders)
 
 

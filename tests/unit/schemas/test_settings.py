@@ -41,6 +41,8 @@ def test_every_setting_is_documented():
     ("MMSTREAM_METRICS_PORT", "70000", "65535"),
     ("MMSTREAM_ROUTER_SERVED_MODALITIES", "text,Smell!", "Smell!"),  # which names exist: the registry's
     ("MMSTREAM_VIDEO_FPS", "0", "greater than 0"),
+    ("MMSTREAM_ROUTER_COLOCATE_NICE", "image=20", "nice 1-19"),
+    ("MMSTREAM_ROUTER_COLOCATE_NICE", "image", "modality=nice"),
 ])
 def test_out_of_range_or_unknown_values_are_refused_naming_the_variable(var, value, says):
     with pytest.raises(SettingsError) as err:
@@ -120,3 +122,8 @@ def test_cache_ttl_overrides_are_checked_when_the_settings_load() -> None:
     for bad in ("audio", "audio=0", "audio=1.5"):
         with pytest.raises(SettingsError, match="modality=seconds"):
             Settings.from_env({"MMSTREAM_CACHE_TTL_OVERRIDES": bad})
+
+
+def test_a_placed_encoder_is_lowered_only_where_named():
+    router = Settings.from_env({"MMSTREAM_ROUTER_COLOCATE_NICE": "image=10"}).router
+    assert (router.nice_of("image"), router.nice_of("text")) == (10, 0)

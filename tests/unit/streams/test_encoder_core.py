@@ -32,7 +32,7 @@ from workers.outputs import Encoded, Prepared
 class Harness:
     """A core over a gated engine: ``ran`` lists each engine call's texts; ``answers`` each answer."""
 
-    def __init__(self, order: str = "fair", max_wait_ms: float = 4.0, **limits) -> None:
+    def __init__(self, order: str = "fair", max_wait_ms: float = 4.0, thread_nice: int = 0, **limits) -> None:
         self.ran: list[list[str]] = []
         self.prepared_on: dict[str, tuple[str, int]] = {}  # job id -> (thread name, its nice value)
         self.slow_prep = threading.Event()  # a text starting "slow" is prepared once this is set
@@ -59,7 +59,7 @@ class Harness:
         front = EncoderFront(Runner(prepare, run, rows_alone=True, variable_length=True), None,
                              CacheFront(self.cache, Quiet(), "text"), key_of=lambda job, content: f"k:{content.decode()}")
         self.core = EncoderCore(front, EncoderSettings(order=order, max_wait_ms=max_wait_ms, **limits), "text", self.answers.append,
-                                Quiet())
+                                Quiet(), thread_nice=thread_nice)
 
     def by_id(self) -> dict[str, EncodeAnswer]:
         return {a.job.id: a for a in self.answers}
@@ -404,3 +404,19 @@ async def test_a_store_that_raises_is_logged_and_costs_no_answer(caplog) -> None
     _submit(h.core, _job("fresh", 1))
     await _until(lambda: "storing outputs in the reuse cache failed" in caplog.text, "the failed store logged")
     assert [a.job.id for a in h.answers] == ["r1"] and h.answers[0].result.cache == "miss"
+
+
+async def test_an_encoder_placed_below_the_router_runs_its_engine_and_preparation_threads_lower() -> None:
+    h = Harness(thread_nice=7)  # router.colocate_nice
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    engine_nice: list[int] = []
+    h.core.engine.submit(lambda: engine_nice.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))).result()
+    runner = asyncio.create_task(h.core.run(lambda: False))
+    try:
+        _submit(h.core, _job("one", 1))
+        await _until(lambda: len(h.answers) == 1, "the job answered")
+    finally:
+        runner.cancel()
+    if sys.platform.startswith("linux"):
+        assert engine_nice == [min(19, base + 7)] and h.prepared_on["r1"][1] == min(19, base + 7)
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base  # the loop's thread untouched
