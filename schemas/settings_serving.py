@@ -153,8 +153,9 @@ class RouterSettings(Section):
         "tenant beside a flooding one at the same capacity (docs/isolation.md)."
     )
     answer_local: bool = setting(
-        True, "An embed request with one part that the router's own encoder takes (colocate: a text by default) is answered by the router, "
-        "with a done marker of its own, instead of through the assembler: one broker hop and one process fewer. "
+        True, "An embed request with one part that the router's own encoder takes (colocate: a text by default) is "
+        "answered by the router, with a done marker of its own, instead of through the assembler: one broker hop and "
+        "one process fewer. "
         "Off: the assembler answers every embed request."
     )
     colocate_nice: str = setting(

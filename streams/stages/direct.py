@@ -26,7 +26,7 @@ from aiokafka.structs import ConsumerRecord
 from schemas.codec import CONTENT_TYPE_HEADER, header, unpack
 from schemas.errors import ErrorCode, WireError
 from schemas.events import Event, EventKind
-from schemas.jobs import EncodedPart, Manifest, fan_in_from_wire, request_key
+from schemas.jobs import EncodedPart, Manifest, Verdict, fan_in_from_wire, request_key
 from schemas.request import TENANT_RE, peek_reply
 from schemas.topics import TopicNames
 from schemas.trace import now_ms
@@ -63,14 +63,14 @@ class DirectJoint(Joint):
         super().unexpect()
 
     def _answered(self, out: Out) -> None:
-        self.due -= 1
-        self.held = None  # the manifest: the assembler never hears of this request
         try:
             outs = self.answer(out)
         except Exception:  # ``answer`` answers its own failures; this is a bug past that
-            log.exception("router: a direct answer could not be built; the record is left for a replay")
-            self.failed = True  # never finished here: its next owner replays it the assembler's way
+            log.exception("router: a direct answer could not be built; the assembler answers it")
+            super()._answered(out)  # the held manifest and the part go the assembler's way, as for any joint
             return
+        self.due -= 1
+        self.held = None  # the manifest: the assembler never hears of this request
         self._deliver(outs)
 
 
@@ -137,12 +137,12 @@ class DirectAnswers:
         who = peek_reply(obj)
         if who is None:
             return None
-        tenant = self.tenant_of(rec.topic)
+        owner = self.tenant_of(rec.topic)
+        tenant = owner
         if tenant is None:
             given = obj.get("tenant") if isinstance(obj, dict) else None
             tenant = given if isinstance(given, str) and TENANT_RE.fullmatch(given) else "default"
         rid, reply_to = who
-        owner = self.tenant_of(rec.topic)
         if reply_to is None or self.names.is_internal(reply_to) or \
                 (owner is not None and not self.names.in_reply_namespace(reply_to, owner)):
             reply_to = self.default_reply(owner)  # where the router answers a refused reply topic's request
@@ -175,8 +175,9 @@ class DirectAnswers:
         if ledger is not None:
             ledger.note(key, digest, now_ms(), direct=False)
 
-    def refusal(self, m: Manifest) -> list[Out]:
-        """The answer to a request reusing the id of one the router answered."""
+    def refusal(self, m: Manifest | Verdict) -> list[Out]:
+        """The answer to a request reusing the id of one the router answered (from its
+        manifest, or from the router's own verdict on it)."""
         self.metrics.request_done("assemble", "error", str(ErrorCode.INVALID_REQUEST))
         return [out_map(m.reply_to, m.id, reused_id(m, now_ms()).to_wire())]
 

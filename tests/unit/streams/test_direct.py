@@ -279,3 +279,24 @@ def test_opens_names_the_request_of_an_ingress_record():
     assert secure.opens(foreign) == ("globex/q1", "mm.results.globex", "q1")
     own = dataclasses.replace(rec, value=pack({"id": "q1", "reply_to": "mm.results.globex.mine"}))
     assert secure.opens(own) == ("globex/q1", "mm.results.globex.mine", "q1")
+
+
+async def test_an_answer_that_cannot_be_built_goes_the_assemblers_way_with_its_manifest():
+    d, _ = answers()
+    io = Deliveries()
+    m = manifest()
+    rec = record(13)
+    joint = d.joint(io, rec, 0, m, "t/r")
+
+    def broken(out):
+        raise RuntimeError("a bug past answer()'s own error path")
+
+    joint.answer = broken
+    joint.hold([out_map("mm.encoded.rt", "t/r", m.to_wire())])
+    send = joint.expect()
+    joint.seal()
+    send(part_out())
+    assert [o.topic for o in io.sent[0][0]] == ["mm.encoded.rt", "mm.encoded.rt"]  # manifest, part: the assembler's
+    io.land(0)
+    await settle()
+    assert io.finished == [rec]  # never a record held for good
