@@ -227,13 +227,16 @@ def test_a_failed_take_over_answers_nothing_directly():
 
 # -- the joint: the answer instead of the manifest ---------------------------------------------
 
-async def test_a_taken_job_sends_the_answer_and_never_the_manifest():
-    d, _ = answers()
-    io = Deliveries()
-    m = manifest()
-    rec = record(11)
+def held(d, offset):
+    """A joint of ``d`` for a fresh ingress record at ``offset``, holding its manifest."""
+    io, m, rec = Deliveries(), manifest(), record(offset)
     joint = d.joint(io, rec, 0, m, "t/r")
     joint.hold([out_map("mm.encoded.rt", "t/r", m.to_wire())])
+    return io, rec, joint
+
+async def test_a_taken_job_sends_the_answer_and_never_the_manifest():
+    d, _ = answers()
+    io, rec, joint = held(d, 11)
     send = joint.expect()
     joint.seal()
     assert io.sent == []
@@ -246,12 +249,8 @@ async def test_a_taken_job_sends_the_answer_and_never_the_manifest():
 
 async def test_a_declined_job_goes_the_assemblers_way_with_its_manifest():
     d, _ = answers()
-    io = Deliveries()
-    m = manifest()
-    rec = record(12)
-    assert d.decide(rec, "t/r", "d1", True) is Action.DIRECT
-    joint = d.joint(io, rec, 0, m, "t/r")
-    joint.hold([out_map("mm.encoded.rt", "t/r", m.to_wire())])
+    assert d.decide(record(12), "t/r", "d1", True) is Action.DIRECT
+    io, rec, joint = held(d, 12)
     joint.expect()
     joint.unexpect()
     joint.send([out_map("mm.encode.text.rt", "t/r", {"job": 1})])
@@ -283,16 +282,12 @@ def test_opens_names_the_request_of_an_ingress_record():
 
 async def test_an_answer_that_cannot_be_built_goes_the_assemblers_way_with_its_manifest():
     d, _ = answers()
-    io = Deliveries()
-    m = manifest()
-    rec = record(13)
-    joint = d.joint(io, rec, 0, m, "t/r")
+    io, rec, joint = held(d, 13)
 
     def broken(out):
         raise RuntimeError("a bug past answer()'s own error path")
 
     joint.answer = broken
-    joint.hold([out_map("mm.encoded.rt", "t/r", m.to_wire())])
     send = joint.expect()
     joint.seal()
     send(part_out())
