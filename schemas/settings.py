@@ -28,13 +28,14 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from pydantic import Field, SecretStr, ValidationError, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings.sources.utils import parse_env_vars
 
 # The sections and value sets other modules import from here live in two modules of their own.
 from schemas.settings_base import (ENGINE_PRECISIONS, ENV_PREFIX, Bootstrap, EnginePrecision, LmPrecision, Partitioner,
-                                   SaslMechanism, Section, SecurityProtocol, UserPath, setting)
+                                   SaslMechanism, Section, SecurityProtocol, UserPath, nice_value, parse_assignments,
+                                   setting)
 from schemas.settings_serving import (AdmissionSettings, AssemblerSettings, CacheSettings, DlqSettings, EncoderSettings,
                                       GeneratorSettings, LimitsSettings, QuotaSettings, RouterSettings, VideoSettings,
                                       parse_quota_overrides)
@@ -215,6 +216,25 @@ class LocalSettings(Section):
     metrics_base_port: int = setting(
         9400, "First Prometheus port handed to local workers; 0 lets each worker pick a free one.", ge=0, le=65535
     )
+    nice: str = setting(
+        "router=-10,assembler=-10,broker=-10,redis=-10", "CPU priority (Linux nice, -20 first to 19 last) of the "
+        "processes `mmstream up` starts, as name=nice pairs: a stage (router, assembler, encode.image...), broker or "
+        "redis; the rest run at 0. The defaults put the light processes every request passes through ahead of the "
+        "encoder pools and the generator, so a tenant's admitted heavy work cannot take the core an interactive "
+        "request is waiting for (docs/isolation.md). Each process runs in a session of its own: this is its "
+        "autogroup's value and its threads'. A negative value needs root or CAP_SYS_NICE; without, the process runs "
+        "at 0 with a warning. Empty: all at 0."
+    )
+
+    @field_validator("nice")
+    @classmethod
+    def _nice_pairs(cls, value: str) -> str:
+        parse_assignments(value, nice_value, "name=nice with nice -20..19")
+        return value
+
+    def nice_of(self, name: str) -> int:
+        """The CPU priority ``nice`` gives process ``name`` (a stage, broker or redis; 0 if not named)."""
+        return parse_assignments(self.nice, nice_value, "name=nice").get(name, 0)
 
 
 class ModelSettings(Section):

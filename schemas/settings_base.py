@@ -74,6 +74,15 @@ def whole_number(raw: str, least: int = 0) -> int:
     return int(raw)
 
 
+def nice_value(raw: str) -> int:
+    """A Linux nice value, -20 (first for the CPU) to 19 (last), from text; raises ``ValueError``."""
+    text = raw.strip()
+    digits = text[1:] if text[:1] in "+-" else text
+    if not digits.isdigit() or not -20 <= int(text) <= 19:
+        raise ValueError(raw)
+    return int(text)
+
+
 def setting(default: Any, doc: str, **constraints: Any) -> Any:
     """A settings field: its default, a sentence on what it trades off, and its constraints
     (pydantic's ``ge``, ``gt``, ``le``, ``pattern``, ``min_length``...)."""

@@ -257,7 +257,7 @@ class LocalKafka:
         pid = procs.start_detached(
             [java, *broker_jvm_options(self.local, self.serves_tls), log4j, "-cp", classpath, "kafka.Kafka",
              str(props)],
-            run_dir / "broker.log", cwd=run_dir,
+            run_dir / "broker.log", cwd=run_dir, nice=self.local.nice_of("broker"),
         )
         return procs.write_pid_file(self.pid_file, pid, run_id=run_id, bootstrap=self.bootstrap)
 

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from mmstream import priority
+
 
 class LocalStackError(RuntimeError):
     """A local broker or cache could not be installed, started or stopped; the message says what to do."""
@@ -67,8 +69,9 @@ def read_pid_file(path: Path) -> PidRecord | None:
     return PidRecord(pid, started, data)
 
 
-def start_detached(argv: Sequence[str], log_file: Path, cwd: Path) -> int:
-    """Start ``argv`` in its own session with stdout and stderr appended to ``log_file``.
+def start_detached(argv: Sequence[str], log_file: Path, cwd: Path, nice: int = 0) -> int:
+    """Start ``argv`` in its own session with stdout and stderr appended to ``log_file``, at
+    CPU priority ``nice`` (``mmstream.priority``; a warning where it cannot be set).
 
     Its own session means Ctrl-C in the terminal that ran `mmstream up` does not reach it,
     and it outlives the CLI. Returns the pid. Raises LocalStackError if it cannot be exec'd.
@@ -83,6 +86,8 @@ def start_detached(argv: Sequence[str], log_file: Path, cwd: Path) -> int:
         except OSError as exc:
             raise LocalStackError(f"Could not start {argv[0]}: {exc}") from None
     _children[proc.pid] = proc
+    if nice:  # Popen returned after the exec: the child is in its own session by now
+        priority.apply_logged(Path(argv[0]).name, proc.pid, nice)
     return proc.pid
 
 

@@ -179,7 +179,8 @@ class LocalRedis:
             host=self.host, port=0 if self.tls else self.port, dir=self.root, logfile=self.log_file,
             maxmemory_mb=self.local.redis_maxmemory_mb, security="\n".join(security)))
         self.log_file.write_bytes(b"")  # so a failure's tail shows this run, not the last
-        pid = procs.start_detached([server, str(self.conf)], self.log_file, cwd=self.root)
+        pid = procs.start_detached([server, str(self.conf)], self.log_file, cwd=self.root,
+                                   nice=self.local.nice_of("redis"))
         return procs.write_pid_file(self.pid_file, pid, url=self.url)
 
     def _wait_ready(self, record: procs.PidRecord, deadline: float) -> None:

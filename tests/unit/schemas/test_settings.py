@@ -43,6 +43,8 @@ def test_every_setting_is_documented():
     ("MMSTREAM_VIDEO_FPS", "0", "greater than 0"),
     ("MMSTREAM_ROUTER_COLOCATE_NICE", "image=20", "nice 1-19"),
     ("MMSTREAM_ROUTER_COLOCATE_NICE", "image", "modality=nice"),
+    ("MMSTREAM_LOCAL_NICE", "router=-21", "nice -20..19"),
+    ("MMSTREAM_LOCAL_NICE", "router=high", "name=nice"),
 ])
 def test_out_of_range_or_unknown_values_are_refused_naming_the_variable(var, value, says):
     with pytest.raises(SettingsError) as err:
@@ -127,3 +129,13 @@ def test_cache_ttl_overrides_are_checked_when_the_settings_load() -> None:
 def test_a_placed_encoder_is_lowered_only_where_named():
     router = Settings.from_env({"MMSTREAM_ROUTER_COLOCATE_NICE": "image=10"}).router
     assert (router.nice_of("image"), router.nice_of("text")) == (10, 0)
+
+
+def test_local_processes_run_at_the_priority_named_and_the_rest_at_zero():
+    local = Settings.from_env({"MMSTREAM_LOCAL_NICE": "router=-5, broker=+3,redis=0"}).local
+    assert (local.nice_of("router"), local.nice_of("broker"), local.nice_of("redis"), local.nice_of("assembler")) == (
+        -5, 3, 0, 0)
+    assert Settings.from_env({"MMSTREAM_LOCAL_NICE": ""}).local.nice_of("router") == 0
+    default = Settings().local
+    assert [default.nice_of(name) for name in ("router", "assembler", "broker", "redis", "encode.image", "generate")] == [
+        -10, -10, -10, -10, 0, 0]

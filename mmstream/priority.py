@@ -1,0 +1,82 @@
+"""CPU priority of the local stack's processes (``local.nice``).
+
+On a box the pipeline shares with its own heavy work, what decides an interactive request's
+tail is whether the processes on its path get a core when a record arrives. On Linux the
+scheduler shares the cores between sessions first (autogroups), and `mmstream up` starts the
+broker, Redis and every worker in a session of its own: so under a flood each busy process
+gets about an equal share, and the router, whose own encoder answers the short texts, waits
+for a core behind the encoders decoding another tenant's megapixel images
+(docs/isolation.md, "Stop 44"). A lower nice value for the processes every request passes
+through (the router, the broker) lets them run first and leaves the heavy pools what they
+leave.
+
+``apply`` sets both levers the kernel has: the process's autogroup nice value (what counts
+between sessions; set only for a session's leader, as `mmstream up` starts them, never for a
+shell's session) and each of its threads' own nice value (what counts where no autogroup
+applies: the process runs in a cgroup with the cpu controller, or the kernel has none). A
+thread started later inherits its creator's value, so a worker applies its own at start,
+before its engine threads exist, and the relative lowering of its heavy threads
+(``encoder.heavy_prep_nice``, ``router.colocate_nice``) still holds on top of it.
+
+Raising a priority (a negative value) needs root or ``CAP_SYS_NICE``: without them nothing is
+changed and ``apply`` says so (a warning, never a failure). In containers, give the same
+intent through the orchestrator (CPU shares or weights per service).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def apply(pid: int, nice: int, proc: Path = Path("/proc")) -> str | None:
+    """Run process ``pid`` at CPU priority ``nice``: its autogroup's nice value and each of
+    its threads'. None when both are set (or the system has neither: not Linux); otherwise
+    why not, with what could be set left set."""
+    if not sys.platform.startswith("linux"):
+        return None
+    problems: list[str] = []
+    group = proc / str(pid) / "autogroup"
+    # Only a session's leader speaks for its autogroup: a worker run by hand from a shell
+    # shares the shell's, which is not this process's to change.
+    if group.exists() and _leads_session(pid):
+        try:
+            group.write_text(str(nice))
+        except OSError as exc:
+            problems.append(f"its autogroup: {exc.strerror or exc}")
+    try:
+        tids = [int(t) for t in os.listdir(proc / str(pid) / "task")]
+    except OSError as exc:
+        return f"process {pid}: {exc.strerror or exc}"
+    refused = 0
+    for tid in tids:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+        except ProcessLookupError:
+            continue  # a thread that ended meanwhile
+        except PermissionError:
+            refused += 1
+    if refused:
+        problems.append(f"{refused} of its {len(tids)} threads: permission denied")
+    if not problems:
+        return None
+    hint = " (a raise needs root or CAP_SYS_NICE)" if nice < 0 else ""
+    return f"nice {nice} not set on " + "; ".join(problems) + hint
+
+
+def _leads_session(pid: int) -> bool:
+    try:
+        return os.getsid(pid) == pid
+    except OSError:
+        return False
+
+
+def apply_logged(what: str, pid: int, nice: int) -> None:
+    """``apply``, and a warning naming ``what`` when it could not."""
+    why = apply(pid, nice)
+    if why is not None:
+        log.warning("%s runs at its default CPU priority: %s", what, why)

@@ -1,0 +1,71 @@
+"""CPU priority of local processes (mmstream/priority.py), on real child processes: only
+lowering, which needs no privilege, so the tests run the same for any user."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mmstream import priority
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="nice values per thread are Linux's")
+
+
+def autogroup_nice(pid: int) -> int | None:
+    path = Path(f"/proc/{pid}/autogroup")
+    return int(path.read_text().split("nice")[1]) if path.exists() else None
+
+
+@pytest.fixture
+def child():
+    procs: list[subprocess.Popen] = []
+
+    def start(own_session: bool) -> int:
+        p = subprocess.Popen([sys.executable, "-c", "import threading, time; "
+                              "threading.Thread(target=time.sleep, args=(30,)).start(); time.sleep(30)"],
+                             start_new_session=own_session)
+        procs.append(p)
+        return p.pid
+
+    yield start
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def test_a_session_leader_gets_the_value_for_its_autogroup_and_every_thread(child):
+    pid = child(own_session=True)
+    assert priority.apply(pid, 7) is None
+    tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    assert tids and all(os.getpriority(os.PRIO_PROCESS, t) == 7 for t in tids)
+    if autogroup_nice(pid) is not None:  # a kernel built with autogroups
+        assert autogroup_nice(pid) == 7
+
+
+def test_a_process_in_someone_elses_session_leaves_that_sessions_autogroup_alone(child):
+    mine = autogroup_nice(os.getpid())
+    pid = child(own_session=False)
+    assert priority.apply(pid, 5) is None
+    assert os.getpriority(os.PRIO_PROCESS, pid) == 5
+    assert autogroup_nice(os.getpid()) == mine  # the test runner's (the shell's) group is not the child's to change
+
+
+def test_a_refused_raise_says_so_and_what_it_needs(child, monkeypatch):
+    pid = child(own_session=False)
+
+    def refuse(which, who, value):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "setpriority", refuse)
+    why = priority.apply(pid, -10)
+    assert why is not None and "permission denied" in why and "CAP_SYS_NICE" in why
+
+
+def test_a_process_that_is_gone_is_reported_not_raised():
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert "process" in (priority.apply(gone.pid, 3) or "")
