@@ -26,6 +26,7 @@ import asyncio
 import dataclasses
 import logging
 import multiprocessing
+import os
 import time
 from typing import Any
 
@@ -255,6 +256,10 @@ def _abuser_main(conn: Any, settings: Settings, seed: int, abuse_rate: float, du
     """The abuser process: its plan sent, one outcome dict per request sent back on ``conn``
     (or one string saying what failed)."""
     logging.basicConfig(level=logging.WARNING)
+    # Another tenant's program: a session of its own, as a program started apart from B's
+    # would have. In B's session the scheduler would give both clients one share of the CPU
+    # together (Linux autogroups), and A's own TLS work would delay B's client, not the pipeline.
+    os.setsid()
     try:
         bounds = AbuseBounds.from_settings(settings)
         plan = abuser_plan(seed, abuse_rate, duration_s, shapes)
