@@ -217,13 +217,13 @@ class LocalSettings(Section):
         9400, "First Prometheus port handed to local workers; 0 lets each worker pick a free one.", ge=0, le=65535
     )
     nice: str = setting(
-        "router=-10,assembler=-10,broker=-10,redis=-10", "CPU priority (Linux nice, -20 first to 19 last) of the "
-        "processes `mmstream up` starts, as name=nice pairs: a stage (router, assembler, encode.image...), broker or "
-        "redis; the rest run at 0. The defaults put the light processes every request passes through ahead of the "
-        "encoder pools and the generator, so a tenant's admitted heavy work cannot take the core an interactive "
-        "request is waiting for (docs/isolation.md). Each process runs in a session of its own: this is its "
-        "autogroup's value and its threads'. A negative value needs root or CAP_SYS_NICE; without, the process runs "
-        "at 0 with a warning. Empty: all at 0."
+        "", "CPU priority (Linux nice, -20 first to 19 last) of the processes `mmstream up` starts, as name=nice "
+        "pairs: a stage (router, assembler, encode.image...), broker or redis; the rest run at 0. Each process runs in "
+        "a session of its own: this is its autogroup's value and its threads'. A negative value needs root or "
+        "CAP_SYS_NICE; without, the process runs at 0 with a warning. Measured (docs/isolation.md, stop 44): "
+        "router=-10 cut another tenant's text p99 under a flood by a third or more, and at 1.5x-2x overload left "
+        "fewer cores to the pools the admitted requests wait for (the router's work grows with what arrives, shed or "
+        "not), so their p99 passed 1 s; empty (all at 0) is the default."
     )
 
     @field_validator("nice")

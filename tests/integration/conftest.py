@@ -81,7 +81,9 @@ def pipeline(infra: Settings) -> Pipeline:
                           MMSTREAM_ADMISSION_MAX_QUEUED_MS_RT="60000",
                           # Audio runs in its own pipeline (test_audio_pipeline.py), so this one
                           # also shows how an undeployed modality is answered.
-                          MMSTREAM_ROUTER_SERVED_MODALITIES="text,image,video")
+                          MMSTREAM_ROUTER_SERVED_MODALITIES="text,image,video",
+                          # A priority every user may set (lower), so test_priority_live reads the same as root or not.
+                          MMSTREAM_LOCAL_NICE="lagmon=3")
     yield pipe
     pipe.supervisor.stop()
 

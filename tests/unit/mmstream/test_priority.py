@@ -69,3 +69,17 @@ def test_a_process_that_is_gone_is_reported_not_raised():
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     assert "process" in (priority.apply(gone.pid, 3) or "")
+
+
+def test_the_local_stack_starts_a_server_at_its_priority_in_a_session_of_its_own(tmp_path):
+    from mmstream.localstack import procs
+
+    pid = procs.start_detached(["sleep", "30"], tmp_path / "sleep.log", cwd=tmp_path, nice=4)
+    try:
+        assert os.getsid(pid) == pid
+        assert os.getpriority(os.PRIO_PROCESS, pid) == 4
+        if autogroup_nice(pid) is not None:
+            assert autogroup_nice(pid) == 4
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)

@@ -137,5 +137,4 @@ def test_local_processes_run_at_the_priority_named_and_the_rest_at_zero():
         -5, 3, 0, 0)
     assert Settings.from_env({"MMSTREAM_LOCAL_NICE": ""}).local.nice_of("router") == 0
     default = Settings().local
-    assert [default.nice_of(name) for name in ("router", "assembler", "broker", "redis", "encode.image", "generate")] == [
-        -10, -10, -10, -10, 0, 0]
+    assert [default.nice_of(name) for name in ("router", "assembler", "broker", "redis", "encode.image")] == [0] * 5
