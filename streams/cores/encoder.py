@@ -234,12 +234,18 @@ class EncoderCore:
             self.prep_heavy = ThreadPoolExecutor(1, thread_name_prefix=f"prep-heavy-{self.modality}",
                                                  initializer=lower_thread_priority, initargs=(self.limits.heavy_prep_nice,))
         await self._heavy_turn(job)
-        try:
-            if job.deadline_at_ms <= now_ms():  # its turn came past its deadline: answered, not decoded
-                return [deadline_error()]
-            items = await loop.run_in_executor(self.prep_heavy, self.runner.prepare_items, [job])
-        finally:
+        if job.deadline_at_ms <= now_ms():  # its turn came past its deadline: answered, not decoded
             self._end_heavy_turn()
+            return [deadline_error()]
+        try:
+            decode = self.prep_heavy.submit(self.runner.prepare_items, [job])
+        except BaseException:
+            self._end_heavy_turn()
+            raise
+        # The turn ends with the decode, not with this task: a job cancelled mid-decode (a
+        # revocation, a shutdown) must not let the next one in while its decode holds the thread.
+        decode.add_done_callback(lambda _: loop.is_closed() or loop.call_soon_threadsafe(self._end_heavy_turn))
+        items = await asyncio.wrap_future(decode)
         return await loop.run_in_executor(self.prep, self.runner.lookup, items, False)
 
     async def _heavy_turn(self, job: EncodeJob) -> None:

@@ -258,6 +258,21 @@ async def test_a_heavy_jobs_preparation_holds_no_later_light_job_behind_it() -> 
         runner.cancel()
 
 
+async def test_a_heavy_job_cancelled_mid_decode_keeps_the_turn_until_its_decode_ends() -> None:
+    h = Harness(heavy_prep_ms=50.0)
+    h.slow_prep.clear()
+    try:
+        task = asyncio.create_task(h.core._prepare_heavy(_job("slow heavy", 1, prep_ms=6000.0)))
+        await _until(lambda: "r1" in h.prepared_on, "the decode running")
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert h.core.heavy_busy  # the thread is still decoding: no other job may take its turn
+        h.slow_prep.set()
+        await _until(lambda: not h.core.heavy_busy, "the turn given back when the decode ended")
+    finally:
+        h.slow_prep.set()
+
+
 async def test_when_starting_the_heavy_group_fails_each_job_is_still_answered_once() -> None:
     h = Harness(heavy_prep_ms=50.0)
     length = h.core._length_before_prep  # noqa: SLF001
