@@ -221,9 +221,9 @@ class LocalSettings(Section):
         "pairs: a stage (router, assembler, encode.image...), broker or redis; the rest run at 0. Each process runs in "
         "a session of its own: this is its autogroup's value and its threads'. A negative value needs root or "
         "CAP_SYS_NICE; without, the process runs at 0 with a warning. Measured (docs/isolation.md, stop 44): "
-        "router=-10 cut another tenant's text p99 under a flood by a third or more, and at 1.5x-2x overload left "
-        "fewer cores to the pools the admitted requests wait for (the router's work grows with what arrives, shed or "
-        "not), so their p99 passed 1 s; empty (all at 0) is the default."
+        "router=-10 took another tenant's text p99 under a flood from 112-237 ms to 71-86, and at 1.5x-2x overload "
+        "left fewer cores to the pools the admitted requests wait for (the router's work grows with what arrives, "
+        "shed or not), so their p99 passed 1 s; empty (all at 0) is the default."
     )
 
     @field_validator("nice")
