@@ -181,7 +181,7 @@ def cmd_config(args: argparse.Namespace, settings: Settings, repo_root: Path) ->
 def cmd_worker(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
     nice = settings.local.nice_of(args.stage)
     if nice:  # before the engines start their threads, which inherit it
-        from mmstream import priority
+        from streams.runtime import priority
 
         priority.apply_logged(f"worker {args.stage}", os.getpid(), nice)
     if args.stage == AUTOSCALER:

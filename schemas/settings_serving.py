@@ -164,6 +164,17 @@ class RouterSettings(Section):
         "modality=nice pairs (image=10): that encoder then takes what the intake of every request leaves. Empty: all "
         "at the process's priority."
     )
+    step_back_rate: float = setting(
+        5.0, "For a router run ahead of the others for the CPU (local.nice, e.g. router=-10): capacity refusals "
+        "(requests admission refuses as overloaded because a stage's queued work is past its lane's limit; a tenant's "
+        "quota sheds do not count) within one second at which it steps back to the level of the other processes: "
+        "past the box's capacity its work grows with what arrives, and ahead of the pools it would take the cores the "
+        "admitted requests wait for. 0: it never steps back.", ge=0
+    )
+    step_back_hold_s: float = setting(
+        5.0, "How long a router that stepped back (step_back_rate) stays back after the last second with that many "
+        "capacity refusals.", ge=0
+    )
     colocate_max_queued_ms: float = setting(
         25.0, "Predicted work (ms) queued ahead of a part past which the router's own encoder is passed over and "
         "the part goes through its encode topic to the whole pool; 0: only while that encoder is idle.", ge=0

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from mmstream import priority
+from streams.runtime import priority
 
 
 class LocalStackError(RuntimeError):
@@ -71,7 +71,7 @@ def read_pid_file(path: Path) -> PidRecord | None:
 
 def start_detached(argv: Sequence[str], log_file: Path, cwd: Path, nice: int = 0) -> int:
     """Start ``argv`` in its own session with stdout and stderr appended to ``log_file``, at
-    CPU priority ``nice`` (``mmstream.priority``; a warning where it cannot be set).
+    CPU priority ``nice`` (``streams.runtime.priority``; a warning where it cannot be set).
 
     Its own session means Ctrl-C in the terminal that ran `mmstream up` does not reach it,
     and it outlives the CLI. Returns the pid. Raises LocalStackError if it cannot be exec'd.

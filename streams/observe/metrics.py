@@ -189,6 +189,10 @@ class Metrics:
             "Entries a stage keeps in memory, by kind: the assembler's open requests, orphans (parts without a "
             "manifest) and tombstones (answered, kept against late duplicates); the generator's active and done.",
             ("stage", "kind"))
+        self.cpu_nice = self._make(
+            Gauge, "mmstream_cpu_nice",
+            "The CPU priority (Linux nice) a stage's process runs at now: its local.nice value, or 0 while a raised "
+            "router has stepped back for a box past capacity (router.step_back_rate).", ("stage",))
         self.task_restarts_total = self._make(
             Counter, "mmstream_task_restarts",
             "Times a stage's long-running task (poll, sweep, step loop) raised and was started again.",
@@ -311,6 +315,10 @@ class Metrics:
         for kind, n in kinds.items():
             _check("kind", kind, STATE_KINDS)
             self.state_entries.labels(stage=stage, kind=kind).set(n)
+
+    def set_cpu_nice(self, stage: str, nice: int) -> None:
+        """The CPU priority ``stage``'s process runs at now."""
+        self.cpu_nice.labels(stage).set(nice)
 
     def task_restart(self, stage: str, task: str) -> None:
         self.task_restarts_total.labels(stage=stage, task=task).inc()

@@ -29,6 +29,8 @@ from streams.policies.load import LoadView
 from streams.policies.quota import TenantLabels
 from streams.reply_topics import TopicCache
 from streams.policies.direct import Action
+from streams.policies.step_back import StepBack
+from streams.runtime import priority
 from streams.runtime.joint import Joint
 from streams.runtime.recovery import Recovered, recover
 from streams.runtime.produce import Out
@@ -86,6 +88,11 @@ class RouterStage(RecordStage):
         self.colocated = dict(colocated or {})
         """Encode topic -> the encoder running in this process that may take its jobs over."""
         self.observe_failures = 0
+        self.raise_ = priority.Raise.held(settings.local.nice_of("router"),
+                                          StepBack(settings.router.step_back_rate, settings.router.step_back_hold_s),
+                                          self._moved)
+        """The CPU priority this router runs ahead of the pools at (``local.nice``), given back
+        while the box is past capacity; None when it runs at the others' level."""
 
     async def handle(self, records: list[ConsumerRecord]) -> None:
         epoch = self.io.epoch  # the assignment these records were read in (routing awaits)
@@ -120,6 +127,8 @@ class RouterStage(RecordStage):
         finally:  # a record held above is taken care of: it must leave, whatever raised after it
             if handovers:
                 self._hand_over(handovers)
+            if self.raise_ is not None:
+                self.raise_.update()
 
     def _direct_action(self, r: ConsumerRecord, result: Routed, local: list[JobOut]) -> Action:
         if self.direct is None or result.key is None:
@@ -235,6 +244,8 @@ class RouterStage(RecordStage):
             m.tenant_shed(self.tenant_labels(routed.shed[0]), routed.shed[1])
         if routed.admission:
             m.admission(routed.lane, routed.admission)
+            if self.raise_ is not None and routed.for_want_of_capacity:
+                self.raise_.refused()
         if routed.outcome == "ok":
             m.observe_span("route", routed.modality, routed.lane, routed.queued_ms, routed.service_ms)
 
@@ -251,8 +262,15 @@ class RouterStage(RecordStage):
                         self.load.total_ms, self.backpressure.high_ms, self.backpressure.low_ms)
         return super().should_take_bulk() and not self.backpressure.paused
 
+    def _moved(self, nice: int) -> None:
+        self.metrics.set_cpu_nice(self.stage, nice)
+        log.info("router: CPU priority %d (%s)", nice, "ahead of the pools" if nice < 0 else
+                 "stepped back beside the pools: admission refuses requests for want of capacity")
+
     async def on_started(self) -> None:
         await super().on_started()
+        if self.raise_ is not None:
+            self.metrics.set_cpu_nice(self.stage, self.raise_.nice)
         self.supervise("load", self._refresh_forever)
         if self.settings.quota.claim_sweep_s > 0:
             self.supervise("claims", self._sweep_claims_forever)
@@ -269,6 +287,8 @@ class RouterStage(RecordStage):
                     self.metrics.set_state(self.stage, keys=self.direct.entries())
             except Exception as exc:  # keep the last estimate; admission must not stop routing
                 log.warning("router: could not read the encoders' load: %r", exc)
+            if self.raise_ is not None:  # the raise comes back after its hold, records or not
+                self.raise_.update()
             await asyncio.sleep(interval)
 
 

@@ -121,6 +121,12 @@ class Routed:
     manifest: Manifest | None = None
     """An admitted request's manifest (the first of ``outs``)."""
 
+    @property
+    def for_want_of_capacity(self) -> bool:
+        """Refused because a stage it needs has its lane's limit of work queued: the engines
+        are full (a tenant's quota shed is not this)."""
+        return self.admission == "reject" and self.shed is None and self.code == ErrorCode.OVERLOADED
+
 
 @dataclass(frozen=True, slots=True)
 class JobOut:

@@ -1,5 +1,5 @@
 """A worker `mmstream up` starts runs at the CPU priority ``local.nice`` names for its stage
-(mmstream/priority.py), and every other at the default. The session's pipeline lowers its lag
+(streams/runtime/priority.py), and every other at the default. The session's pipeline lowers its lag
 monitor (a lowering needs no privilege, so this reads the same for any user)."""
 
 from __future__ import annotations

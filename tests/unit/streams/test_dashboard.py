@@ -160,6 +160,7 @@ def test_suffix_rules_match_what_prometheus_client_exposes() -> None:
     m.set_queue_depth("route", "rt", 1)
     m.set_state("assemble", open=1)
     m.task_restart("assemble", "sweep")
+    m.set_cpu_nice("route", -10)
     m.set_engine("encode.text", {"model": "m", "version": "1", "precision": "fp32", "provider": "cpu",
                                  "backend": "onnxruntime"})
     m.health.stage = "route"

@@ -169,6 +169,7 @@ def test_a_tenant_over_its_rate_is_shed_with_retry_after_and_others_are_not():
     shed = send("noisy", "q3")
     _, ev = verdict(shed.outs[0])
     assert shed.shed == ("noisy", "rate") and ev.error["code"] == "overloaded"
+    assert not shed.for_want_of_capacity  # a tenant past its own rate: the engines have room
     assert ev.error["retriable"] and 0 < ev.error["retry_after_ms"] <= 1000
     assert send("quiet", "q4").outcome == "ok"
 
@@ -344,6 +345,9 @@ def test_the_records_of_one_poll_are_not_all_admitted_on_the_same_queued_work():
     routed = asyncio.run(burst())
     admitted = sum(1 for x in routed if x.outcome == "ok")
     assert 1 <= admitted <= 100 / cost + 1 < 30
+    refused = [x for x in routed if x.outcome != "ok"]
+    assert refused and all(x.for_want_of_capacity for x in refused)  # what a raised router steps back for
+    assert not any(x.for_want_of_capacity for x in routed if x.outcome == "ok")
 
 
 def test_a_request_over_the_whole_answer_bound_is_not_hashed_or_looked_up():

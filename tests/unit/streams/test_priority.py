@@ -1,4 +1,4 @@
-"""CPU priority of local processes (mmstream/priority.py), on real child processes: only
+"""CPU priority of local processes (streams/runtime/priority.py), on real child processes: only
 lowering, which needs no privilege, so the tests run the same for any user."""
 
 from __future__ import annotations
@@ -6,11 +6,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from mmstream import priority
+from streams.runtime import priority
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="nice values per thread are Linux's")
 
@@ -33,6 +34,9 @@ def child():
                               "threading.Thread(target=time.sleep, args=(30,)).start(); time.sleep(30)"],
                              start_new_session=own_session)
         procs.append(p)
+        deadline = time.monotonic() + 10
+        while len(os.listdir(f"/proc/{p.pid}/task")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)  # until its second thread runs
         return p.pid
 
     yield start
@@ -87,3 +91,44 @@ def test_the_local_stack_starts_a_server_at_its_priority_in_a_session_of_its_own
     finally:
         os.kill(pid, 9)
         os.waitpid(pid, 0)
+
+
+def test_a_move_keeps_each_threads_offset_from_the_main_thread(child):
+    pid = child(own_session=True)
+    assert priority.apply(pid, 2) is None
+    main, *others = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+    os.setpriority(os.PRIO_PROCESS, others[0], 9)  # a thread its engine runs lower
+    assert priority.move(pid, 5) is None
+    assert os.getpriority(os.PRIO_PROCESS, main) == 5 and os.getpriority(os.PRIO_PROCESS, others[0]) == 12
+    if autogroup_nice(pid) is not None:
+        assert autogroup_nice(pid) == 5
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="taking a raise back needs root or CAP_SYS_NICE")
+def test_a_raise_is_given_back_past_capacity_and_taken_again_after_the_hold(child):
+    from streams.policies.step_back import StepBack
+
+    pid = child(own_session=True)
+    assert priority.apply(pid, -5) is None
+    now, heard = [0.0], []
+    held = priority.Raise(-5, StepBack(rate_per_s=2, hold_s=1), heard.append, clock=lambda: now[0], pid=pid)
+    held.refused()
+    held.update()
+    assert heard == [] and os.getpriority(os.PRIO_PROCESS, pid) == -5  # one refusal is not the rate
+    held.refused()
+    held.update()
+    assert heard == [0] and os.getpriority(os.PRIO_PROCESS, pid) == 0
+    if autogroup_nice(pid) is not None:
+        assert autogroup_nice(pid) == 0
+    now[0] = 1.0
+    held.update()
+    assert heard == [0, -5] and os.getpriority(os.PRIO_PROCESS, pid) == -5
+
+
+def test_only_a_process_that_runs_raised_holds_a_raise():
+    from streams.policies.step_back import StepBack
+
+    policy = StepBack(rate_per_s=5, hold_s=5)
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    assert priority.Raise.held(3, policy, print) is None  # a lowering is not a raise
+    assert priority.Raise.held(mine - 1 if mine > -20 else mine + 1, policy, print) is None  # not what it runs at

@@ -30,7 +30,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from pathlib import Path
+from typing import Callable
+
+from streams.policies.step_back import StepBack
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +43,18 @@ def apply(pid: int, nice: int, proc: Path = Path("/proc")) -> str | None:
     """Run process ``pid`` at CPU priority ``nice``: its autogroup's nice value and each of
     its threads'. None when both are set (or the system has neither: not Linux); otherwise
     why not, with what could be set left set."""
+    return _set(pid, nice, proc, keep_offsets=False)
+
+
+def move(pid: int, nice: int, proc: Path = Path("/proc")) -> str | None:
+    """Move running process ``pid`` to CPU priority ``nice``, as ``apply`` does, but keeping
+    each thread's offset from the process's main thread: a thread its engine runs lower
+    (``encoder.heavy_prep_nice``, ``router.colocate_nice``) stays that much lower. None when
+    done; otherwise why not."""
+    return _set(pid, nice, proc, keep_offsets=True)
+
+
+def _set(pid: int, nice: int, proc: Path, keep_offsets: bool) -> str | None:
     if not sys.platform.startswith("linux"):
         return None
     problems: list[str] = []
@@ -52,12 +68,14 @@ def apply(pid: int, nice: int, proc: Path = Path("/proc")) -> str | None:
             problems.append(f"its autogroup: {exc.strerror or exc}")
     try:
         tids = [int(t) for t in os.listdir(proc / str(pid) / "task")]
+        delta = nice - os.getpriority(os.PRIO_PROCESS, pid) if keep_offsets else 0
     except OSError as exc:
         return f"process {pid}: {exc.strerror or exc}"
     refused = 0
     for tid in tids:
         try:
-            os.setpriority(os.PRIO_PROCESS, tid, nice)
+            value = min(19, max(-20, os.getpriority(os.PRIO_PROCESS, tid) + delta)) if keep_offsets else nice
+            os.setpriority(os.PRIO_PROCESS, tid, value)
         except ProcessLookupError:
             continue  # a thread that ended meanwhile
         except PermissionError:
@@ -82,3 +100,37 @@ def apply_logged(what: str, pid: int, nice: int) -> None:
     why = apply(pid, nice)
     if why is not None:
         log.warning("%s runs at its default CPU priority: %s", what, why)
+
+
+class Raise:
+    """This process's raised priority, given back and taken again as ``policy`` says (the
+    router's: ``streams.policies.step_back``). ``on_change`` hears each level it moves to."""
+
+    def __init__(self, nice: int, policy: StepBack, on_change: Callable[[int], None],
+                 clock: Callable[[], float] = time.monotonic, pid: int | None = None) -> None:
+        self.nice, self.policy, self.on_change, self.clock = nice, policy, on_change, clock
+        self.pid = os.getpid() if pid is None else pid
+
+    @classmethod
+    def held(cls, nice: int, policy: StepBack, on_change: Callable[[int], None]) -> Raise | None:
+        """The raise this process runs at, when it runs raised at ``nice`` now (its worker
+        applied ``local.nice`` at start); None otherwise: not raised, or the raise was refused,
+        or a process that runs a stage in-process (a test, a bench) and is not ours to move."""
+        if nice >= 0 or not sys.platform.startswith("linux") or os.getpriority(os.PRIO_PROCESS, 0) != nice:
+            return None
+        return cls(nice, policy, on_change)
+
+    def refused(self) -> None:
+        """A request refused for want of capacity."""
+        self.policy.refused(self.clock())
+
+    def update(self) -> None:
+        """Move to the level the policy says now, if that changed."""
+        raised = self.policy.update(self.clock())
+        if raised is None:
+            return
+        level = self.nice if raised else 0
+        why = move(self.pid, level)
+        if why is not None:
+            log.warning("could not move this process to CPU priority %d: %s", level, why)
+        self.on_change(level)
