@@ -19,6 +19,7 @@ pytest.importorskip("skimage")
 
 from schemas.errors import ErrorCode, WireError  # noqa: E402
 from schemas.settings import Settings  # noqa: E402
+from workers.engines.gate import check_variant  # noqa: E402
 from workers.engines.onnx import OnnxEngine  # noqa: E402
 from workers.image import ImageEncoder, ImageOutput, load_labels  # noqa: E402
 from workers.models.build import build_models, ensure_built  # noqa: E402
@@ -90,7 +91,10 @@ def test_int8_agrees_with_fp32_on_the_sample_photos(config: ModelConfig, encoder
     recorded = config.variant("int8").fidelity
     print(f"int8 vs fp32 cosine {np.round(cos, 4)}; config.json: {dict(recorded)}")
     assert cos.min() >= 0.97
-    assert recorded["mean_cosine"] >= 0.98 and recorded["top1_agreement"] >= 0.9
+    # What the build measured passes the gate the encoder applies at load, on this CPU: a
+    # recipe whose int8 falls short on it (u8s8 saturation without VNNI) is served as fp32.
+    assert check_variant(config, "int8") is None, recorded
+    assert recorded["top1_agreement"] >= 0.9
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])

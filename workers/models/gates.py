@@ -23,7 +23,7 @@ GATES: Mapping[str, Mapping[str, Gate]] = {
         "fp16": {"mean_cosine": {"min": 0.999}, "min_cosine": {"min": 0.995}},  # 1.0, 0.99999
     },
     "efficientnet-lite0": {
-        "int8": {"mean_cosine": {"min": 0.97}, "top1_agreement": {"min": 0.85}},  # 0.9883, 0.95
+        "int8": {"mean_cosine": {"min": 0.97}, "top1_agreement": {"min": 0.85}},  # 0.9883, 0.95 as introduced; 0.9734, 0.95 on AVX2 without VNNI
         "fp16": {"mean_cosine": {"min": 0.999}, "top1_agreement": {"min": 0.85}},  # 0.99998, 0.9375 (one near-tie of 16)
     },
     "smollm2-135m": {
