@@ -19,7 +19,7 @@ from tests.integration.conftest import start_pipeline
 
 pytestmark = pytest.mark.integration
 
-SENTENCE = "the quick brown fox jumps over the lazy dog"
+SENTENCE = "please remember to water the plants and lock the back door before you leave"
 
 
 def spoken(text: str) -> bytes:
