@@ -223,7 +223,8 @@ class LocalSettings(Section):
         "CAP_SYS_NICE; without, the process runs at 0 with a warning. Measured (docs/isolation.md, stop 44): "
         "router=-10 took another tenant's text p99 under a flood from 112-237 ms to 71-86, and at 1.5x-2x overload "
         "left fewer cores to the pools the admitted requests wait for (the router's work grows with what arrives, "
-        "shed or not), so their p99 passed 1 s; empty (all at 0) is the default."
+        "shed or not), so their p99 passed 1 s; empty (all at 0) is the default. A raised router steps back to 0 "
+        "while admission refuses for want of capacity (router.step_back_rate)."
     )
 
     @field_validator("nice")

@@ -20,6 +20,10 @@ thread started later inherits its creator's value, so a worker applies its own a
 before its engine threads exist, and the relative lowering of its heavy threads
 (``encoder.heavy_prep_nice``, ``router.colocate_nice``) still holds on top of it.
 
+A raised router does not keep its raise past the box's capacity: ``Raise`` moves it back to
+0 (``move``, which keeps each thread's offset) while admission refuses requests for want of
+capacity, and up again after a hold, as ``streams.policies.step_back`` decides.
+
 Raising a priority (a negative value) needs root or ``CAP_SYS_NICE``: without them nothing is
 changed and ``apply`` says so (a warning, never a failure). In containers, give the same
 intent through the orchestrator (CPU shares or weights per service).
