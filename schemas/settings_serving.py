@@ -417,7 +417,9 @@ class QuotaSettings(Section):
     )
     compute_ms_per_s: float = setting(
         -1.0, "Predicted engine milliseconds per second one tenant's requests may cause (token bucket per router "
-        "replica): every part's encode priced by its length or pixels, a generation by its prompt and output tokens. "
+        "replica): every part's encode priced by its length or pixels, a generation by its prompt and max_tokens at "
+        "the step cost the generators measured, as if it ran alone, times the CPU threads of their engine "
+        "(streams/policies/gen_price.py). "
         "Bounds how much of the engines one tenant takes, queued or not; over it: overloaded with retry_after_ms. "
         "0: no compute limit. -1 (the default): 500 where the broker authenticates tenants (kafka.authenticated), "
         "none in plaintext mode, where a tenant is a name any client may give and a per-tenant limit bounds nothing.",

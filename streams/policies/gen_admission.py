@@ -1,5 +1,6 @@
-"""Admission for generate requests: price a request in engine time, predict its time to first
-token from what is queued and running, and refuse it at once when that is past the bound.
+"""Admission for generate requests: predict a request's time to first token from what is
+queued and running, and refuse it at once when that is past the bound (what the router
+charges the tenant's quota for one is ``streams.policies.gen_price``).
 
 Pure policy over plain data (the generation core fills in ``QueueState``; the stage acts).
 
@@ -96,28 +97,6 @@ def predict_ttft_ms(model: StepCostModel, state: QueueState, prompt_tokens: int,
     per_step = max(1, state.max_tokens_per_step - decodes)
     steps = math.ceil(work / per_step)
     return wait_steps * decode_step + steps * model.step_ms(decodes, min(work, per_step))
-
-
-# What a generate request costs before the generator has seen it (the router prices it for
-# the tenant's quota): llama.cpp on the packaged GGUF, 2 threads, 8 sequences decoding
-# together, measured on the 2-core build box (docs/generation.md).
-ROUTER_STEP_COST = (6.0, 3.5, 0.35)  # fixed ms per step, ms per decode, ms per prompt token
-CHARS_PER_TOKEN = 3  # fewer characters per token than English averages: errs on the dear side
-GROUNDING_TOKENS = 64  # what one non-text part adds to the prompt (labels, a transcript)
-
-
-def estimate_prompt_tokens(text_chars: int, other_parts: int) -> int:
-    """Prompt tokens of a request before tokenizing it (the router does not tokenize)."""
-    return math.ceil(text_chars / CHARS_PER_TOKEN) + GROUNDING_TOKENS * other_parts + 32
-
-
-def price_generate_ms(prompt_tokens: int, max_tokens: int, cost: tuple[float, float, float] = ROUTER_STEP_COST,
-                      batch: int = 8) -> float:
-    """Engine milliseconds a generate request takes from a generator running ``batch``
-    sequences together: its prompt's prefill plus ``max_tokens`` decode steps, each its
-    share of the step's fixed cost plus its own decode."""
-    fixed, per_decode, per_prompt = cost
-    return prompt_tokens * per_prompt + max_tokens * (per_decode + fixed / max(1, batch))
 
 
 MAX_RETRY_AFTER_MS = 30_000

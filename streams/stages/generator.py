@@ -16,7 +16,9 @@ import asyncio
 import dataclasses
 import json
 import logging
+import os
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,10 +39,12 @@ from streams.cores.generation import GenerationCore, GenerationRequest, Generati
 from streams.observe.metrics import Metrics
 from streams.policies.calibration import PredictionCalibration
 from streams.policies.gen_admission import retry_after_ms, ttft_bound_ms
+from streams.policies.gen_price import GenCost
 from streams.policies.scheduler import ContinuousBatchScheduler, SchedulerLimits, StaticBatchScheduler
 from streams.runtime.produce import Out, out_map
 from streams.runtime.recovery import AnswerLedger, recover, stage_timings
 from streams.runtime.stage import RecordStage
+from streams.stores import load_reports
 from workers import modalities
 from workers import prompt as P
 from workers.calibration import CalibrationCache
@@ -48,11 +52,13 @@ from workers.engines import EngineOptions, load_engine
 from workers.engines.lm import GENERATION_FILE, StopChecker
 from workers.engines.lm_types import LMError, SamplingParams
 from workers.prefix_cache import PrefixCache
+from workers.redisconn import connect_async
 from workers.repository import ModelRepository
 
 log = logging.getLogger(__name__)
 STAGE = "generate"
 WARM_STEPS = 20  # engine steps a generator runs before its TTFT predictions may refuse work
+COST_REPORT_S = 2.0  # how often a replica publishes its step cost for the router's price
 
 
 def prompt_parts(parts: list[dict[str, Any]]) -> list[Any]:
@@ -118,6 +124,9 @@ class GeneratorStage(RecordStage):
         # are at least its characters) cannot fit, so it is refused before it is tokenized.
         longest = max((len(t) for t in tokenizer.get_vocab()), default=1)
         self.max_prompt_chars = core.engine.max_context * longest
+        self.replica = f"{STAGE}/{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.redis = connect_async(settings.redis.url, settings.redis.tls_ca, socket_timeout=0.2,
+                                   socket_connect_timeout=0.2)
 
     # -- intake --------------------------------------------------------------------------
 
@@ -207,6 +216,19 @@ class GeneratorStage(RecordStage):
     async def on_started(self) -> None:
         await super().on_started()
         self.supervise("steps", self._steps_forever)
+        self.supervise("cost", self._publish_cost_forever)
+
+    def step_cost(self) -> GenCost:
+        """What a step costs here, as the core's cost model has learned it, for the router's
+        price of generate requests (``streams.policies.gen_price``)."""
+        fixed, per_decode, per_prompt = (float(x) for x in self.core.cost.coef)
+        return GenCost(fixed, per_decode, per_prompt, engine_threads(self.core.engine))
+
+    async def _publish_cost_forever(self) -> None:
+        prefix = self.settings.kafka.topic_prefix
+        while not self.should_stop:  # best effort: the router keeps the last cost it read
+            await load_reports.publish_gen_cost(self.redis, prefix, self.replica, self.step_cost().to_map(now_ms()))
+            await asyncio.sleep(COST_REPORT_S)
 
     async def _steps_forever(self) -> None:
         loop = asyncio.get_running_loop()
@@ -381,6 +403,12 @@ def build_core(settings: Settings, observer: Any = None) -> tuple[GenerationCore
         for ms, decode, prompt in timed:
             core.cost.observe(ms, int(decode), int(prompt))
     return core, tokenizer
+
+
+def engine_threads(engine: Any) -> int:
+    """The CPU threads one engine step runs on (llama.cpp's ``threads``, ONNX Runtime's
+    intra-op threads; 0 there means one per core)."""
+    return int(getattr(engine, "threads", 0) or getattr(engine, "intra_op_threads", 0) or os.cpu_count() or 1)
 
 
 def install_generator(app: faust.App, settings: Settings, metrics: Metrics) -> None:

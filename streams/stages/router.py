@@ -29,6 +29,7 @@ from streams.policies.load import LoadView
 from streams.policies.quota import TenantLabels
 from streams.reply_topics import TopicCache
 from streams.policies.direct import Action
+from streams.policies.gen_price import costliest
 from streams.policies.step_back import StepBack
 from streams.runtime import priority
 from streams.runtime.joint import Joint
@@ -282,6 +283,8 @@ class RouterStage(RecordStage):
             try:
                 self.load.update_reports(await load_reports.read_loads(self.redis, prefix), now_ms())
                 self.router.models = await load_reports.read_identities(self.redis, prefix)
+                if "generate" in self.router.served_tasks:
+                    self.router.gen_cost = costliest(await load_reports.read_gen_costs(self.redis, prefix), now_ms())
                 self.router.partitioner.refresh(self.load.partition_ms)
                 if self.direct is not None:
                     self.metrics.set_state(self.stage, keys=self.direct.entries())

@@ -54,7 +54,7 @@ from schemas.topics import TopicNames
 from schemas.trace import now_ms
 from streams.policies.admission import IDLE_SHARE, AdmissionLimits, Admit, Reject, admit
 from streams.policies.budget import KeyedBudget
-from streams.policies.gen_admission import estimate_prompt_tokens, price_generate_ms
+from streams.policies.gen_price import ROUTER_GEN_COST, estimate_prompt_tokens, price_generate_ms
 from streams.policies.load import LoadView, stage_of
 from streams.policies.partitioning import Partitioner
 from streams.policies.quota import QuotaLimits, Shed, TenantQuotas
@@ -156,6 +156,9 @@ class Router:
         """A ResultCache (streams/stores/result_cache.py), or None: no whole-result reuse."""
         self.models: dict[str, str] = {}
         """modality -> model identity, as the encoders publish them (refreshed by the stage)."""
+        self.gen_cost = ROUTER_GEN_COST
+        """What a generate request is priced with: the dearest step cost the generators
+        publish (refreshed by the stage; ``streams.policies.gen_price``)."""
         a = settings.admission
         self.admission = AdmissionLimits(a.max_queued_ms_rt, a.max_queued_ms_bulk) if a.enabled else None
         self.lane_limit_ms = {"rt": a.max_queued_ms_rt, "bulk": a.max_queued_ms_bulk}
@@ -360,12 +363,13 @@ class Router:
 
     def _generate_cost(self, req: Any) -> float:
         """The generator's work a generate request causes (0 for embed), priced before any
-        of it runs, so a tenant's quota counts generation too."""
+        of it runs, so a tenant's quota counts generation too: CPU ms, at the generators'
+        measured step cost, as if it ran alone (``streams.policies.gen_price``)."""
         if str(req.task) != "generate":
             return 0.0
         chars = sum(len(p.text) for p in req.parts if p.text is not None)
         others = sum(1 for p in req.parts if p.text is None)
-        return price_generate_ms(estimate_prompt_tokens(chars, others), int(req.params.max_tokens))
+        return price_generate_ms(estimate_prompt_tokens(chars, others), int(req.params.max_tokens), self.gen_cost)
 
     def _ref_bounds(self, req: Any, claims: dict[int, ClaimSize]) -> dict[int, int]:
         """Per ref part whose modality bounds it (an image): what its job may not exceed

@@ -6,6 +6,8 @@ numbers (and, past their staleness, treats the pool as idle).
   ``streams.policies.load``), a field of the hash ``mm:load:<prefix>`` named by stage and replica,
   refreshed a few times a second.
 - ``publish_identity`` / ``read_identities``: model identities, for the whole-result cache key.
+- ``publish_gen_cost`` / ``read_gen_costs``: each generator replica's measured step cost
+  (``streams.policies.gen_price.GenCost``), what the router prices generate requests with.
 """
 
 from __future__ import annotations
@@ -27,12 +29,18 @@ async def publish_load(redis: Any, topic_prefix: str, replica: str, report: dict
 
 async def read_loads(redis: Any, topic_prefix: str) -> dict[str, dict[str, Any]]:
     """replica -> its last report; {} when Redis cannot be read."""
+    return _decoded(await _hgetall(redis, load_key(topic_prefix)))
+
+
+def _decoded(fields: dict[Any, Any]) -> dict[str, dict[str, Any]]:
     out = {}
-    for k, v in (await _hgetall(redis, load_key(topic_prefix))).items():
+    for k, v in fields.items():
         try:
-            out[_text(k)] = json.loads(_text(v))
+            value = json.loads(_text(v))
         except (TypeError, ValueError):
             continue
+        if isinstance(value, dict):
+            out[_text(k)] = value
     return out
 
 
@@ -48,6 +56,19 @@ async def publish_identity(redis: Any, topic_prefix: str, modality: str, identit
 
 async def read_identities(redis: Any, topic_prefix: str) -> dict[str, str]:
     return {_text(k): _text(v) for k, v in (await _hgetall(redis, models_key(topic_prefix))).items()}
+
+
+def gen_cost_key(topic_prefix: str) -> str:
+    return f"mm:gencost:{topic_prefix}"
+
+
+async def publish_gen_cost(redis: Any, topic_prefix: str, replica: str, report: dict[str, Any]) -> None:
+    await _hset(redis, gen_cost_key(topic_prefix), replica, json.dumps(report, separators=(",", ":")))
+
+
+async def read_gen_costs(redis: Any, topic_prefix: str) -> dict[str, dict[str, Any]]:
+    """replica -> its last step cost report; {} when Redis cannot be read."""
+    return _decoded(await _hgetall(redis, gen_cost_key(topic_prefix)))
 
 
 async def _hset(redis: Any, key: str, field: str, value: str) -> None:

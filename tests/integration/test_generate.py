@@ -89,3 +89,22 @@ async def test_a_burst_past_the_ttft_bound_is_shed_at_once_and_nothing_is_lost(t
     for e in shed:
         assert e.error["code"] == "overloaded" and e.error["retry_after_ms"] >= 100, e.error
         assert "first token" in e.error["message"]
+
+
+async def test_the_generator_publishes_the_step_cost_the_router_prices_with(gen_pipeline):
+    from streams.policies.gen_price import ROUTER_GEN_COST, costliest
+    from streams.stores import load_reports
+    from workers.redisconn import connect_async
+
+    settings = gen_pipeline.settings
+    redis = connect_async(settings.redis.url, settings.redis.tls_ca)
+    try:
+        reports = await load_reports.read_gen_costs(redis, gen_pipeline.prefix)
+    finally:
+        await redis.aclose()
+    assert len(reports) == 1 and next(iter(reports)).startswith("generate/"), reports
+    from schemas.trace import now_ms
+
+    cost = costliest(reports, now_ms())
+    # Measured here, not the constant: llama.cpp's threads, a step cost learned on this machine.
+    assert cost != ROUTER_GEN_COST and cost.threads >= 1 and cost.fixed_ms + cost.per_decode_ms > 0, cost

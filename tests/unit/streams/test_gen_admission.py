@@ -52,16 +52,6 @@ def test_bulk_is_held_to_ten_times_the_bound() -> None:
     assert ttft_bound_ms(1000, "rt") == 1000 and ttft_bound_ms(1000, "bulk") == 10_000 and ttft_bound_ms(0, "rt") == 0
 
 
-def test_a_generate_request_is_priced_by_its_prompt_and_max_tokens() -> None:
-    from streams.policies.gen_admission import estimate_prompt_tokens, price_generate_ms
-
-    short, long_prompt = estimate_prompt_tokens(30, 0), estimate_prompt_tokens(30_000, 0)
-    assert long_prompt > 100 * short / 10 and estimate_prompt_tokens(30, 1) > short
-    assert price_generate_ms(short, 256) > 10 * price_generate_ms(short, 16) / 2
-    assert price_generate_ms(long_prompt, 16) > price_generate_ms(short, 16)
-    assert price_generate_ms(short, 16, batch=1) > price_generate_ms(short, 16, batch=8)
-
-
 def test_a_request_waits_for_kv_cells_as_well_as_for_slots() -> None:
     model = StepCostModel(fixed_ms=10, per_decode_ms=1, per_prefill_token_ms=0.5)
     roomy = QueueState(2, 8, 64, (5, 50), {}, {}, (1000, 1000), 0)

@@ -436,6 +436,17 @@ def test_without_compute_debt_a_request_over_the_burst_is_payload_too_large():
     assert routed(r, pack({"id": "d2", "parts": [{"modality": "text", "text": "small"}]})).outcome == "ok"
 
 
+def test_a_generate_request_is_priced_at_the_step_cost_the_generators_report():
+    from streams.policies.gen_price import GenCost
+
+    r = make_router(quota__compute_ms_per_s="100", quota__compute_burst_ms="1000", quota__compute_debt="false")
+    chat = {"task": "generate", "parts": [{"modality": "text", "text": "hi"}], "params": {"max_tokens": 16}}
+    assert routed(r, pack({"id": "g1", **chat})).outcome == "ok"  # ~330 ms at the constant cost
+    r.gen_cost = GenCost(fixed_ms=40.0, per_decode_ms=10.0, per_prompt_ms=1.0, threads=2)  # a slower box reported
+    _, ev = verdict(routed(r, pack({"id": "g2", **chat})).outs[0])  # 16 x 2 x 50 ms: over the 1000 ms burst
+    assert ev.error["code"] == "payload_too_large" and ev.error["field"] == "parts"
+
+
 def test_a_part_that_makes_no_job_is_not_priced():
     r, _ = sized_router({}, quota__compute_ms_per_s="100", quota__compute_burst_ms="500", quota__compute_debt="false")
     # An unknown ref fails alone and costs nothing: priced at the bounds it would be ~830 ms.
