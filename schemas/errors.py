@@ -59,6 +59,11 @@ class WireError(Exception):
         self.retriable = policy.retriable
         self.retry_after_ms = retry_after_ms if retry_after_ms is not None else policy.retry_after_ms
 
+    def __reduce__(self) -> tuple:
+        # Pickled as its fields (Exception's default is its one message string, which this
+        # constructor does not take): a decode in another process raises it back here.
+        return (type(self), (self.code, self.message, self.field, self.retry_after_ms))
+
     def to_wire(self) -> dict:
         """The ``error`` map of an event."""
         return {

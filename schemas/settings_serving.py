@@ -92,6 +92,13 @@ class EncoderSettings(Section):
         10, "How much lower that thread's CPU priority is (Linux nice, 1-19; 10 gives it about a tenth of a core "
         "that other work wants, all of an idle one).", ge=1, le=19
     )
+    heavy_prep_process: bool = setting(
+        True, "Where a modality can (images), that thread hands the decode to a process of its own that leads its own "
+        "session at heavy_prep_nice (workers/offload.py): the kernel shares the cores between sessions or cgroups "
+        "before it looks at a thread's nice, so only a process of its own yields the core to the other stages (the "
+        "router encoding another tenant's texts), and a decode that kills its process does not kill the worker. "
+        "false: the decode runs on the thread itself."
+    )
     max_queue: int = setting(256, "Most jobs held in a worker between Kafka and the engine.", ge=1)
     max_queue_bytes: int = setting(
         256 * 1024 * 1024, "Most payload bytes the jobs held in a worker carry (inline data and text, and refs at the "

@@ -64,6 +64,10 @@ class Runner:
     preprocessing: str = ""
     """Preprocessing version in the cache key: bump it when ``cache_content`` or the
     preprocessing changes what the model is given."""
+    prepare_heavy: Callable[[EncodeJob], Prepared] | None = None
+    """``prepare`` for a job priced as heavy (``encoder.heavy_prep_ms``), where the modality
+    does that elsewhere (images: in a low-priority process of its own, ``workers.offload``).
+    None: ``prepare``."""
 
 
 class EncoderFront:
@@ -87,8 +91,10 @@ class EncoderFront:
         """Prep thread: per job its exception, a cache hit (``Encoded``), or its ``Prepared``."""
         return self.lookup(self.prepare_items(jobs))
 
-    def prepare_items(self, jobs: list[EncodeJob]) -> list[Any]:
-        """Per job its exception or its ``Prepared`` (the cache not asked yet)."""
+    def prepare_items(self, jobs: list[EncodeJob], heavy: bool = False) -> list[Any]:
+        """Per job its exception or its ``Prepared`` (the cache not asked yet); ``heavy``: jobs
+        priced as heavy, prepared by ``Runner.prepare_heavy`` where there is one."""
+        prepare = (self.runner.prepare_heavy if heavy else None) or self.runner.prepare
         prepared: list[Any] = []
         for job in jobs:
             try:
@@ -99,7 +105,7 @@ class EncoderFront:
                     job = dataclasses.replace(job, data=data, ref=None)
                 elif job.data is None and job.text is None:
                     raise refs_not_served(job)
-                item = self.runner.prepare(job)
+                item = prepare(job)
                 prepared.append(dataclasses.replace(item, key=self._key(item)))
             except Exception as exc:
                 prepared.append(exc)

@@ -66,8 +66,9 @@ class EncoderRunner(Protocol):
     def prepare_many(self, jobs: list[Any]) -> list[Any]:
         """Per job: its exception, an ``Encoded`` (a cache hit), or its ``Prepared`` (``key`` set when cached)."""
 
-    def prepare_items(self, jobs: list[Any]) -> list[Any]:
-        """``prepare_many`` without the reuse cache: per job its exception or its ``Prepared``."""
+    def prepare_items(self, jobs: list[Any], heavy: bool = False) -> list[Any]:
+        """``prepare_many`` without the reuse cache: per job its exception or its ``Prepared``
+        (``heavy``: jobs priced as heavy, prepared where the modality puts those)."""
 
     def lookup(self, prepared: list[Any], wait_for_others: bool = True) -> list[Any]:
         """The reuse cache's half of ``prepare_many``: ``prepared`` with hits in place of their

@@ -16,9 +16,10 @@ it:
   a job whose turn comes past its deadline is answered without its decode), at lower CPU priority within
   this process
   (``lower_thread_priority``; between processes the kernel's autogroups or cgroups share the cores
-  whatever a thread's nice value), then looked up in the cache on the prep thread: it holds no light
-  job's preparation behind it. Which thread is decided by the router's price, not by the decode's
-  real cost;
+  whatever a thread's nice value, so a runner that can hands the decode itself to a low-priority
+  process of its own, ``Runner.prepare_heavy``: images, ``workers.offload``), then looked up in the
+  cache on the prep thread: it holds no light job's preparation behind it. Which thread is decided by
+  the router's price, not by the decode's real cost;
 - the engine thread runs the batch the pure ``MicroBatcher`` picks (rt first, length-aware, its
   budget in ms predicted by a ``BatchCostModel`` that learns from every batch) from each lane's
   queue in tenant-fair order (``FairOrder``: one tenant's backlog never holds another's items behind
@@ -238,7 +239,7 @@ class EncoderCore:
             self._end_heavy_turn()
             return [deadline_error()]
         try:
-            decode = self.prep_heavy.submit(self.runner.prepare_items, [job])
+            decode = self.prep_heavy.submit(self.runner.prepare_items, [job], True)
         except BaseException:
             self._end_heavy_turn()
             raise

@@ -135,3 +135,30 @@ def test_rebuild_is_skipped_when_up_to_date(config: ModelConfig) -> None:
     report = build_models(config.directory.parent.parent, [NAME], log=lambda _: None)[0]
     assert report.status == "up to date"
     assert time.monotonic() - start < 2.0
+
+
+def test_a_heavy_picture_is_decoded_in_the_offload_process_as_it_would_be_here(config: ModelConfig) -> None:
+    import multiprocessing
+
+    from schemas.jobs import EncodeJob
+    from workers.modalities.image_runner import image_runner
+
+    class Quiet:
+        def __getattr__(self, name):
+            return lambda *args, **kwargs: None
+
+    def job(data: bytes, mime: str) -> EncodeJob:
+        return EncodeJob(id="h", part=0, n_parts=1, modality="image", lane="rt", tenant="t", deadline_at_ms=0.0,
+                         sent_at_ms=0.0, data=data, mime=mime)
+
+    runner, _ = image_runner(Settings.from_env(), Quiet(), "encode.image")
+    assert runner.prepare_heavy is not None
+    before = {p.pid for p in multiprocessing.active_children()}
+    here = runner.prepare(job(*png("chelsea")))
+    assert {p.pid for p in multiprocessing.active_children()} == before  # a light decode: here
+    there = runner.prepare_heavy(job(*png("chelsea")))
+    assert {p.pid for p in multiprocessing.active_children()} - before  # the heavy one: in a process of its own
+    assert np.array_equal(here.data, there.data) and here.content == there.content
+    with pytest.raises(WireError) as refused:  # an error in the process comes back as itself
+        runner.prepare_heavy(job(b"\x89PNG junk", "image/png"))
+    assert refused.value.code == ErrorCode.UNSUPPORTED_MEDIA

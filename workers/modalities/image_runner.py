@@ -7,12 +7,14 @@ from typing import Any
 
 import numpy as np
 
+from schemas.errors import ErrorCode, WireError
 from schemas.jobs import EncodeJob
 from schemas.settings import Settings
 from workers import image
 from workers.encoders import Runner, load_engine, run_isolated, timed
 from workers.image import ImageEncoder, _warmup_image, load_labels, model_input, normalized_pixels, preprocess
 from workers.modalities.image import SPEC
+from workers.offload import Offload, OffloadDied
 from workers.outputs import Encoded, Observer, Prepared
 from workers.video import FRAMES_MIME, frames_from_bytes
 
@@ -32,6 +34,20 @@ def image_runner(settings: Settings, observer: Observer, stage: str) -> tuple[Ru
             frames = preprocess(frames_from_bytes(job.data or b""))
             return Prepared(job, float(len(frames)), frames, content=job.data)
         pixels, content = model_input(job.data or b"", job.mime, pixel_bound(job, settings))
+        return Prepared(job, 1.0, pixels, content=content)
+
+    # Started at the first heavy picture (a spawn is ~0.5 s), so a runner that never sees one
+    # (the router's, the bench's in-process server) has no process more.
+    offload = Offload(settings.encoder.heavy_prep_nice) if settings.encoder.heavy_prep_process else None
+
+    def prepare_heavy(job: EncodeJob) -> Prepared:
+        """A picture priced as heavy, decoded in the offload process (``workers.offload``)."""
+        if offload is None or job.mime == FRAMES_MIME:
+            return prepare(job)
+        try:
+            pixels, content = offload.call(model_input, job.data or b"", job.mime, pixel_bound(job, settings))
+        except OffloadDied as exc:
+            raise WireError(ErrorCode.INTERNAL, f"the image was not decoded: {exc}") from None
         return Prepared(job, 1.0, pixels, content=content)
 
     def run_together(items: list[Prepared]) -> list[Any]:
@@ -61,7 +77,8 @@ def image_runner(settings: Settings, observer: Observer, stage: str) -> tuple[Ru
 
     identity = f"{config.name}/{config.version}/{engine.precision}/{image.PREPROCESSING_VERSION}"
     return Runner(prepare, run, calibrate, identity, cost_prior=(1.0, 8.0, 0.0), config=config,
-                  precision=engine.precision, cache_content=cache_content, preprocessing=PREPROCESSING), encoder
+                  precision=engine.precision, cache_content=cache_content, preprocessing=PREPROCESSING,
+                  prepare_heavy=prepare_heavy), encoder
 
 
 def build_runner(settings: Settings, observer: Observer, stage: str) -> Runner:

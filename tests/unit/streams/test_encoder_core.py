@@ -56,7 +56,13 @@ class Harness:
             self.ran.append([i.data for i in items])
             return [np.full(4, len(i.data), dtype=np.float32) for i in items]
 
-        front = EncoderFront(Runner(prepare, run, rows_alone=True, variable_length=True), None,
+        self.heavy_path: set[str] = set()  # jobs prepared by the runner's prepare_heavy
+
+        def prepare_heavy(job):
+            self.heavy_path.add(job.id)
+            return prepare(job)
+
+        front = EncoderFront(Runner(prepare, run, rows_alone=True, variable_length=True, prepare_heavy=prepare_heavy), None,
                              CacheFront(self.cache, Quiet(), "text"), key_of=lambda job, content: f"k:{content.decode()}")
         self.core = EncoderCore(front, EncoderSettings(order=order, max_wait_ms=max_wait_ms, **limits), "text", self.answers.append,
                                 Quiet(), thread_nice=thread_nice)
@@ -234,6 +240,7 @@ async def test_a_job_priced_heavy_is_prepared_on_a_thread_of_lower_priority_and_
     assert sorted(a.job.id for a in h.answers) == ["r0", "r1", "r2", "r3"]  # each exactly once
     heavy, light = h.prepared_on["r2"], h.prepared_on["r1"]
     assert heavy[0].startswith("prep-heavy-") and not light[0].startswith("prep-heavy-")
+    assert h.heavy_path == {"r2", "r3"}  # the runner's own heavy preparation (images: a process of its own)
     if sys.platform.startswith("linux"):
         assert heavy[1] == min(19, base + 5) and light[1] == base
     assert isinstance(h.by_id()["r3"].result, Encoded)  # the cache lookup still answers a heavy job
