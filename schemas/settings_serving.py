@@ -432,6 +432,12 @@ class QuotaSettings(Section):
         "none in plaintext mode, where a tenant is a name any client may give and a per-tenant limit bounds nothing.",
         ge=-1,
     )
+    generation_shared_by: int = setting(
+        1, "How many sequences the compute quota assumes share each generator step (its fixed cost split between "
+        "them): 1 prices a generation as if it ran alone, what it costs on an idle generator and the most it can cost; "
+        "a deployment whose chat traffic keeps the generator's batches full (generator.max_running) may say so and pay "
+        "up to about half as much per token.", ge=1
+    )
     compute_burst_ms: float = setting(
         0.0, "Engine milliseconds a tenant may cause at once above that rate; 0: two seconds' worth. A request priced "
         "over it waits for a full bucket and leaves it in debt.", ge=0

@@ -12,8 +12,10 @@ that each pay the step's whole fixed cost, all times the engine's threads (a ste
 every one of them busy). The router cannot know which sequences will share its steps, and a
 sequence that runs alone does cost that much; one that shares its steps with seven others
 costs about half of it (with the costs below), so a tenant that keeps the generator's
-batches full pays up to twice its share of the CPU. A bound must not be below what it
-bounds. ``max_tokens`` is paid whether or not eos comes first (as a KV reservation is).
+batches full pays up to twice its share of the CPU (an operator who knows its traffic
+keeps them full may say how full: ``quota.generation_shared_by``). A bound must not be below
+what it bounds. ``max_tokens`` is paid whether or not eos comes first (as a KV reservation
+is).
 """
 
 from __future__ import annotations
@@ -69,11 +71,13 @@ def estimate_prompt_tokens(text_chars: int, other_parts: int) -> int:
     return math.ceil(text_chars / CHARS_PER_TOKEN) + GROUNDING_TOKENS * other_parts + 32
 
 
-def price_generate_ms(prompt_tokens: int, max_tokens: int, cost: GenCost = ROUTER_GEN_COST) -> float:
-    """CPU milliseconds a generate request may take, priced as if it ran alone (see the
-    module docstring): its prompt's prefill plus ``max_tokens`` whole steps, times the
-    engine's threads."""
-    return cost.threads * prompt_tokens * cost.per_prompt_ms + max_tokens * cost.token_ms()
+def price_generate_ms(prompt_tokens: int, max_tokens: int, cost: GenCost = ROUTER_GEN_COST,
+                      shared_by: int = 1) -> float:
+    """CPU milliseconds a generate request may take: its prompt's prefill plus ``max_tokens``
+    steps, times the engine's threads, each step's fixed cost shared with ``shared_by - 1``
+    other sequences (1, the default: as if it ran alone; see the module docstring)."""
+    per_token = cost.threads * (cost.fixed_ms / max(1, shared_by) + cost.per_decode_ms)
+    return cost.threads * prompt_tokens * cost.per_prompt_ms + max_tokens * per_token
 
 
 def costliest(reports: Mapping[str, Mapping[str, Any]], now_ms: float, stale_ms: float = STALE_MS,

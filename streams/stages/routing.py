@@ -369,7 +369,8 @@ class Router:
             return 0.0
         chars = sum(len(p.text) for p in req.parts if p.text is not None)
         others = sum(1 for p in req.parts if p.text is None)
-        return price_generate_ms(estimate_prompt_tokens(chars, others), int(req.params.max_tokens), self.gen_cost)
+        return price_generate_ms(estimate_prompt_tokens(chars, others), int(req.params.max_tokens), self.gen_cost,
+                                 self.settings.quota.generation_shared_by)
 
     def _ref_bounds(self, req: Any, claims: dict[int, ClaimSize]) -> dict[int, int]:
         """Per ref part whose modality bounds it (an image): what its job may not exceed

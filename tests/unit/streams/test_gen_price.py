@@ -22,6 +22,8 @@ def test_each_step_pays_its_whole_fixed_cost_on_every_thread():
     assert price_generate_ms(100, 50, cost) == pytest.approx(2 * 100 * 0.5 + 50 * 2 * 12.0)
     one_thread = GenCost(10.0, 2.0, 0.5, 1)
     assert price_generate_ms(100, 50, cost) == pytest.approx(2 * price_generate_ms(100, 50, one_thread))
+    # Shared by four: each step's fixed cost split four ways, the decodes not.
+    assert price_generate_ms(100, 50, cost, shared_by=4) == pytest.approx(2 * 100 * 0.5 + 50 * 2 * (2.5 + 2.0))
     # The constant before any report: one 1,024-token generation is dearer than the quota's
     # 2 s burst, so it leaves its tenant in debt (it was 4.9 s at a batch of 8 on one thread).
     assert price_generate_ms(900, 1024) > 19_000
