@@ -24,17 +24,22 @@ def load_key(topic_prefix: str) -> str:
 
 
 async def publish_load(redis: Any, topic_prefix: str, replica: str, report: dict[str, Any]) -> None:
-    await _hset(redis, load_key(topic_prefix), replica, json.dumps(report, separators=(",", ":")))
+    await _publish(redis, load_key(topic_prefix), replica, report)
 
 
 async def read_loads(redis: Any, topic_prefix: str) -> dict[str, dict[str, Any]]:
     """replica -> its last report; {} when Redis cannot be read."""
-    return _decoded(await _hgetall(redis, load_key(topic_prefix)))
+    return await _read(redis, load_key(topic_prefix))
 
 
-def _decoded(fields: dict[Any, Any]) -> dict[str, dict[str, Any]]:
+async def _publish(redis: Any, key: str, replica: str, report: dict[str, Any]) -> None:
+    await _hset(redis, key, replica, json.dumps(report, separators=(",", ":")))
+
+
+async def _read(redis: Any, key: str) -> dict[str, dict[str, Any]]:
+    """field -> its JSON object, the fields that hold none left out."""
     out = {}
-    for k, v in fields.items():
+    for k, v in (await _hgetall(redis, key)).items():
         try:
             value = json.loads(_text(v))
         except (TypeError, ValueError):
@@ -63,12 +68,12 @@ def gen_cost_key(topic_prefix: str) -> str:
 
 
 async def publish_gen_cost(redis: Any, topic_prefix: str, replica: str, report: dict[str, Any]) -> None:
-    await _hset(redis, gen_cost_key(topic_prefix), replica, json.dumps(report, separators=(",", ":")))
+    await _publish(redis, gen_cost_key(topic_prefix), replica, report)
 
 
 async def read_gen_costs(redis: Any, topic_prefix: str) -> dict[str, dict[str, Any]]:
     """replica -> its last step cost report; {} when Redis cannot be read."""
-    return _decoded(await _hgetall(redis, gen_cost_key(topic_prefix)))
+    return await _read(redis, gen_cost_key(topic_prefix))
 
 
 async def _hset(redis: Any, key: str, field: str, value: str) -> None:
