@@ -104,7 +104,8 @@ def broker_quotas(settings: Settings) -> dict[str, float]:
     """The client quotas a tenant's principal gets on the broker (0: none, and one set by an
     earlier `tenant add` is removed)."""
     q = settings.quota
-    return {"producer_byte_rate": float(q.produce_bytes_per_s), "consumer_byte_rate": float(q.fetch_bytes_per_s)}
+    return {"producer_byte_rate": float(q.produce_bytes_per_s), "consumer_byte_rate": float(q.fetch_bytes_per_s),
+            "request_percentage": float(q.request_percentage)}
 
 
 async def add_tenant(settings: Settings, name: str, lanes: Sequence[str] | None = None,

@@ -456,6 +456,12 @@ class QuotaSettings(Section):
         0, "Bytes per second one tenant's clients may fetch (its answers) on a secured broker (consumer_byte_rate, set "
         "by `mmstream tenant add`); 0: none (one set before is removed).", ge=0
     )
+    request_percentage: float = setting(
+        0.0, "Share of the broker's request-handling threads one tenant's clients may keep busy, in percent of one "
+        "thread (request_percentage, set by `mmstream tenant add`; the broker has num.network.threads + "
+        "num.io.threads of them): past it the broker delays the tenant's responses, so a flood of requests, however "
+        "small, costs the broker a bounded share. 0: none (one set before is removed).", ge=0
+    )
     claim_bytes: int = setting(
         32 * 1024 * 1024, "Bytes of claim checks one tenant may keep in Redis; past it, the router's sweep deletes its "
         "newest ones (streams/policies/claim_quota.py). Keep it well under Redis's maxmemory (256 MiB locally): a "

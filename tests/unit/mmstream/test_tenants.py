@@ -109,9 +109,11 @@ def test_a_tenants_broker_quotas_come_from_the_settings_and_encode_as_the_protoc
     from mmstream.kafka_admin import AlterQuotas, DescribeQuotas
     from mmstream.tenants import broker_quotas
 
-    assert broker_quotas(SETTINGS) == {"producer_byte_rate": 8 * 1024 * 1024, "consumer_byte_rate": 0}
-    both = Settings.from_env({"MMSTREAM_QUOTA_PRODUCE_BYTES_PER_S": "0", "MMSTREAM_QUOTA_FETCH_BYTES_PER_S": "100"})
-    assert broker_quotas(both) == {"producer_byte_rate": 0, "consumer_byte_rate": 100.0}
+    assert broker_quotas(SETTINGS) == {"producer_byte_rate": 8 * 1024 * 1024, "consumer_byte_rate": 0,
+                                       "request_percentage": 0}
+    both = Settings.from_env({"MMSTREAM_QUOTA_PRODUCE_BYTES_PER_S": "0", "MMSTREAM_QUOTA_FETCH_BYTES_PER_S": "100",
+                              "MMSTREAM_QUOTA_REQUEST_PERCENTAGE": "25"})
+    assert broker_quotas(both) == {"producer_byte_rate": 0, "consumer_byte_rate": 100.0, "request_percentage": 25.0}
     alter = AlterQuotas("acme", {"producer_byte_rate": 5.0, "consumer_byte_rate": 0}).prepare({49: (0, 1)})
     assert alter.API_VERSION == 0 and tuple(type(alter).SCHEMA.decode(BytesIO(alter.encode()))) == \
         ([([("user", "acme")], [("consumer_byte_rate", 0.0, True), ("producer_byte_rate", 5.0, False)])], False)
