@@ -64,11 +64,16 @@ async def test_an_idle_pool_scales_to_zero_and_its_first_record_wakes_it(infra):
         sent = time.monotonic()
         async with Client(pipe.bootstrap, pipe.prefix) as client:
             sub = await client.submit(Request(id=new_id(), parts=(
-                Part(Modality.TEXT, text="and the clip?"), Part(Modality.AUDIO, data=silence_wav(1.0), mime="audio/wav")),
+                # Text of its own each run: the router's whole-answer cache (keyed by tenant and content, not by
+                # the topic prefix) must not answer it from an earlier run on the same Redis, or no record
+                # would reach the pool it should wake.
+                Part(Modality.TEXT, text=f"and the clip? {new_id()}"),
+                Part(Modality.AUDIO, data=silence_wav(1.0), mime="audio/wav")),
                 deadline_ms=120_000))
             event = await sub.result(timeout_s=150)
         answered_s = time.monotonic() - sent
         assert event.kind == "result", event.payload
+        assert [s["stage"] for s in event.timings["stages"]] != ["route"], "answered by the router's cache"
         text, audio = event.payload["parts"]
         assert audio.get("error") is None and audio["extras"]["transcript"] == ""
         wake = [d for d in decisions(pipe) if d["stage"] == "encode.audio" and d["reason"] == "wake"]
