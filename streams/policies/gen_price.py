@@ -83,7 +83,8 @@ def price_generate_ms(prompt_tokens: int, max_tokens: int, cost: GenCost = ROUTE
 def costliest(reports: Mapping[str, Mapping[str, Any]], now_ms: float, stale_ms: float = STALE_MS,
               default: GenCost = ROUTER_GEN_COST) -> GenCost:
     """The dearest step cost among the fresh reports (replica -> report; a request may land
-    on any replica), by the price of a token; ``default`` when none is fresh and readable."""
+    on any replica), by the price of a token; ``default`` when none is fresh and readable (the
+    router passes the last cost it used: a step cost does not go stale as a load does)."""
     fresh = []
     for m in reports.values():
         try:

@@ -283,8 +283,10 @@ class RouterStage(RecordStage):
             try:
                 self.load.update_reports(await load_reports.read_loads(self.redis, prefix), now_ms())
                 self.router.models = await load_reports.read_identities(self.redis, prefix)
-                if "generate" in self.router.served_tasks:
-                    self.router.gen_cost = costliest(await load_reports.read_gen_costs(self.redis, prefix), now_ms())
+                if "generate" in self.router.served_tasks:  # none read (Redis down): the last cost holds
+                    costs = await load_reports.read_gen_costs(self.redis, prefix)
+                    if costs:
+                        self.router.gen_cost = costliest(costs, now_ms(), default=self.router.gen_cost)
                 self.router.partitioner.refresh(self.load.partition_ms)
                 if self.direct is not None:
                     self.metrics.set_state(self.stage, keys=self.direct.entries())

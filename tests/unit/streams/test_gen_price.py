@@ -37,6 +37,8 @@ def test_the_router_prices_with_the_dearest_fresh_report():
     assert costliest({"a": fast, "b": slow, "c": stale}, now) == GenCost.from_map(slow)
     assert costliest({"c": stale}, now) == ROUTER_GEN_COST  # none fresh: the constant
     assert costliest({}, now) == ROUTER_GEN_COST
+    last = GenCost.from_map(slow)  # what the router used before: kept while no report is fresh
+    assert costliest({"c": stale}, now, default=last) == last
 
 
 @pytest.mark.parametrize("bad", [
