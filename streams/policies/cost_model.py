@@ -7,7 +7,8 @@ by one (``rows_alone``) pays the fixed overhead per row: ``c0·n + …``, so com
 nothing. An image model sees one fixed-size
 input per row (``L`` = 1), so only ``c0 + c1·n`` matters. ``BatchCostModel`` starts from a
 prior (or a calibration run at start-up), then refits those three coefficients by least
-squares over the last ``window`` batches it was told about.
+squares over the last ``window`` batches it was told about (batches all of one shape only
+scale them: ``_fit_level``).
 
 It answers the questions the stage and the router ask:
 
@@ -127,6 +128,7 @@ class BatchCostModel:
         # the same length (the columns are then multiples of one another).
         spread = x[:, 1] / x[:, 0] if self.rows_alone else x[:, 1]
         if not force and np.ptp(spread) == 0:
+            self._fit_level(x, y)
             return
         coef, *_ = np.linalg.lstsq(x, y, rcond=None)
         c0, c1, c2 = (float(c) for c in coef)
@@ -136,3 +138,15 @@ class BatchCostModel:
             if c1 == 0.0 and c2 == 0.0:
                 c1 = float(np.sum(y) / max(np.sum(x[:, 1]), 1e-9))
         self.coef = (c0, c1, c2)
+
+    def _fit_level(self, x: np.ndarray, y: np.ndarray) -> None:
+        """Batches all of one shape (a stage that only ever runs one clip at a time) cannot
+        separate the coefficients, but they do say what that shape costs: the current ones
+        are scaled to it. Without this a prior from another machine stood for good (whisper's
+        300 ms a clip against 1.8 s measured on 2 cores: audio admitted and charged a sixth of
+        what it cost)."""
+        predicted = float(np.sum(x @ np.array(self.coef)))
+        if predicted > 0:
+            factor = float(np.sum(y)) / predicted
+            self.coef = tuple(c * factor for c in self.coef)
+
