@@ -140,6 +140,7 @@ class EncoderCore:
         self.held_bytes = 0  # the payload bytes they carry (``EncodeJob.payload_bytes``)
         self.running_ms = 0.0  # predicted ms of the batch the engine thread runs now
         self.direct_ms = 0.0  # ... of the submitted batch it prepares and runs directly
+        self.running_since = self.direct_since = 0.0  # when each began (monotonic s)
         self.preparing = 0  # submitted batches on the prep thread now
         self.preparing_heavy = 0  # ... of them on the heavy prep thread (the engine may be idle meanwhile)
         # Predicted ms of the jobs being prepared, by lane, from their size before tokenizing:
@@ -182,8 +183,17 @@ class EncoderCore:
         """Predicted engine time ahead of a new job of ``lane``: the batch running, the rt
         queue, and for bulk the bulk queue too (rt goes first)."""
         lanes = ("rt",) if lane == "rt" else LANES
-        return (self.running_ms + self.direct_ms + sum(self.preparing_ms[q] for q in lanes)
+        return (self.in_service_ms() + sum(self.preparing_ms[q] for q in lanes)
                 + sum(self.model.per_item_ms(p.cost) for q in lanes for p in self.queues[q]))
+
+    def in_service_ms(self) -> float:
+        """Predicted ms left of what the engine runs now (the batch running, the batch run
+        directly): what it was predicted at less how long it has run. 0 once it ran past its
+        prediction: as far as the model knows it is done any moment, and counted whole it would
+        stand ahead of new work after it finished, until the router reads the next report."""
+        now = time.monotonic()
+        return (max(0.0, self.running_ms - (now - self.running_since) * 1000.0)
+                + max(0.0, self.direct_ms - (now - self.direct_since) * 1000.0))
 
     def queued(self) -> Iterator[tuple[str, str, Any, float]]:
         """(lane, tenant, origin, predicted ms) of every job queued for the engine."""
@@ -286,7 +296,7 @@ class EncoderCore:
             estimate[lane] += self.model.per_item_ms(self._length_before_prep(job))
         if direct:
             work = loop.run_in_executor(self.engine, self._prepare_and_run, [j for j, _, _ in jobs])
-            self.direct_ms = max(0.001, estimate["rt"] + estimate["bulk"])
+            self.direct_ms, self.direct_since = max(0.001, estimate["rt"] + estimate["bulk"]), time.monotonic()
         else:
             work = (asyncio.ensure_future(self._prepare_heavy(jobs[0][0])) if heavy else
                     loop.run_in_executor(self.prep, self.runner.prepare_many, [j for j, _, _ in jobs]))
@@ -344,6 +354,8 @@ class EncoderCore:
             outputs, ran_lengths, started, finished = ran
             results = [o for o, item in zip(outputs, ready) if not isinstance(item, (Exception, Encoded))]
             self._answer_batch(done, results, started, finished, ran_lengths)
+        elif ran is not None and ran[1]:  # the engine ran, and the cache answered every job meanwhile:
+            self._observe_run(ran[1], ran[3] - ran[2])  # what it ran still teaches the cost model
         self._report_depths()
         self.wake.set()
 
@@ -452,6 +464,7 @@ class EncoderCore:
         if not live:
             return
         self.running_ms = max(0.001, self.model.batch_ms([h.prepared.length for h in live]))
+        self.running_since = time.monotonic()
         try:
             results, started, finished = await asyncio.get_running_loop().run_in_executor(
                 self.engine, self._timed_run, [h.prepared for h in live])
@@ -475,9 +488,9 @@ class EncoderCore:
             answer = EncodeAnswer(h.prepared.job, h.origin, h.lane, r, (started, finished))
             answers.append(answer)
             self._answer(answer)
+        self._observe_run([h.prepared.length for h in live] if ran_lengths is None else ran_lengths,
+                          finished - started)
         try:  # after the answers: accounting must never cost them
-            self.model.observe_batch([h.prepared.length for h in live] if ran_lengths is None else ran_lengths,
-                                     finished - started)
             self.observer.batch(answers, started, finished)
         except Exception:
             log.exception("encode.%s: accounting for a batch of %d failed", self.modality, len(live))
@@ -489,6 +502,12 @@ class EncoderCore:
         if not done.cancelled() and done.exception() is not None:
             log.error("encode.%s: storing outputs in the reuse cache failed", self.modality,
                       exc_info=done.exception())
+
+    def _observe_run(self, lengths: list[float], ms: float) -> None:
+        try:
+            self.model.observe_batch(lengths, ms)
+        except Exception:  # accounting must never cost an answer
+            log.exception("encode.%s: the cost model could not learn from a batch of %d", self.modality, len(lengths))
 
     def _observe_wait(self, job: EncodeJob, lane: str, reached_ms: float) -> None:
         """Learn from one rt job that reached the engine (or expired in its queue) at

@@ -6,7 +6,8 @@ the records not yet fetched), per partition, and what one more item costs it by 
 knows this exactly; the router could only guess it from consumer lag. On top of a report the
 router adds what it sent itself after that report was made (less ``fetch_lag_ms``: what the
 encoder has surely fetched by then is in its report), so a burst cannot all be admitted on
-one stale number.
+one stale number. A report itself counts as worked down since it was made (``drained_ms``):
+read whole, a batch that finished meanwhile would still be ahead of every new request.
 
 ``wait_ms(stage, lane)`` is what a new part would wait: the least-loaded replica's queue (the
 partitioner sends the part there) — for ``rt``, only the rt work queued there and the batch
@@ -141,23 +142,30 @@ class LoadView:
     def _replicas(self, stage: str) -> list[Report]:
         return [r for r in self.reports.values() if r.stage == stage]
 
-    def wait_ms(self, stage: str, lane: str = "bulk", tenant: str | None = None, own_ms: float = 0.0) -> float:
+    def wait_ms(self, stage: str, lane: str = "bulk", tenant: str | None = None, own_ms: float = 0.0,
+                now_ms: float | None = None) -> float:
         """What a new part of ``lane`` waits at ``stage``; with ``tenant`` (rt), by fair order
-        where the replica reports its tenants (``own_ms``: what the part itself costs)."""
+        where the replica reports its tenants (``own_ms``: what the part itself costs). With
+        ``now_ms``, each report counts as worked down since it was made (``drained_ms``)."""
         counted = [x for x in self.sent if x.stage == stage and (lane != "rt" or x.topic.endswith(".rt"))]
         replicas = self._replicas(stage)
         if not replicas:
             return sum(x.ms for x in counted)
-        return min(self._replica_wait(r, self._sent_since(r, counted), lane, tenant, own_ms) for r in replicas)
+        return min(self._replica_wait(r, self._sent_since(r, counted), lane, tenant, own_ms,
+                                      0.0 if now_ms is None else drained_ms(r, now_ms)) for r in replicas)
 
     @staticmethod
-    def _replica_wait(r: Report, sent: list[Sent], lane: str, tenant: str | None, own_ms: float) -> float:
+    def _replica_wait(r: Report, sent: list[Sent], lane: str, tenant: str | None, own_ms: float,
+                      drained: float = 0.0) -> float:
         if lane != "rt" or tenant is None or r.tenants_rt is None:
-            return (r.queued_rt_ms if lane == "rt" else r.queued_ms) + sum(x.ms for x in sent)
+            reported = r.queued_rt_ms if lane == "rt" else r.queued_ms
+            return max(0.0, reported - drained) + sum(x.ms for x in sent)
         tenants = dict(r.tenants_rt)
         for x in sent:
             tenants[x.tenant] = tenants.get(x.tenant, 0.0) + x.ms
-        base = max(0.0, r.queued_rt_ms - sum(r.tenants_rt.values()) - r.rest_rt[0])
+        # The drain comes off the batch running and the work not yet sorted (what the engine
+        # works on first); the tenants' queues are left whole (the wait stays an upper bound).
+        base = max(0.0, r.queued_rt_ms - sum(r.tenants_rt.values()) - r.rest_rt[0] - drained)
         return fair_wait_ms(base, tenants, r.rest_rt, tenant, own_ms)
 
     def calibrated(self, stage: str, wait_ms: float) -> float:
@@ -177,14 +185,16 @@ class LoadView:
         return None
 
     def queued_ms(self, lane: str = "bulk", tenant: str | None = None,
-                  own_ms: Mapping[str, float] | None = None, only: Iterable[str] | None = None) -> dict[str, float]:
+                  own_ms: Mapping[str, float] | None = None, only: Iterable[str] | None = None,
+                  now_ms: float | None = None) -> dict[str, float]:
         """Stage -> what a new ``lane`` part (of ``tenant``, costing ``own_ms[stage]``) would
         wait there (ms): at every stage known, or at the stages ``only`` names (what a
-        request needs: the router asks per request, so this is on every request's path)."""
+        request needs: the router asks per request, so this is on every request's path).
+        ``now_ms``: see ``wait_ms``."""
         stages = set(only) if only is not None else \
             {r.stage for r in self.reports.values()} | {x.stage for x in self.sent}
         own = own_ms or {}
-        return {s: self.wait_ms(s, lane, tenant, own.get(s, 0.0)) for s in stages}
+        return {s: self.wait_ms(s, lane, tenant, own.get(s, 0.0), now_ms) for s in stages}
 
     @property
     def total_ms(self) -> float:
@@ -203,6 +213,16 @@ class LoadView:
                 if p >= 0:
                     out.setdefault(topic, {})[p] = out.get(topic, {}).get(p, 0.0) + ms
         return out
+
+
+def drained_ms(r: Report, now_ms: float) -> float:
+    """The report's predicted work its replica has worked off since it was made: its engine
+    works one predicted ms per real ms (how far predictions run late, ``wait_scale``, is
+    applied to what is left: ``calibrated``). A report is up to two refreshes old when it is
+    read (the encoder's and the router's, 250 ms each); read whole, the batch that was running
+    then still counts after it is done, and a request sent right after its own answer is
+    refused behind a phantom."""
+    return max(0.0, now_ms - r.at_ms)
 
 
 WAIT_FLOOR_MS = 50.0

@@ -227,7 +227,7 @@ class EncoderStage(RecordStage):
             backlog = sum(self.io.backlog(t) for t in topics)
             unread += backlog
             lanes[lane] += backlog * typical + core.preparing_ms[lane]
-        in_service = core.running_ms + core.direct_ms
+        in_service = core.in_service_ms()
         queued_rt = in_service + lanes["rt"]
         out = {"stage": self.stage, "at": now_ms(), "queued_ms": round(queued_rt + lanes["bulk"], 3),
                "queued_rt_ms": round(queued_rt, 3), "running_ms": round(in_service, 3),

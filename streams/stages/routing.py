@@ -443,7 +443,7 @@ class Router:
             stages[found.stage] = stages.get(found.stage, 0.0) + found.ms
         deadline = req.deadline_ms or self.settings.limits.default_deadline_ms
         lane = str(req.lane)
-        predicted = self.load.queued_ms(lane, tenant=req.tenant, own_ms=stages, only=stages)
+        predicted = self.load.queued_ms(lane, tenant=req.tenant, own_ms=stages, only=stages, now_ms=now_ms())
         # Corrected by what rt jobs waited (rt is what teaches it); a stage the model sees as
         # idle stays idle, so a costly request still gets onto it (admission's IDLE_SHARE).
         idle = IDLE_SHARE * self.lane_limit_ms.get(lane, 0.0)

@@ -2,7 +2,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas.errors import ErrorCode
-from streams.policies.admission import AdmissionLimits, Admit, Backpressure, Reject, admit
+from streams.policies.admission import IDLE_SHARE, AdmissionLimits, Admit, Backpressure, Reject, admit
 
 LIMITS = AdmissionLimits(max_queued_ms_rt=1000, max_queued_ms_bulk=200)
 
@@ -27,7 +27,7 @@ def test_never_admits_into_a_stage_past_its_lane_limit(lane, queued, needs):
     decision = admit(lane=lane, stages={s: 1.0 for s in needs}, queued_ms=queued, deadline_ms=1e9, limits=LIMITS)
     limit = LIMITS.max_queued_ms_rt if lane == "rt" else LIMITS.max_queued_ms_bulk
     if isinstance(decision, Admit):
-        assert all(queued.get(s, 0.0) + 1.0 <= limit or queued.get(s, 0.0) < 0.05 * limit for s in needs)
+        assert all(queued.get(s, 0.0) + 1.0 <= limit or queued.get(s, 0.0) < IDLE_SHARE * limit for s in needs)
     else:
         assert decision.code == ErrorCode.OVERLOADED and any(queued.get(s, 0.0) + 1.0 > limit for s in needs)
 

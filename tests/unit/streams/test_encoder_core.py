@@ -13,6 +13,7 @@ import asyncio
 import os
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -165,9 +166,10 @@ async def test_jobs_being_prepared_count_as_queued_work() -> None:
     prep_gate = threading.Event()
     prepare_many = h.core.runner.prepare_many
     h.core.runner.prepare_many = lambda jobs: (prep_gate.wait(10), prepare_many(jobs))[1]
-    before = h.core.queued_ms("rt")
+    before = h.core.queued_ms("rt") - h.core.in_service_ms()  # what runs counts down as it runs
     _submit(h.core, *[_job("x" * 3000, i) for i in range(1, 4)])  # long texts, still tokenizing
-    assert h.core.queued_ms("rt") - before == pytest.approx(3 * h.core.model.per_item_ms(256))
+    now = h.core.queued_ms("rt") - h.core.in_service_ms()
+    assert now - before == pytest.approx(3 * h.core.model.per_item_ms(256), abs=0.5)
     assert h.core.queued_ms("bulk") >= h.core.queued_ms("rt")
     prep_gate.set()
     runner = asyncio.create_task(h.core.run(lambda: False))
@@ -442,3 +444,30 @@ async def test_an_encoder_placed_below_the_router_runs_its_engine_and_preparatio
     if sys.platform.startswith("linux"):
         assert engine_nice == [min(19, base + 7)] and h.prepared_on["r1"][1] == min(19, base + 7)
         assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base  # the loop's thread untouched
+
+
+async def test_what_the_engine_runs_counts_as_queued_only_for_what_is_left_of_its_prediction() -> None:
+    """A report made late in a batch says how much of it is left, not the whole batch: read after
+    it finished, the whole of it would stand ahead of the next request as work no one holds."""
+    h = Harness()
+    h.gate.clear()
+    _submit(h.core, _job("first", 1))
+    await _until(lambda: h.core.direct_ms > 0, "a direct run")
+    h.core.direct_ms = 300.0  # as if predicted at 300 ms
+    h.core.direct_since = time.monotonic() - 0.1
+    assert 190.0 <= h.core.in_service_ms() <= 200.0 and 190.0 <= h.core.queued_ms("rt") <= 200.0
+    h.core.direct_since = time.monotonic() - 1.0  # ran past its prediction
+    assert h.core.in_service_ms() == 0.0 and not h.core.engine_idle()  # still running: the direct path waits
+    h.gate.set()
+    await _until(lambda: h.core.held == 0, "answered")
+
+
+async def test_a_direct_run_whose_every_job_the_cache_answered_still_teaches_the_cost_model() -> None:
+    h = Harness()
+    seen: list[tuple[list[float], float]] = []
+    observe = h.core.model.observe_batch
+    h.core.model.observe_batch = lambda lengths, ms: (seen.append((list(lengths), ms)), observe(lengths, ms))[1]
+    _submit(h.core, _job("cached", 1))  # the engine runs it (idle) while the lookup finds it
+    await _until(lambda: len(h.answers) == 1, "answered")
+    assert h.ran == [["cached"]] and h.answers[0].result.cache == "hit"
+    assert [lengths for lengths, _ in seen] == [[6.0]]  # the run the engine made, at its length

@@ -198,8 +198,9 @@ async def test_the_load_report_counts_what_the_core_holds_and_is_preparing(stage
     report, each = stage.report(), stage.core.model.per_item_ms(3000)  # the prepared length: 3000 here
     assert report["partitions"] == {f"{PREFIX}.encode.text.rt:0": pytest.approx(3 * each, abs=0.01)}
     assert report["queued_rt_ms"] >= 3 * each and report["tenants_rt"] == {"t": pytest.approx(3 * each, abs=0.01)}
-    # the scaler's view: the direct run is the batch in service, and four jobs are held in all
-    assert report["running_ms"] == pytest.approx(stage.core.direct_ms, abs=0.01) and report["running_ms"] > 0
+    # the scaler's view: the direct run is the batch in service (what is left of its prediction:
+    # it may have run past it by now, held at the gate), and four jobs are held in all
+    assert 0.0 <= report["running_ms"] <= stage.core.direct_ms and stage.core.direct_ms > 0
     assert report["items"] == 4
     assert report["wait_scale"] == 1.0  # nothing learned yet (no job here carries a predicted wait)
     late = dataclasses.replace(_job("late", 99), predicted_wait_ms=10.0, sent_at_ms=now_ms() - 1000.0)

@@ -125,3 +125,33 @@ def test_a_wait_is_calibrated_by_the_latest_scale_its_stages_replicas_report() -
     nan = {**report("encode.image", 10_000.0, 900.0, {}, {"1": 8.0}), "wait_scale": float("nan")}
     view.update_reports({"encode.image/a": nan}, now_ms=10_000.0)  # refused whole, not read as the least scale
     assert view.calibrated("encode.image", 200.0) == 200.0 and view.wait_ms("encode.image") == 0.0
+
+
+def test_a_report_counts_as_worked_down_since_it_was_made_and_what_was_sent_since_counts_whole() -> None:
+    view = LoadView()
+    r = report("encode.audio", 1000.0, 300.0, {}, {"1": 300.0})  # one clip running when it was made
+    r["queued_rt_ms"] = 300.0
+    view.update_reports({"encode.audio/a": r}, now_ms=1100.0)
+    assert view.wait_ms("encode.audio", "rt") == 300.0  # without a clock: the report as made
+    assert view.wait_ms("encode.audio", "rt", now_ms=1100.0) == 200.0
+    assert view.wait_ms("encode.audio", "rt", now_ms=1400.0) == 0.0  # done since: no phantom clip ahead
+    view.note_sent("mm.encode.audio.rt", None, 300.0, 1350.0)  # the next clip, after the report
+    assert view.wait_ms("encode.audio", "rt", now_ms=1400.0) == 300.0  # the drain never takes what it sent
+    assert view.queued_ms("rt", only=["encode.audio"], now_ms=1400.0) == {"encode.audio": 300.0}
+
+
+def test_what_is_left_of_a_report_is_what_the_calibration_scales() -> None:
+    view = LoadView()
+    r = report("encode.audio", 1000.0, 300.0, {}, {"1": 300.0})
+    r["queued_rt_ms"], r["wait_scale"] = 300.0, 2.0
+    view.update_reports({"encode.audio/a": r}, now_ms=1000.0)
+    left = view.wait_ms("encode.audio", "rt", now_ms=1200.0)
+    assert left == 100.0 and view.calibrated("encode.audio", left) == 250.0  # (100 + 50) * 2 - 50
+
+
+def test_with_fair_order_the_drain_comes_off_the_running_batch_not_the_tenants_queues() -> None:
+    view = LoadView()
+    view.update_reports({"encode.text/a": fair_report(1000.0, 40.0, {"abuser": 900.0})}, now_ms=1000.0)
+    assert view.wait_ms("encode.text", "rt", "victim", 5.0, now_ms=1030.0) == 10.0 + 5.0
+    assert view.wait_ms("encode.text", "rt", "victim", 5.0, now_ms=1500.0) == 5.0  # never below its queue
+    assert view.wait_ms("encode.text", "rt", "abuser", 5.0, now_ms=1500.0) == 900.0
