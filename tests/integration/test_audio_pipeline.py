@@ -1,5 +1,6 @@
 """Speech through the real pipeline: a clip spoken by espeak-ng is transcribed beside a
-text part; silence is trimmed by the VAD and yields an empty transcript."""
+text part; silence is trimmed by the VAD and yields an empty transcript; clips sent one after
+another are each admitted."""
 
 from __future__ import annotations
 
@@ -67,6 +68,15 @@ async def test_speech_is_transcribed_and_silence_is_empty(infra):
                 Part(Modality.VIDEO, data=video(["chelsea", "coffee"], soundtrack=spoken(SENTENCE)), mime="video/mp4")),
                 deadline_ms=120_000))
             event = await sub.result(timeout_s=180)
+            # A client that sends its next clip on its last one's answer, at the default rt bound
+            # (500 ms: less than a clip costs here): the stage is idle each time, so each is
+            # admitted, not refused behind the clip that just finished (the router reads the
+            # stage's load from a report made while that clip ran).
+            followups = []
+            for i in range(3):
+                nxt = await client.submit(Request(id=new_id(), parts=(
+                    Part(Modality.AUDIO, data=spoken(f"{SENTENCE} {i}"), mime="audio/wav"),), deadline_ms=60_000))
+                followups.append(await nxt.result(timeout_s=90))
     finally:
         await asyncio.to_thread(pipe.supervisor.stop)
     assert event.kind == "result" and event.payload["partial"]
@@ -78,6 +88,7 @@ async def test_speech_is_transcribed_and_silence_is_empty(infra):
     assert speech["embedding"]["shape"] == [512]
     assert silence["extras"]["transcript"] == "" and silence["extras"]["speech_seconds"] == 0
     assert junk["error"]["code"] == "unsupported_media" and junk["error"]["field"] == "parts.3"
+    assert [(f.kind, (f.error or {}).get("message")) for f in followups] == [("result", None)] * 3
 
     # A video's soundtrack goes to the audio pool; its transcript lands beside the frames.
     assert clip["extras"]["frames_encoded"] == 2 and clip["extras"]["complete"]
