@@ -347,6 +347,8 @@ class Router:
         stage = spec.admission_stage
         size = len(part.text) if part.text is not None else len(part.data or b"")
         units = spec.units(size, self.settings.video.max_frames)
+        if spec.head_units is not None and part.text is None:  # what its header allows (an audio clip's windows)
+            units = spec.head_units(*self._head(part, size, claim), self.settings.limits)
         if spec.cost_unit == "token":  # cost depends on the length: ask for that length
             tokens = min(TEXT_MAX_TOKENS, units)
             reported = self.load.item_ms(stage, tokens)
@@ -354,12 +356,16 @@ class Router:
         reported = self.load.item_ms(stage, 1)
         ms, prep = units * (reported if reported is not None else spec.ms_per_unit), 0.0
         if spec.prepare_ms is not None and part.text is None:
-            if part.data is not None:  # all of it: the header parse reads no further than the header
-                head, stored = part.data, size
-            else:  # a ref the sizer did not read is priced at the bounds
-                head, stored = (claim.head, claim.size) if claim else (b"", self.settings.limits.max_ref_bytes)
-            prep = spec.prepare_ms(head, stored, self.settings.limits.max_image_pixels)
+            prep = spec.prepare_ms(*self._head(part, size, claim), self.settings.limits.max_image_pixels)
         return Price(stage, ms + prep, prep)
+
+    def _head(self, part: Any, size: int, claim: ClaimSize | None) -> tuple[bytes, int]:
+        """(the first bytes, the size) a part's header price reads: inline data whole (the
+        header parse reads no further than the header); a ref the sizer did not read is
+        priced at the bounds."""
+        if part.data is not None:
+            return part.data, size
+        return (claim.head, claim.size) if claim else (b"", self.settings.limits.max_ref_bytes)
 
     def _generate_cost(self, req: Any) -> float:
         """The generator's work a generate request causes (0 for embed), priced before any
@@ -384,9 +390,10 @@ class Router:
         return out
 
     def _wants_head(self, req: Any) -> frozenset[int]:
-        """The ref parts whose price needs their first bytes (an image's header)."""
-        return frozenset(i for i, p in enumerate(req.parts) if p.ref is not None and
-                         getattr(modalities.get(str(p.modality)), "prepare_ms", None) is not None)
+        """The ref parts whose price needs their first bytes (an image's or a clip's header)."""
+        return frozenset(i for i, p in enumerate(req.parts) if p.ref is not None and (
+            getattr(modalities.get(str(p.modality)), "prepare_ms", None) is not None or
+            getattr(modalities.get(str(p.modality)), "head_units", None) is not None))
 
     async def _price_refs(self, req: Any) -> tuple[dict[int, int], dict[int, WireError], dict[int, ClaimSize]]:
         """(part index -> stored bytes of its ref, part index -> the error it fails with, part

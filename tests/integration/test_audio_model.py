@@ -204,3 +204,47 @@ def test_rebuild_is_skipped_when_up_to_date(config: ModelConfig) -> None:
     (report,) = build_models(config.directory.parent.parent, [NAME], log=lambda line: None)
     assert report.status == "up to date"
     assert time.monotonic() - start < 2.0
+
+
+def test_the_worker_holds_a_clip_to_the_duration_it_was_priced_at(config: ModelConfig) -> None:
+    """The router prices a clip by the windows its bytes allow (``workers.audio_header``); the
+    worker decodes no further. Two minutes of silence in FLAC are 28 KB: priced at 38 s (the
+    size at 6 kbit/s), refused, not decoded for 120. A WAV plays what its header says, and the
+    job's cost-model length is its windows."""
+    import io
+    import wave
+
+    import av
+
+    from schemas.jobs import EncodeJob
+    from workers.modalities.audio_runner import build_runner
+
+    class Quiet:
+        def __getattr__(self, name):
+            return lambda *args, **kwargs: None
+
+    def job(data: bytes, mime: str) -> EncodeJob:
+        return EncodeJob(id="a", part=0, n_parts=1, modality="audio", lane="rt", tenant="t", deadline_at_ms=0.0,
+                         sent_at_ms=0.0, data=data, mime=mime)
+
+    out = io.BytesIO()
+    with av.open(out, "w", format="flac") as container:
+        stream = container.add_stream("flac", rate=SAMPLE_RATE, layout="mono")
+        for start in range(0, 120 * SAMPLE_RATE, 4096):
+            frame = av.AudioFrame.from_ndarray(np.zeros((1, 4096), np.int16), format="s16", layout="mono")
+            frame.rate, frame.pts = SAMPLE_RATE, start
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
+    flac = out.getvalue()
+    assert len(flac) < 60_000
+    runner = build_runner(Settings.from_env(), Quiet(), "encode.audio")
+    with pytest.raises(WireError) as refused:
+        runner.prepare(job(flac, "audio/flac"))
+    assert refused.value.code == ErrorCode.PAYLOAD_TOO_LARGE
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(SAMPLE_RATE)
+        w.writeframes(np.zeros(SAMPLE_RATE * 65, np.int16).tobytes())
+    assert runner.prepare(job(buf.getvalue(), "audio/wav")).length == 3.0  # 65 s: three windows

@@ -85,6 +85,10 @@ class ModalitySpec:
     units: Callable[[int, int], float] = one_unit
     """(size, max_frames) -> work units of one part, as the router sees it without decoding:
     ``size`` is the text's characters or the inline bytes (0 for a ref)."""
+    head_units: Callable[[bytes, int, Any], float] | None = None
+    """(the payload's first bytes, its size in bytes, ``settings.limits``) -> work units of
+    one part, where its header says more than its size (an audio clip's 30 s windows, from its
+    duration bound); None: ``units``. The worker must hold the part to what it was priced at."""
     prepare_ms: Callable[[bytes, int, int], float] | None = None
     """(the payload's first bytes, its size in bytes, ``limits.max_image_pixels``) -> ms of a
     core a worker spends on one part before the engine (an image's decode, read from its

@@ -404,6 +404,31 @@ def test_an_image_is_priced_by_the_pixels_its_header_gives_inline_or_by_ref():
     assert by_ref[0] > 300.0 + 60.0 and by_ref[1] < 10.0  # the big one's 10 MB are priced too
 
 
+def test_an_audio_clip_is_priced_by_the_windows_its_duration_bound_allows_inline_or_by_ref():
+    """Whisper costs per 30 s window: a 95 s PCM WAV is four windows, a 5 s one is one (its
+    header and size say exactly); compressed bytes play at most their size at 6 kbit/s."""
+    from tests.unit.workers.test_audio_header import wav
+    from workers.claims import ClaimSize
+
+    long, short = wav(95.0, 8_000, 1, 1), wav(5.0, 8_000, 1, 1)  # inline data: under 1 MiB
+    r = make_router(router__served_modalities="text,audio")
+    priced = {j.job.job.part: j.cost_ms for j in routed(r, pack({"id": "au1", "parts": [
+        {"modality": "audio", "data": long, "mime": "audio/wav"},
+        {"modality": "audio", "data": short, "mime": "audio/wav"},
+        {"modality": "audio", "data": b"ID3" + b"\x00" * 44_997, "mime": "audio/mpeg"}]})).jobs}
+    assert priced[0] == 4 * priced[1] and priced[2] == 2 * priced[1]  # 45 KB: at most 60 s
+
+    async def sizes(refs, tenant, heads=frozenset()):
+        assert heads == {0}  # its price needs its first bytes
+        return {i: ClaimSize(len(long), long[:2000]) for i, ref in refs}
+
+    r = make_router(router__served_modalities="text,audio")
+    r.ref_sizes = sizes
+    by_ref = [j.cost_ms for j in routed(r, pack({"id": "au2", "parts": [
+        {"modality": "audio", "ref": "redis:mm:claim:default:clip:0", "mime": "audio/wav"}]})).jobs]
+    assert by_ref == [priced[0]]
+
+
 def test_a_tenants_compute_quota_sheds_its_costly_requests_and_not_its_neighbours():
     big = _flat_png(5000, 5000)
     r = make_router(quota__compute_ms_per_s="100", quota__compute_burst_ms="1000", admission__max_queued_ms_rt="100000")
