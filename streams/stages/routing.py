@@ -82,6 +82,9 @@ class Price(NamedTuple):
     stage: str
     ms: float
     prep_ms: float = 0.0
+    also: tuple[tuple[str, float], ...] = ()
+    """(stage, ms) of the work the part causes in other pools (a video's soundtrack at the
+    audio pool): counted in admission there and in the tenant's compute."""
 
 
 Priced = Price | None
@@ -357,7 +360,20 @@ class Router:
         ms, prep = units * (reported if reported is not None else spec.ms_per_unit), 0.0
         if spec.prepare_ms is not None and part.text is None:
             prep = spec.prepare_ms(*self._head(part, size, claim), self.settings.limits.max_image_pixels)
-        return Price(stage, ms + prep, prep)
+        return Price(stage, ms + prep, prep, self._fanned_out(spec, part, size, claim))
+
+    def _fanned_out(self, spec: Any, part: Any, size: int, claim: ClaimSize | None) -> tuple[tuple[str, float], ...]:
+        """What a part costs the pools it fans out to beyond its admission stage (served ones)."""
+        if spec.fanout_units is None or part.text is not None:
+            return ()
+        out = []
+        for name, units in spec.fanout_units(self._head(part, size, claim)[0], self.settings).items():
+            other = modalities.get(name)
+            if other is None or name not in self.served_modalities or units <= 0:
+                continue
+            reported = self.load.item_ms(other.stage, 1)
+            out.append((other.stage, units * (reported if reported is not None else other.ms_per_unit)))
+        return tuple(out)
 
     def _head(self, part: Any, size: int, claim: ClaimSize | None) -> tuple[bytes, int]:
         """(the first bytes, the size) a part's header price reads: inline data whole (the
@@ -391,9 +407,9 @@ class Router:
 
     def _wants_head(self, req: Any) -> frozenset[int]:
         """The ref parts whose price needs their first bytes (an image's or a clip's header)."""
-        return frozenset(i for i, p in enumerate(req.parts) if p.ref is not None and (
-            getattr(modalities.get(str(p.modality)), "prepare_ms", None) is not None or
-            getattr(modalities.get(str(p.modality)), "head_units", None) is not None))
+        return frozenset(i for i, p in enumerate(req.parts) if p.ref is not None and any(
+            getattr(modalities.get(str(p.modality)), hook, None) is not None
+            for hook in ("prepare_ms", "head_units", "fanout_units")))
 
     async def _price_refs(self, req: Any) -> tuple[dict[int, int], dict[int, WireError], dict[int, ClaimSize]]:
         """(part index -> stored bytes of its ref, part index -> the error it fails with, part
@@ -434,7 +450,8 @@ class Router:
             return None
         if answered:
             return self.quotas.check_rate(req.tenant, now_ms=now)
-        cost = sum(found.ms for found in priced if found is not None) + self._generate_cost(req)
+        cost = sum(found.ms + sum(ms for _, ms in found.also) for found in priced if found is not None) \
+            + self._generate_cost(req)
         return self.quotas.check(req.tenant, lane_limit_ms=self.lane_limit_ms.get(str(req.lane), 0.0), now_ms=now,
                                  ref_bytes=ref_bytes, cost_ms=cost)
 
@@ -448,6 +465,8 @@ class Router:
             if found is None:
                 continue
             stages[found.stage] = stages.get(found.stage, 0.0) + found.ms
+            for stage, ms in found.also:
+                stages[stage] = stages.get(stage, 0.0) + ms
         deadline = req.deadline_ms or self.settings.limits.default_deadline_ms
         lane = str(req.lane)
         predicted = self.load.queued_ms(lane, tenant=req.tenant, own_ms=stages, only=stages, now_ms=now_ms())

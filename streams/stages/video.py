@@ -32,7 +32,9 @@ from streams.runtime.stage import RecordStage
 from streams.policies.split import spread_partitions
 from workers import modalities
 from workers.encoders import claim_resolver
+from workers.audio_header import SLACK_S
 from workers.video import FRAMES_MIME, chunk_frames, decode_video, extract_audio_wav
+from workers.video_header import soundtrack_seconds
 
 log = logging.getLogger(__name__)
 STAGE = "encode.video"
@@ -66,8 +68,13 @@ def plan_fanout(job: EncodeJob, settings: Settings, decode: Any = decode_video, 
                               "has_audio": video.has_audio, "fps": v.fps}
     audio: bytes | None = None
     if video.has_audio and "audio" in modalities.served(settings):
+        # No more of it than the router priced at the audio pool, read from the same bytes.
+        priced = soundtrack_seconds(data, min(v.max_seconds, settings.limits.max_audio_seconds))
         try:
-            audio = extract_audio_wav(data, v.max_seconds)
+            if priced <= 0:
+                raise WireError(ErrorCode.UNSUPPORTED_MEDIA, "the container's index declares no sound track: "
+                                "its audio was not priced, and is not transcribed")
+            audio = extract_audio_wav(data, min(v.max_seconds, priced + SLACK_S))
         except WireError as err:
             extras["audio_error"] = err.to_wire()
     elif video.has_audio:

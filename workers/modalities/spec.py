@@ -89,6 +89,11 @@ class ModalitySpec:
     """(the payload's first bytes, its size in bytes, ``settings.limits``) -> work units of
     one part, where its header says more than its size (an audio clip's 30 s windows, from its
     duration bound); None: ``units``. The worker must hold the part to what it was priced at."""
+    fanout_units: Callable[[bytes, Any], Mapping[str, float]] | None = None
+    """(the payload's bytes as the router has them, ``settings``) -> the work units one part
+    causes in the pools of its ``fanout`` beyond the first (a video's soundtrack, in audio
+    windows), priced by the router at those pools; the fan-out stage must forward no more than
+    it reads from the same bytes. None: only the admission stage's cost."""
     prepare_ms: Callable[[bytes, int, int], float] | None = None
     """(the payload's first bytes, its size in bytes, ``limits.max_image_pixels``) -> ms of a
     core a worker spends on one part before the engine (an image's decode, read from its

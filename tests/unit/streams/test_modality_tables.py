@@ -135,4 +135,6 @@ def test_video_is_admitted_against_the_image_pool() -> None:
     r.load.note_sent("mm.encode.image.rt", 0, 10_000.0, 0.0)
     refused = handle(r, {"id": "v1", "parts": [{"modality": "video", "data": b"x", "mime": "video/mp4"}]})
     assert refused.admission == "reject" and "encode.image" in verdict_event(refused.outs[0]).error["message"]
-    assert r._part_stage(Part(Modality.VIDEO, data=b"x")) == Price("encode.image", 8.0 * Settings().video.max_frames)
+    # ... and its soundtrack at the audio pool: bytes of no readable index, at the longest (120 s: 4 windows)
+    assert r._part_stage(Part(Modality.VIDEO, data=b"x")) == Price("encode.image", 8.0 * Settings().video.max_frames,
+                                                                  0.0, (("encode.audio", 4 * 300.0),))

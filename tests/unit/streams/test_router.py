@@ -429,6 +429,33 @@ def test_an_audio_clip_is_priced_by_the_windows_its_duration_bound_allows_inline
     assert by_ref == [priced[0]]
 
 
+def test_a_videos_soundtrack_is_priced_at_the_audio_pool_from_its_index():
+    """Its frames load the image pool; its soundtrack the audio pool, per window its MP4 index
+    declares: counted in admission there and in the tenant's compute. A silent MP4 costs the
+    audio pool nothing; a container it cannot read costs the longest soundtrack."""
+    from mmstream.samples import video
+    from tests.unit.workers.test_video_header import tone_wav
+
+    r = make_router(router__served_modalities="text,image,audio,video")
+    spec = {"modality": "video", "mime": "video/mp4"}
+    sound = r._part_stage(type("P", (), {**spec, "text": None, "data": video(["chelsea"], soundtrack=tone_wav(3.0))})())
+    silent = r._part_stage(type("P", (), {**spec, "text": None, "data": video(["chelsea"])})())
+    unknown = r._part_stage(type("P", (), {**spec, "text": None, "data": b"\x1aE\xdf\xa3" + b"\0" * 4000})())
+    assert sound.stage == silent.stage == "encode.image" and sound.ms == silent.ms
+    assert sound.also == (("encode.audio", 300.0),) and silent.also == ()  # one window at the audio prior
+    assert unknown.also == (("encode.audio", 4 * 300.0),)  # 120 s, the longest video
+
+    quota = make_router(router__served_modalities="text,image,audio,video", quota__compute_ms_per_s="100",
+                        quota__compute_burst_ms="1000", admission__max_queued_ms_rt="100000")
+    request = {"tenant": "hog", "parts": [{"modality": "video", "data": b"\x1aE\xdf\xa3" + b"\0" * 4000,
+                                           "mime": "video/webm"}]}
+    outcomes = [routed(quota, pack({**request, "id": f"v{i}"})).outcome for i in range(2)]
+    assert outcomes == ["ok", "error"]  # 1.2 s of soundtrack priced over the 1 s bucket: the first in debt
+
+    no_audio = make_router(router__served_modalities="text,image,video")  # nothing fans out to an undeployed pool
+    assert no_audio._part_stage(type("P", (), {**spec, "text": None, "data": b"\0" * 100})()).also == ()
+
+
 def test_a_tenants_compute_quota_sheds_its_costly_requests_and_not_its_neighbours():
     big = _flat_png(5000, 5000)
     r = make_router(quota__compute_ms_per_s="100", quota__compute_burst_ms="1000", admission__max_queued_ms_rt="100000")

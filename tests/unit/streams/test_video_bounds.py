@@ -138,3 +138,36 @@ async def test_held_jobs_are_decoded_one_tenant_at_a_time(tmp_path, monkeypatch)
             break
         await asyncio.sleep(0.01)
     assert order == ["hog", "quiet", "hog", "hog"] and sorted(s.io.finished) == [0, 1, 2, 3]
+
+
+def _fanout_with_sound(tmp_path, monkeypatch, priced: float | None):
+    from schemas.codec import unpack
+    from schemas.jobs import fan_in_from_wire
+    from tests.unit.workers.test_video_header import tone_wav
+    from mmstream.samples import video as sample_video
+
+    settings = Settings.from_env({"MMSTREAM_KAFKA_TOPIC_PREFIX": PREFIX, "MMSTREAM_LOCAL_STATE_DIR": str(tmp_path),
+                                  "MMSTREAM_ROUTER_SERVED_MODALITIES": "text,image,audio,video"})
+    if priced is not None:
+        monkeypatch.setattr(video, "soundtrack_seconds", lambda data, most: priced)
+    job = EncodeJob(id="v", part=0, n_parts=1, modality="video", lane="rt", tenant="t", deadline_at_ms=1e18,
+                    sent_at_ms=0, data=sample_video(["chelsea", "coffee"], seconds_each=2.0, soundtrack=tone_wav(3.0)))
+    outs = video.plan_fanout(job, settings)
+    header = fan_in_from_wire(unpack(outs[0].value))
+    tracks = [EncodeJob.from_wire(unpack(o.value)) for o in outs if ".encode.audio." in o.topic]
+    return header, tracks
+
+
+def test_the_soundtrack_goes_to_the_audio_pool_no_longer_than_it_was_priced(tmp_path, monkeypatch):
+    import io
+    import wave
+
+    _, [track] = _fanout_with_sound(tmp_path, monkeypatch, None)  # as its index declares: 3 s
+    with wave.open(io.BytesIO(track.data)) as w:
+        assert 2.9 <= w.getnframes() / w.getframerate() <= 3.6
+    _, [track] = _fanout_with_sound(tmp_path, monkeypatch, 1.0)  # priced at 1 s: cut there (and its slack)
+    with wave.open(io.BytesIO(track.data)) as w:
+        assert w.getnframes() / w.getframerate() <= 1.0 + 0.5 + 0.1
+    header, tracks = _fanout_with_sound(tmp_path, monkeypatch, 0.0)  # priced none: forwarded none
+    assert tracks == [] and header.extras["audio_error"]["code"] == "unsupported_media"
+    assert "not priced" in header.extras["audio_error"]["message"]
