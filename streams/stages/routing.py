@@ -195,7 +195,8 @@ class Router:
         # one poll, routed concurrently, cannot all be admitted on the same queued work.
         key = self._result_key(req)
         stored = await self.results.get(key) if key is not None else None
-        shed = self._quota(req, started, sum(ref_bytes.values()), priced, answered=stored is not None)
+        work = self._work_ms(req, priced)
+        shed = self._quota(req, started, sum(ref_bytes.values()), work, answered=stored is not None)
         if shed is not None:
             err = WireError(ErrorCode.OVERLOADED, shed.message, None, shed.retry_after_ms) \
                 if shed.retry_after_ms is not None else WireError(ErrorCode.PAYLOAD_TOO_LARGE, shed.message, "parts")
@@ -208,7 +209,7 @@ class Router:
                 self.quotas.note_refused(req.tenant, started)
             return self._refused(req, WireError(decision.code, decision.message, None, decision.retry_after_ms), digest)
         return self._accepted(req, decision, key, client_sent, started, digest, refused, ref_bytes, priced,
-                              self._ref_bounds(req, claims), waits)
+                              self._ref_bounds(req, claims), waits, work)
 
     async def _checked(self, raw: bytes, headers: Any, record_ts_ms: float | None, source: str,
                        tenant: str | None) -> tuple[Any, str, dict[int, int], dict[int, WireError], dict[int, ClaimSize]] | Routed:
@@ -263,7 +264,7 @@ class Router:
 
     def _accepted(self, req: Any, decision: Admit | None, key: str | None, client_sent: float, started: float,
                   digest: str, refused: dict[int, WireError], ref_bytes: dict[int, int], priced: list[Priced],
-                  ref_pixels: dict[int, int], waits: dict[str, float]) -> Routed:
+                  ref_pixels: dict[int, int], waits: dict[str, float], work_ms: float) -> Routed:
         """An admitted request split into its records: the manifest first (the assembler sends
         ``accepted`` when it arrives), then the parts that failed alone, then the jobs, in
         one producer batch, so encoders start on the parts at once. What it sends is reserved
@@ -291,7 +292,7 @@ class Router:
         for j in jobs:
             self.load.note_sent(j.job.topic, j.job.partition, j.cost_ms, m.accepted_at_ms, req.tenant)
         wait = decision.predicted_wait_ms if isinstance(decision, Admit) else 0.0
-        self.quotas.note_sent(req.tenant, sum(j.cost_ms for j in jobs) + self._generate_cost(req), started, wait)
+        self.quotas.note_sent(req.tenant, work_ms, started, wait)
         modalities = set(m.modalities)
         return Routed(outs, "ok", modality=modalities.pop() if len(modalities) == 1 else "mixed", lane=str(req.lane),
                       queued_ms=max(0.0, started - client_sent), service_ms=m.accepted_at_ms - started,
@@ -442,7 +443,13 @@ class Router:
                             f"limit is {lim.max_request_ref_bytes} per request", "parts")
         return sizes, refused, claims
 
-    def _quota(self, req: Any, now: float, ref_bytes: int, priced: list[Priced], answered: bool = False) -> Shed | None:
+    def _work_ms(self, req: Any, priced: list[Priced]) -> float:
+        """All the work a request is priced at (ms): each part's at its stage and at the pools
+        it fans out to, and a generation's."""
+        return sum(found.ms + sum(ms for _, ms in found.also) for found in priced if found is not None) \
+            + self._generate_cost(req)
+
+    def _quota(self, req: Any, now: float, ref_bytes: int, work_ms: float, answered: bool = False) -> Shed | None:
         """The tenant's quota decision (None: within it, or no quota is set). ``answered``: the
         reuse cache holds the whole answer, so the request costs no engine work: only its rate
         token is taken (a tenant in compute debt still gets what it already paid for)."""
@@ -450,10 +457,8 @@ class Router:
             return None
         if answered:
             return self.quotas.check_rate(req.tenant, now_ms=now)
-        cost = sum(found.ms + sum(ms for _, ms in found.also) for found in priced if found is not None) \
-            + self._generate_cost(req)
         return self.quotas.check(req.tenant, lane_limit_ms=self.lane_limit_ms.get(str(req.lane), 0.0), now_ms=now,
-                                 ref_bytes=ref_bytes, cost_ms=cost)
+                                 ref_bytes=ref_bytes, cost_ms=work_ms)
 
     def _admit(self, req: Any, priced: list[Priced]) -> tuple[Admit | Reject | None, dict[str, float]]:
         """The admission decision for a valid request (None when admission is off), and the

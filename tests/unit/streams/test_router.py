@@ -451,6 +451,8 @@ def test_a_videos_soundtrack_is_priced_at_the_audio_pool_from_its_index():
                                            "mime": "video/webm"}]}
     outcomes = [routed(quota, pack({**request, "id": f"v{i}"})).outcome for i in range(2)]
     assert outcomes == ["ok", "error"]  # 1.2 s of soundtrack priced over the 1 s bucket: the first in debt
+    text = {"id": "t1", "tenant": "hog", "parts": [{"modality": "text", "text": "hi"}]}
+    assert routed(quota, pack(text)).outcome == "error"  # the soundtrack was taken from the bucket: in debt
 
     no_audio = make_router(router__served_modalities="text,image,video")  # nothing fans out to an undeployed pool
     assert no_audio._part_stage(type("P", (), {**spec, "text": None, "data": b"\0" * 100})()).also == ()
