@@ -49,11 +49,6 @@ class Offload:
         self._lock = threading.Lock()
         self.restarts = 0
 
-    def start(self) -> None:
-        """Start the process now (a spawn imports the callee's modules: ~0.5 s), not at the
-        first call; returns without waiting for it."""
-        self._current().submit(os.getpid)
-
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` in the offload process (both picklable); raises what ``fn`` raises,
         or ``OffloadDied``."""
