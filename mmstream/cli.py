@@ -147,6 +147,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--abuse-rate", type=float, help="fairness: tenant A's offered requests per second (default: 5x --rate)")
     b.add_argument("--victim-images", type=float, metavar="SHARE",
                    help="fairness: the share of tenant B's requests that are a photo each (default: 0, texts only)")
+    b.add_argument("--abuse-shapes", metavar="A,B",
+                   help="fairness: what tenant A sends, some of max_text, max_images, ref_fanout, max_generate, "
+                        "max_audio (default: every one the deployment serves)")
     b.add_argument("--abuse-deadline-ms", type=int, help="fairness: deadline of A's requests (default: the longest allowed)")
     b.add_argument("--docs", type=int, metavar="N",
                    help="retrieve, rag: passages of the offline corpus indexed first (default: 2000)")

@@ -17,13 +17,19 @@ from mmstream.bench.workloads import WORDS, arrival_offsets, images_request, tex
 from schemas.request import Lane, Limits, Modality, Params, Part, Request, Task
 from schemas.settings import Settings
 
-ABUSE_SHAPES = ("max_text", "max_images", "ref_fanout", "max_generate")
+ABUSE_SHAPES = ("max_text", "max_images", "ref_fanout", "max_generate", "max_audio")
 """What the abuser sends: ``max_text`` (the most text parts, each at the text bound, the
 request under the ingress bound), ``max_images`` (the most inline PNGs at the pixel bound
 that fit one request), ``ref_fanout`` (every part a ref to one stored blob at the size that
 puts the request at its ref-bytes cap: the router prices each part at the blob's size) and
 ``max_generate`` (max_tokens at its bound, the longest prompt that leaves room for them in
-the context; only where a generator runs)."""
+the context; only where a generator runs), ``max_audio`` (the most inline WAVs that fit one
+request, each at the inline bound of speech at 8 kHz and 8 bits: the most seconds a byte
+buys, about 130 s and five Whisper windows a part; only where an audio encoder runs and
+espeak-ng speaks)."""
+SPEECH = ("the quick brown fox jumps over the lazy dog while the committee reviews the quarterly "
+          "budget and the train to the coast leaves from platform seven at half past nine")
+"""What ``max_audio``'s parts say (espeak-ng), repeated to fill each part."""
 
 TAG_KEYWORD = b"mmstream-bench"
 """The PNG text chunk that makes each abuser image bytes of its own (no reuse cache answers A)."""
@@ -94,6 +100,21 @@ def victim_schedule(seed: int, rate: float, duration_s: float, phase: str,
                      else text_request(rng, "rt") for _ in offsets]
 
 
+def abuse_shapes(chosen: Sequence[str] | None, generator: bool, audio: bool) -> tuple[str, ...]:
+    """The shapes A sends: ``chosen`` (``--abuse-shapes``), else every one the deployment can
+    be made to work on (``max_generate`` where a generator runs, ``max_audio`` where an audio
+    encoder runs and espeak-ng is installed)."""
+    if chosen:
+        unknown = [x for x in chosen if x not in ABUSE_SHAPES]
+        if unknown:
+            raise ValueError(f"abuse shapes must be some of {', '.join(ABUSE_SHAPES)}, got {', '.join(unknown)}")
+        return tuple(dict.fromkeys(chosen))
+    import shutil
+
+    return tuple(x for x in ABUSE_SHAPES if (x != "max_generate" or generator)
+                 and (x != "max_audio" or (audio and shutil.which("espeak-ng") is not None)))
+
+
 def abuser_plan(seed: int, abuse_rate: float, duration_s: float, shapes: Sequence[str]) -> list[AbuseItem]:
     """A's requests as a plan (the requests themselves are megabytes: ``abuse_request``
     builds each when it is sent), a function of its arguments only."""
@@ -125,6 +146,12 @@ def abuse_request(item: AbuseItem, tenant: str, bounds: AbuseBounds, blob_ref: s
     if item.shape == "ref_fanout":
         return Request(parts=tuple(Part(Modality.IMAGE, ref=blob_ref, mime="image/png")
                                    for _ in range(bounds.max_parts)), **common)
+    if item.shape == "max_audio":
+        clip = long_speech_wav(min(bounds.max_inline_bytes, bounds.max_request_bytes - REQUEST_OVERHEAD_BYTES) - 64)
+        fits = max(1, (bounds.max_request_bytes - REQUEST_OVERHEAD_BYTES) // (len(clip) + 64))
+        parts = tuple(Part(Modality.AUDIO, data=_tagged_wav(clip, item.tag, i), mime="audio/wav")
+                      for i in range(min(fits, bounds.max_parts)))
+        return Request(parts=parts, **common)
     if item.shape == "max_generate":
         text = _words(random.Random(item.tag), GENERATE_PROMPT_WORDS)[: bounds.max_text_bytes]
         return Request(task=Task.GENERATE, parts=(Part(Modality.TEXT, text=text),),
@@ -150,6 +177,41 @@ def pixel_bound_png(side: int) -> bytes:
     buf = io.BytesIO()
     Image.new("RGB", (side, side), (200, 120, 40)).save(buf, "PNG", compress_level=9)
     return buf.getvalue()
+
+
+@functools.lru_cache(maxsize=2)
+def long_speech_wav(size: int) -> bytes:
+    """A WAV of ``size`` bytes at most: ``SPEECH`` spoken by espeak-ng, resampled to 8 kHz
+    unsigned 8-bit mono and repeated to fill it. Raises ``RuntimeError`` without espeak-ng."""
+    import wave
+
+    import numpy as np
+
+    from mmstream import samples
+
+    spoken = samples.speech(SPEECH)
+    if spoken is None:
+        raise RuntimeError("the max_audio abuse shape needs espeak-ng (apt-get install espeak-ng)")
+    with wave.open(io.BytesIO(spoken)) as w:
+        rate = w.getframerate()
+        pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.float32)
+    at = np.arange(0, len(pcm) - 1, rate / 8000.0)
+    u8 = (np.interp(at, np.arange(len(pcm)), pcm) / 256.0 + 128.0).clip(0, 255).astype(np.uint8).tobytes()
+    body = (u8 * ((size - 44) // len(u8) + 1))[: size - 44]
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1), w.setsampwidth(1), w.setframerate(8000)
+        w.writeframes(body)
+    return out.getvalue()
+
+
+def _tagged_wav(wav: bytes, tag: int, part: int) -> bytes:
+    """``wav`` with every 997th sample one step louder from a place ``tag`` and ``part`` pick:
+    the same speech to a listener, other samples to a content-keyed cache."""
+    body = bytearray(wav[44:])
+    for i in range((tag + 131 * part) % 997, len(body), 997):
+        body[i] = min(255, body[i] + 1)
+    return wav[:44] + bytes(body)
 
 
 def _png_chunk(png: bytes, kind: bytes, data: bytes) -> bytes:

@@ -43,6 +43,8 @@ def config_from_args(args: Any) -> BenchConfig:
                        chat_max_tokens=getattr(args, "chat_max_tokens", None) or 32,
                        abuse_rate=getattr(args, "abuse_rate", None),
                        abuse_deadline_ms=getattr(args, "abuse_deadline_ms", None),
+                       abuse_shapes=tuple(x.strip() for x in (getattr(args, "abuse_shapes", None) or "").split(",")
+                                          if x.strip()),
                        victim_images=getattr(args, "victim_images", None) or 0.0,
                        docs=getattr(args, "docs", None) or 2000,
                        rate_schedule=schedule,

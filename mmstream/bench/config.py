@@ -65,6 +65,9 @@ class BenchConfig:
     victim_images: float = 0.0
     """Fairness workload: the share of tenant B's requests that are one photo each (the
     capacity mix's); the rest are texts. 0: texts only."""
+    abuse_shapes: tuple[str, ...] = ()
+    """Fairness workload: what tenant A sends (``mmstream.bench.abuse.ABUSE_SHAPES``). Empty:
+    every shape the deployment serves."""
     abuse_deadline_ms: int | None = None
     """Fairness workload: the deadline of tenant A's requests. None: the longest allowed
     (``limits.max_deadline_ms``), which outlasts a run's drain: A's unanswered requests are

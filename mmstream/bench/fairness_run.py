@@ -31,7 +31,7 @@ import time
 from typing import Any
 
 from mmstream.bench.config import BenchConfig, config_dict
-from mmstream.bench.abuse import (ABUSE_SHAPES, AbuseBounds, abuse_request, abuser_plan, pixel_bound_png, ref_blob,
+from mmstream.bench.abuse import (AbuseBounds, abuse_request, abuse_shapes, abuser_plan, pixel_bound_png, ref_blob,
                                   victim_schedule)
 from mmstream.bench.fairness import (abuser_summary, load_summary, memory_summary, stage_bounds, victim_comparison,
                                      verdict)
@@ -76,8 +76,8 @@ async def run_fairness(settings: Settings, cfg: BenchConfig, progress: bool = Tr
     workers = _workers(settings)
     if not workers:
         log.warning("no local workers for topic prefix %r: memory and CPU will be empty", settings.kafka.topic_prefix)
-    generator = any(name.startswith("generate[") for name, _ in workers)
-    shapes = tuple(s for s in ABUSE_SHAPES if generator or s != "max_generate")
+    running = {name.split("[")[0] for name, _ in workers}
+    shapes = abuse_shapes(cfg.abuse_shapes, "generate" in running, "encode.audio" in running)
     bounds = AbuseBounds.from_settings(settings)
     deadline_ms = min(cfg.abuse_deadline_ms or bounds.max_deadline_ms, bounds.max_deadline_ms)
     # B's compute floor, as every bench run states it; the engine is let go before the phases.

@@ -5,6 +5,7 @@ report's numbers (ratio, shed counts, memory growth, verdict) come out right."""
 from __future__ import annotations
 
 import random
+import shutil
 
 import dataclasses
 
@@ -77,8 +78,10 @@ def test_the_abusers_plan_is_a_function_of_the_seed_and_uses_both_lanes_and_ever
 
 @pytest.mark.parametrize("env", [{}, {"MMSTREAM_LIMITS_MAX_PARTS": "4", "MMSTREAM_LIMITS_MAX_TEXT_BYTES": "1000",
                                       "MMSTREAM_LIMITS_MAX_REQUEST_BYTES": "300000"}])
-@pytest.mark.parametrize("shape", ["max_text", "max_images", "ref_fanout", "max_generate"])
+@pytest.mark.parametrize("shape", ["max_text", "max_images", "ref_fanout", "max_generate", "max_audio"])
 def test_every_abuse_shape_passes_the_routers_validation_at_its_bounds(shape, env) -> None:
+    if shape == "max_audio" and shutil.which("espeak-ng") is None:
+        pytest.skip("max_audio's speech needs espeak-ng (apt-get install espeak-ng)")
     settings = Settings.from_env(env)
     b = AbuseBounds.from_settings(settings)
     item = AbuseItem(0.0, shape, "bulk", 0xFEED)
@@ -98,11 +101,30 @@ def test_every_abuse_shape_passes_the_routers_validation_at_its_bounds(shape, en
         assert b.blob_bytes <= b.max_ref_bytes and b.max_parts * b.blob_bytes <= b.max_request_ref_bytes
     if shape == "max_generate":
         assert got.task == Task.GENERATE and got.params.max_tokens == b.max_tokens == 1024
+    if shape == "max_audio":
+        from workers.audio_header import seconds_bound, windows
+
+        assert all(len(p.data) <= b.max_inline_bytes and p.mime == "audio/wav" for p in got.parts)
+        assert len({p.data for p in got.parts}) == len(got.parts) >= 1
+        if not env:  # 1 MiB of 8 kHz, 8-bit speech: ~131 s, five windows each as the router prices it
+            assert [windows(seconds_bound(p.data, len(p.data), 300.0)) for p in got.parts] == [5.0] * len(got.parts)
+
+
+def test_abuse_shapes_are_the_chosen_ones_or_every_one_the_deployment_serves() -> None:
+    from mmstream.bench.abuse import abuse_shapes
+
+    assert abuse_shapes(("max_text", "max_text", "ref_fanout"), True, True) == ("max_text", "ref_fanout")
+    assert abuse_shapes((), False, False) == ("max_text", "max_images", "ref_fanout")
+    assert "max_generate" in abuse_shapes((), True, False)
+    if shutil.which("espeak-ng"):
+        assert abuse_shapes((), True, True) == ABUSE_SHAPES
+    with pytest.raises(ValueError):
+        abuse_shapes(("max_video",), True, True)
 
 
 def test_the_abusers_content_differs_between_requests() -> None:
     settings = Settings()
-    for shape in ("max_text", "max_images", "max_generate"):
+    for shape in ("max_text", "max_images", "max_generate") + (("max_audio",) if shutil.which("espeak-ng") else ()):
         one, _, _ = _validated(settings, AbuseItem(0.0, shape, "rt", 1))
         two, _, _ = _validated(settings, AbuseItem(0.0, shape, "rt", 2))
         assert one.parts != two.parts and one.id != two.id
