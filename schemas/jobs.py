@@ -106,6 +106,9 @@ class Manifest(_Job):
     """Where the assembler stores the whole answer for identical requests (reuse cache)."""
     nonce: str | None = omit_none()
     """Random, per routing of the request: parts without it are not this request's."""
+    background: bool | None = omit_none()
+    """A generation admitted over its tenant's compute bucket (in debt): the generator runs at
+    lower CPU priority while it holds one (``quota.debt_nice``). None: an ordinary request."""
     digest: str | None = omit_none()
     """Which ingress record this is (its bytes and timestamp, hashed): a replay of the same
     record has the same digest and changes nothing; another request with the same id
@@ -221,6 +224,8 @@ class GenerateJob(_RequestJob):
     params: dict[str, Any] = field(default_factory=dict)
     trace: list[Any] = field(default_factory=list)
     """The per-stage breakdown so far: ``[{stage, queued_ms, service_ms}, ...]``."""
+    background: bool | None = omit_none()
+    """Admitted over its tenant's compute bucket (``Manifest.background``)."""
     passages: list[dict[str, Any]] | None = omit_none()
     """Retrieval-augmented: ``[{id, score, text}, ...]`` the retrieve stage found in
     ``params.collection``, in the order they go into the prompt (by id: the same passages

@@ -432,6 +432,11 @@ class QuotaSettings(Section):
         "none in plaintext mode, where a tenant is a name any client may give and a per-tenant limit bounds nothing.",
         ge=-1,
     )
+    debt_nice: int = setting(
+        10, "How much lower (nice) the generator runs while it holds a generation admitted over its tenant's compute "
+        "bucket (in debt: compute_debt): the tenant paid for it over time, not to take the cores from everyone now. "
+        "Nice is work-conserving: alone on the box it runs as fast. 0: not lowered.", ge=0, le=19
+    )
     generation_shared_by: int = setting(
         1, "How many sequences the compute quota assumes share each generator step (its fixed cost split between "
         "them): 1 prices a generation as if it ran alone, what it costs on an idle generator and the most it can cost; "

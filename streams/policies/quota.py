@@ -177,6 +177,12 @@ class TenantQuotas:
             t.ref_tokens -= ref_bytes
         return shed
 
+    def over_bucket(self, cost_ms: float) -> bool:
+        """Whether a request priced at ``cost_ms`` is admitted in debt: over the whole compute
+        bucket, so it cannot be paid for at once."""
+        q = self.limits
+        return q.compute_ms_per_s > 0 and q.compute_debt and cost_ms > q.compute_capacity
+
     def check_rate(self, tenant: str, *, now_ms: float) -> Shed | None:
         """``check`` for a request that causes no work (answered whole from the reuse cache): it
         takes a rate token, and neither queued work, ref bytes nor compute stands in its way."""

@@ -138,3 +138,44 @@ class Raise:
         if why is not None:
             log.warning("could not move this process to CPU priority %d: %s", level, why)
         self.on_change(level)
+
+
+class Lowered:
+    """A process run ``by`` lower than its level ``base`` while it holds background work (the
+    generator, while it runs a generation admitted over its tenant's compute bucket), and back
+    at ``base`` when it holds none. A move only on a change, so a step costs nothing.
+
+    Coming back up needs root, or an ``RLIMIT_NICE`` that allows ``base``: where it would not
+    be allowed the process is never lowered (lowered for good, it would slow every tenant's
+    work after the first such generation) and says so once."""
+
+    def __init__(self, base: int, by: int, pid: int | None = None,
+                 mover: Callable[[int, int], str | None] = move) -> None:
+        self.base, self.by, self.mover = base, by, mover
+        self.pid = os.getpid() if pid is None else pid
+        self.down = False
+        self.enabled = by > 0 and sys.platform.startswith("linux") and _may_return_to(base)
+        if by > 0 and not self.enabled:
+            log.warning("generations admitted in debt run at the generator's own priority: coming back to nice %d "
+                        "after them would need root or RLIMIT_NICE", base)
+
+    def hold(self, background: int) -> None:
+        """Hold ``background`` units of background work now (0: none)."""
+        want = self.enabled and background > 0
+        if want == self.down:
+            return
+        self.down = want
+        target = min(19, self.base + self.by) if want else self.base
+        why = self.mover(self.pid, target)
+        if why is not None:
+            log.warning("could not move to nice %d: %s", target, why)
+
+
+def _may_return_to(nice: int) -> bool:
+    """Whether this process may set its nice value back down to ``nice``."""
+    if os.geteuid() == 0:
+        return True
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NICE)[0]
+    return soft == resource.RLIM_INFINITY or 20 - soft <= nice

@@ -41,6 +41,7 @@ from streams.policies.calibration import PredictionCalibration
 from streams.policies.gen_admission import retry_after_ms, ttft_bound_ms
 from streams.policies.gen_price import GenCost
 from streams.policies.scheduler import ContinuousBatchScheduler, SchedulerLimits, StaticBatchScheduler
+from streams.runtime.priority import Lowered
 from streams.runtime.produce import Out, out_map
 from streams.runtime.recovery import AnswerLedger, recover, stage_timings
 from streams.runtime.stage import RecordStage
@@ -125,6 +126,8 @@ class GeneratorStage(RecordStage):
         longest = max((len(t) for t in tokenizer.get_vocab()), default=1)
         self.max_prompt_chars = core.engine.max_context * longest
         self.replica = f"{STAGE}/{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.lowered = Lowered(settings.local.nice_of("generate"), settings.quota.debt_nice)
+        """Runs the process lower while it holds a generation admitted in debt (``GenerateJob.background``)."""
         self.redis = connect_async(settings.redis.url, settings.redis.tls_ca, socket_timeout=0.2,
                                    socket_connect_timeout=0.2)
 
@@ -205,6 +208,7 @@ class GeneratorStage(RecordStage):
         return "" if self.cross_tenant else job.tenant
 
     def _note_state(self) -> None:
+        self.lowered.hold(sum(1 for a in self.active.values() if a.job.background))
         self.metrics.set_state(STAGE, active=len(self.active), done=len(self.answers.done))
 
     def poll_budget(self) -> int:

@@ -280,6 +280,8 @@ class Router:
             ref_pixels=ref_pixels, prep_ms={i: found.prep_ms for i, found in enumerate(priced)
                                             if found is not None and found.prep_ms > 0},
             predicted_wait_ms=lambda topic: waits.get(stage_of(topic)),
+            # A generation priced over its tenant's whole bucket runs below everyone else's work.
+            background=str(req.task) == "generate" and self.quotas.over_bucket(work_ms),
         )
         m = plan.manifest
         encoded = self.topics.encoded(req.lane)

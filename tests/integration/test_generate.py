@@ -16,7 +16,10 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def gen_pipeline(infra):
     pipe = start_pipeline(infra, {"router": 1, "assembler": 1, "encode.text": 1, "encode.image": 1, "generate": 1},
-                          MMSTREAM_ROUTER_SERVED_MODALITIES="text,image")
+                          MMSTREAM_ROUTER_SERVED_MODALITIES="text,image",
+                          # A compute quota that sheds nothing here (100 s a second) but holds 5 s at
+                          # once: a long generation is admitted in debt (the background test).
+                          MMSTREAM_QUOTA_COMPUTE_MS_PER_S="100000", MMSTREAM_QUOTA_COMPUTE_BURST_MS="5000")
     yield pipe
     pipe.supervisor.stop()
 
@@ -108,3 +111,30 @@ async def test_the_generator_publishes_the_step_cost_the_router_prices_with(gen_
     cost = costliest(reports, now_ms())
     # Measured here, not the constant: llama.cpp's threads, a step cost learned on this machine.
     assert cost != ROUTER_GEN_COST and cost.threads >= 1 and cost.fixed_ms + cost.per_decode_ms > 0, cost
+
+
+@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="coming back from a lowering needs root or RLIMIT_NICE")
+async def test_a_generation_admitted_in_debt_runs_the_generator_lower_until_it_ends(gen_pipeline):
+    """Priced over its tenant's whole compute bucket (256 tokens: ~7 s here, over 5 s), it is
+    admitted in debt and the generator runs at quota.debt_nice (10) below its level while it
+    holds it, and back at its level after."""
+    import asyncio
+    import os
+
+    [gen] = [w for w in gen_pipeline.supervisor.workers() if w.stage == "generate"]
+    seen: set[int] = set()
+    async with Client(gen_pipeline.bootstrap, gen_pipeline.prefix) as client:
+        sub = await client.submit(Request(id=new_id(), task=Task.GENERATE, deadline_ms=120_000,
+                                          parts=(Part(Modality.TEXT, text="Count from 1 to 200, one number a line."),),
+                                          params=Params(max_tokens=256)))
+        done = asyncio.create_task(sub.result(timeout_s=120))
+        while not done.done():
+            seen.add(os.getpriority(os.PRIO_PROCESS, gen.pid))
+            await asyncio.sleep(0.02)
+        assert (await done).kind == "result"
+    assert 10 in seen, seen
+    for _ in range(100):  # its result leaves before the step loop notes it holds nothing
+        if os.getpriority(os.PRIO_PROCESS, gen.pid) == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert os.getpriority(os.PRIO_PROCESS, gen.pid) == 0

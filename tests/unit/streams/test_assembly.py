@@ -242,3 +242,12 @@ def test_a_search_names_the_space_of_its_query_and_a_pooled_video_the_space_of_i
         got = step(state, msg, 10.0, POLICY)
         state = got.state
     assert got.forward.space == "effnet/1/int8/p1"
+
+
+def test_a_generation_admitted_in_debt_reaches_the_generator_marked_so():
+    import dataclasses
+
+    for background in (None, True):
+        m = dataclasses.replace(manifest(n=1), task="generate", background=background)
+        r = step(step(None, m, 2.0, POLICY).state, part(0), 6.0, POLICY)
+        assert r.forward is not None and r.forward.background is background

@@ -132,3 +132,33 @@ def test_only_a_process_that_runs_raised_holds_a_raise():
     mine = os.getpriority(os.PRIO_PROCESS, 0)
     assert priority.Raise.held(3, policy, print) is None  # a lowering is not a raise
     assert priority.Raise.held(mine - 1 if mine > -20 else mine + 1, policy, print) is None  # not what it runs at
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="coming back from a lowering needs root or RLIMIT_NICE")
+def test_a_generator_runs_lower_while_it_holds_background_work_and_comes_back_without(child):
+    pid = child(own_session=True)
+    assert priority.apply(pid, 1) is None
+    lowered = priority.Lowered(1, 10, pid=pid)
+    main, *_ = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+    lowered.hold(0)
+    assert os.getpriority(os.PRIO_PROCESS, main) == 1  # nothing held: as it was
+    lowered.hold(2)
+    assert os.getpriority(os.PRIO_PROCESS, main) == 11 and lowered.down
+    if autogroup_nice(pid) is not None:
+        assert autogroup_nice(pid) == 11
+    lowered.hold(1)
+    lowered.hold(0)
+    assert os.getpriority(os.PRIO_PROCESS, main) == 1 and not lowered.down
+
+
+def test_lowering_moves_only_on_a_change_and_not_at_all_where_it_could_not_come_back(monkeypatch):
+    moves: list[int] = []
+    lowered = priority.Lowered(0, 10, pid=1, mover=lambda pid, nice: moves.append(nice))
+    for held in (0, 1, 3, 2, 0, 0, 1):
+        lowered.hold(held)
+    assert moves == ([10, 0, 10] if lowered.enabled else [])
+    monkeypatch.setattr(priority, "_may_return_to", lambda nice: False)
+    stuck = priority.Lowered(0, 10, pid=1, mover=lambda pid, nice: moves.append(nice))
+    stuck.hold(1)
+    assert not stuck.enabled and not stuck.down
+    assert not priority.Lowered(0, 0, pid=1).enabled  # debt_nice 0: off

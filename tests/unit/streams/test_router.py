@@ -501,6 +501,28 @@ def test_a_generate_request_is_priced_at_the_step_cost_the_generators_report():
     assert ev.error["code"] == "payload_too_large" and ev.error["field"] == "parts"
 
 
+def test_a_generation_admitted_in_debt_is_marked_to_run_below_everyone_else():
+    from schemas.jobs import Manifest
+
+    r = make_router(quota__compute_ms_per_s="100", quota__compute_burst_ms="1000")
+    chat = {"task": "generate", "parts": [{"modality": "text", "text": "hi"}]}
+
+    def manifest(request):
+        out = routed(r, pack(request))
+        assert out.outcome == "ok"
+        m = fan_in_from_wire(unpack(out.outs[0].value))
+        assert isinstance(m, Manifest)
+        return m
+
+    assert manifest({"id": "b1", "tenant": "t1", **chat, "params": {"max_tokens": 16}}).background is None
+    long = manifest({"id": "b2", "tenant": "t2", **chat, "params": {"max_tokens": 256}})  # ~5 s: over the 1 s bucket
+    assert long.background is True
+    assert Manifest.from_wire(unpack(pack(long.to_wire()))).background is True
+    plain = make_router()  # no compute quota (plaintext): nothing is in debt
+    m = fan_in_from_wire(unpack(routed(plain, pack({"id": "b3", **chat, "params": {"max_tokens": 256}})).outs[0].value))
+    assert m.background is None
+
+
 def test_a_part_that_makes_no_job_is_not_priced():
     r, _ = sized_router({}, quota__compute_ms_per_s="100", quota__compute_burst_ms="500", quota__compute_debt="false")
     # An unknown ref fails alone and costs nothing: priced at the bounds it would be ~830 ms.
