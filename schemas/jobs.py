@@ -109,6 +109,9 @@ class Manifest(_Job):
     background: bool | None = omit_none()
     """A generation admitted over its tenant's compute bucket (in debt): the generator runs at
     lower CPU priority while it holds one (``quota.debt_nice``). None: an ordinary request."""
+    charged_tokens: int | None = omit_none()
+    """The output tokens a generation was charged for (its ``max_tokens``), where the tenant's
+    compute quota charged it: the generator gives back those it did not make. None: none charged."""
     digest: str | None = omit_none()
     """Which ingress record this is (its bytes and timestamp, hashed): a replay of the same
     record has the same digest and changes nothing; another request with the same id
@@ -226,6 +229,8 @@ class GenerateJob(_RequestJob):
     """The per-stage breakdown so far: ``[{stage, queued_ms, service_ms}, ...]``."""
     background: bool | None = omit_none()
     """Admitted over its tenant's compute bucket (``Manifest.background``)."""
+    charged_tokens: int | None = omit_none()
+    """The output tokens it was charged for (``Manifest.charged_tokens``)."""
     passages: list[dict[str, Any]] | None = omit_none()
     """Retrieval-augmented: ``[{id, score, text}, ...]`` the retrieve stage found in
     ``params.collection``, in the order they go into the prompt (by id: the same passages

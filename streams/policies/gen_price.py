@@ -76,8 +76,13 @@ def price_generate_ms(prompt_tokens: int, max_tokens: int, cost: GenCost = ROUTE
     """CPU milliseconds a generate request may take: its prompt's prefill plus ``max_tokens``
     steps, times the engine's threads, each step's fixed cost shared with ``shared_by - 1``
     other sequences (1, the default: as if it ran alone; see the module docstring)."""
-    per_token = cost.threads * (cost.fixed_ms / max(1, shared_by) + cost.per_decode_ms)
-    return cost.threads * prompt_tokens * cost.per_prompt_ms + max_tokens * per_token
+    return cost.threads * prompt_tokens * cost.per_prompt_ms + max_tokens * token_price_ms(cost, shared_by)
+
+
+def token_price_ms(cost: GenCost, shared_by: int = 1) -> float:
+    """What ``price_generate_ms`` charges for each output token: what a token the generator
+    did not make gives back (``streams.stores.load_reports.take_gen_credits``)."""
+    return cost.threads * (cost.fixed_ms / max(1, shared_by) + cost.per_decode_ms)
 
 
 def costliest(reports: Mapping[str, Mapping[str, Any]], now_ms: float, stale_ms: float = STALE_MS,

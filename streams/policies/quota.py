@@ -177,6 +177,21 @@ class TenantQuotas:
             t.ref_tokens -= ref_bytes
         return shed
 
+    def refund(self, tenant: str, cost_ms: float, now_ms: float) -> None:
+        """Give back ``cost_ms`` the tenant was charged for work that was not done (a
+        generation that ended before its ``max_tokens``): into its compute bucket, up to full.
+        A tenant not held here (forgotten, or charged by another router replica) gets nothing."""
+        t = self._tenants.get(tenant)
+        if t is None or cost_ms <= 0 or self.limits.compute_ms_per_s <= 0:
+            return
+        self._refill(t, tenant, now_ms)
+        t.compute_tokens = min(self.limits.compute_capacity, t.compute_tokens + cost_ms)
+
+    @property
+    def charges_compute(self) -> bool:
+        """Whether requests are charged to a compute bucket (so unused work is worth giving back)."""
+        return self.limits.compute_ms_per_s > 0
+
     def over_bucket(self, cost_ms: float) -> bool:
         """Whether a request priced at ``cost_ms`` is admitted in debt: over the whole compute
         bucket, so it cannot be paid for at once."""

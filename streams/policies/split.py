@@ -63,6 +63,7 @@ def split_request(
     prep_ms: Mapping[int, float] | None = None,
     predicted_wait_ms: Callable[[str], float | None] = lambda topic: None,
     background: bool = False,
+    charged_tokens: int | None = None,
 ) -> RoutePlan:
     """Split ``req`` into per-part encode jobs on each modality's topic for the request's lane.
 
@@ -75,7 +76,8 @@ def split_request(
     ``prep_ms``: what a part's work before the engine was priced at (``EncodeJob.prep_ms``);
     ``predicted_wait_ms``: the wait admission predicted on a job's topic, to which each job adds
     the cost of the request's parts before it there (``EncodeJob.predicted_wait_ms``);
-    ``background``: a generation admitted in debt (``Manifest.background``).
+    ``background``: a generation admitted in debt (``Manifest.background``); ``charged_tokens``:
+    the output tokens its tenant's quota charged it for (``Manifest.charged_tokens``).
     """
     refused = refused or {}
     ref_bytes = ref_bytes or {}
@@ -88,7 +90,7 @@ def split_request(
         n_parts=len(req.parts), modalities=[str(p.modality) for p in req.parts], deadline_at_ms=deadline_at,
         accepted_at_ms=now_ms, client_sent_at_ms=client_sent_at_ms, sent_at_ms=now_ms,
         params=req.params.to_wire(), trace=[router_span], result_key=result_key, nonce=nonce, digest=digest,
-        background=True if background else None,
+        background=True if background else None, charged_tokens=charged_tokens,
     )
     jobs: list[RoutedJob] = []
     ahead: dict[str, float] = {}  # topic -> the cost of this request's jobs on it so far

@@ -126,6 +126,8 @@ class GeneratorStage(RecordStage):
         longest = max((len(t) for t in tokenizer.get_vocab()), default=1)
         self.max_prompt_chars = core.engine.max_context * longest
         self.replica = f"{STAGE}/{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.credits: dict[str, int] = {}
+        """Tenant -> output tokens it was charged for and did not get, not yet given to Redis."""
         self.lowered = Lowered(settings.local.nice_of("generate"), settings.quota.debt_nice)
         """Runs the process lower while it holds a generation admitted in debt (``GenerateJob.background``)."""
         self.redis = connect_async(settings.redis.url, settings.redis.tls_ca, socket_timeout=0.2,
@@ -232,7 +234,21 @@ class GeneratorStage(RecordStage):
         prefix = self.settings.kafka.topic_prefix
         while not self.should_stop:  # best effort: the router keeps the last cost it read
             await load_reports.publish_gen_cost(self.redis, prefix, self.replica, self.step_cost().to_map(now_ms()))
+            await self._give_back(prefix)
             await asyncio.sleep(COST_REPORT_S)
+
+    def _credit(self, job: GenerateJob, made: int) -> None:
+        """Owe ``job``'s tenant the output tokens it was charged for and did not get."""
+        unused = max(0, (job.charged_tokens or 0) - max(0, made))
+        if unused:
+            self.credits[job.tenant] = self.credits.get(job.tenant, 0) + unused
+
+    async def _give_back(self, prefix: str) -> None:
+        """Hand what is owed to the routers (through Redis); kept for the next try if it fails."""
+        owed, self.credits = self.credits, {}
+        if owed and not await load_reports.add_gen_credits(self.redis, prefix, owed):
+            for tenant, n in owed.items():
+                self.credits[tenant] = self.credits.get(tenant, 0) + n
 
     async def _steps_forever(self) -> None:
         loop = asyncio.get_running_loop()
@@ -279,6 +295,7 @@ class GeneratorStage(RecordStage):
         if a is None:
             return
         job, now = a.job, now_ms()
+        self._credit(job, u.completion_tokens)
         if u.finish_reason == "deadline_exceeded":
             self._fail(job, a.record, WireError(ErrorCode.DEADLINE_EXCEEDED, "generation ended: deadline_exceeded"), a)
             return
@@ -303,6 +320,8 @@ class GeneratorStage(RecordStage):
             self.metrics.observe_tpot(job.lane, tpot)
 
     def _fail(self, job: GenerateJob, record: ConsumerRecord, err: WireError, a: Active | None = None) -> None:
+        if a is None:  # refused before it started: nothing of what it was charged was made
+            self._credit(job, 0)
         seq = a.next_seq if a else 1
         now = now_ms()
         ev = Event(job.id, EventKind.ERROR, seq, now, error=err.to_wire(),

@@ -54,7 +54,7 @@ from schemas.topics import TopicNames
 from schemas.trace import now_ms
 from streams.policies.admission import IDLE_SHARE, AdmissionLimits, Admit, Reject, admit
 from streams.policies.budget import KeyedBudget
-from streams.policies.gen_price import ROUTER_GEN_COST, estimate_prompt_tokens, price_generate_ms
+from streams.policies.gen_price import ROUTER_GEN_COST, estimate_prompt_tokens, price_generate_ms, token_price_ms
 from streams.policies.load import LoadView, stage_of
 from streams.policies.partitioning import Partitioner
 from streams.policies.quota import QuotaLimits, Shed, TenantQuotas
@@ -282,6 +282,9 @@ class Router:
             predicted_wait_ms=lambda topic: waits.get(stage_of(topic)),
             # A generation priced over its tenant's whole bucket runs below everyone else's work.
             background=str(req.task) == "generate" and self.quotas.over_bucket(work_ms),
+            # What its output was charged: the generator gives back the tokens it does not make.
+            charged_tokens=int(req.params.max_tokens) if str(req.task) == "generate" and self.quotas.charges_compute
+            else None,
         )
         m = plan.manifest
         encoded = self.topics.encoded(req.lane)
@@ -385,6 +388,13 @@ class Router:
         if part.data is not None:
             return part.data, size
         return (claim.head, claim.size) if claim else (b"", self.settings.limits.max_ref_bytes)
+
+    def give_back(self, tokens: dict[str, int], now: float) -> None:
+        """Return to each tenant's compute bucket the output tokens it was charged for and the
+        generators did not make (tenant -> tokens), at the price they were charged."""
+        each = token_price_ms(self.gen_cost, self.settings.quota.generation_shared_by)
+        for tenant, n in tokens.items():
+            self.quotas.refund(tenant, n * each, now)
 
     def _generate_cost(self, req: Any) -> float:
         """The generator's work a generate request causes (0 for embed), priced before any

@@ -8,6 +8,9 @@ numbers (and, past their staleness, treats the pool as idle).
 - ``publish_identity`` / ``read_identities``: model identities, for the whole-result cache key.
 - ``publish_gen_cost`` / ``read_gen_costs``: each generator replica's measured step cost
   (``streams.policies.gen_price.GenCost``), what the router prices generate requests with.
+- ``add_gen_credits`` / ``take_gen_credits``: output tokens a tenant was charged for and did not
+  get (a generation that ended before its ``max_tokens``), per tenant in ``mm:gencredit:<prefix>``:
+  the router gives them back to the tenant's compute bucket.
 """
 
 from __future__ import annotations
@@ -74,6 +77,48 @@ async def publish_gen_cost(redis: Any, topic_prefix: str, replica: str, report: 
 async def read_gen_costs(redis: Any, topic_prefix: str) -> dict[str, dict[str, Any]]:
     """replica -> its last step cost report; {} when Redis cannot be read."""
     return await _read(redis, gen_cost_key(topic_prefix))
+
+
+def gen_credit_key(topic_prefix: str) -> str:
+    return f"mm:gencredit:{topic_prefix}"
+
+
+async def add_gen_credits(redis: Any, topic_prefix: str, tokens: dict[str, int]) -> bool:
+    """Add output tokens each tenant was charged for and did not get (tenant -> tokens); False
+    when Redis could not take them (the caller keeps them for its next try)."""
+    if not tokens:
+        return True
+    try:
+        pipe = redis.pipeline(transaction=False)
+        for tenant, n in tokens.items():
+            pipe.hincrby(gen_credit_key(topic_prefix), tenant, int(n))
+        await pipe.execute()
+        return True
+    except Exception as exc:
+        log.debug("adding generation credits failed: %r", exc)
+        return False
+
+
+async def take_gen_credits(redis: Any, topic_prefix: str) -> dict[str, int]:
+    """The tokens owed back per tenant, taken (read and removed in one transaction, so two
+    router replicas never give the same tokens back twice); {} when Redis cannot be read."""
+    try:
+        pipe = redis.pipeline(transaction=True)
+        pipe.hgetall(gen_credit_key(topic_prefix))
+        pipe.delete(gen_credit_key(topic_prefix))
+        got, _ = await pipe.execute()
+    except Exception as exc:
+        log.debug("taking generation credits failed: %r", exc)
+        return {}
+    out: dict[str, int] = {}
+    for k, v in got.items():
+        try:
+            n = int(_text(v))
+        except ValueError:
+            continue
+        if n > 0:
+            out[_text(k)] = n
+    return out
 
 
 async def _hset(redis: Any, key: str, field: str, value: str) -> None:

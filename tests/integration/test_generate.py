@@ -138,3 +138,60 @@ async def test_a_generation_admitted_in_debt_runs_the_generator_lower_until_it_e
             break
         await asyncio.sleep(0.05)
     assert os.getpriority(os.PRIO_PROCESS, gen.pid) == 0
+
+
+async def test_tokens_owed_back_are_added_per_tenant_and_taken_once(infra):
+    """The generators add what each tenant is owed; a router takes it all in one transaction,
+    so a second router (or a second read) finds nothing to give back again."""
+    import uuid
+
+    from streams.stores import load_reports
+    from workers.redisconn import connect_async
+
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    redis = connect_async(infra.redis.url, infra.redis.tls_ca)
+    try:
+        assert await load_reports.add_gen_credits(redis, prefix, {"a": 250, "b": 3})
+        assert await load_reports.add_gen_credits(redis, prefix, {"a": 10})  # another generator's
+        assert await load_reports.take_gen_credits(redis, prefix) == {"a": 260, "b": 3}
+        assert await load_reports.take_gen_credits(redis, prefix) == {}
+        await redis.hset(load_reports.gen_credit_key(prefix), mapping={"c": "junk", "d": "-4", "e": "7"})
+        assert await load_reports.take_gen_credits(redis, prefix) == {"e": 7}  # what is not a count is passed over
+    finally:
+        await redis.aclose()
+
+
+@pytest.fixture(scope="module")
+def metered_pipeline(infra):
+    """A compute quota that refills 10 ms a second and holds 20 s: two 512-token answers are
+    more than it holds, unless the first gives back what it did not generate."""
+    pipe = start_pipeline(infra, {"router": 1, "assembler": 1, "encode.text": 1, "generate": 1},
+                          MMSTREAM_ROUTER_SERVED_MODALITIES="text",
+                          MMSTREAM_QUOTA_COMPUTE_MS_PER_S="10", MMSTREAM_QUOTA_COMPUTE_BURST_MS="20000")
+    yield pipe
+    pipe.supervisor.stop()
+
+
+async def test_a_short_answer_gives_back_the_tokens_it_did_not_make(metered_pipeline):
+    """Each request is charged its 512 tokens (~15 s here); the first stops after a few, and
+    what it did not make comes back to the tenant's bucket within a few seconds (the generator
+    hands it to Redis every 2 s, the router takes it every 250 ms): the second gets in. Without
+    the refund it would wait ~25 minutes at 10 ms a second."""
+    import asyncio
+
+    def ask(text):
+        return Request(id=new_id(), task=Task.GENERATE, deadline_ms=60_000, parts=(Part(Modality.TEXT, text=text),),
+                       params=Params(max_tokens=512))
+
+    async with Client(metered_pipeline.bootstrap, metered_pipeline.prefix) as client:
+        first = await (await client.submit(ask("What is the capital of France?"))).result(timeout_s=60)
+        assert first.kind == "result" and first.payload["tokens"]["completion"] < 100, first.payload
+        outcomes = []
+        for _ in range(20):
+            second = await (await client.submit(ask("What is the capital of Italy?"))).result(timeout_s=60)
+            outcomes.append(second.kind)
+            if second.kind == "result":
+                break
+            assert second.error["code"] == "overloaded" and "compute" in second.error["message"], second.error
+            await asyncio.sleep(0.5)
+    assert outcomes[-1] == "result", outcomes

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from streams.policies.gen_price import (ROUTER_GEN_COST, STALE_MS, GenCost, costliest, estimate_prompt_tokens,
-                                        price_generate_ms)
+                                        price_generate_ms, token_price_ms)
 
 
 def test_a_generate_request_is_priced_by_its_prompt_and_max_tokens():
@@ -56,3 +56,10 @@ def test_a_report_that_is_no_step_cost_is_passed_over(bad):
 def test_a_report_reads_back_as_it_was_published():
     cost = GenCost(12.34, 5.6, 0.456, 3)
     assert GenCost.from_map(cost.to_map(7.0)) == cost and cost.to_map(7.0)["at"] == 7
+
+
+def test_a_token_not_made_gives_back_what_it_was_charged():
+    cost = GenCost(fixed_ms=9.5, per_decode_ms=5.4, per_prompt_ms=4.6, threads=2)
+    for shared in (1, 4):
+        each = price_generate_ms(60, 65, cost, shared) - price_generate_ms(60, 64, cost, shared)
+        assert abs(token_price_ms(cost, shared) - each) < 1e-9

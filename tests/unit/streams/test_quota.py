@@ -159,6 +159,25 @@ def test_a_request_priced_over_the_compute_bucket_waits_for_a_full_one_and_leave
     assert q.check("a", lane_limit_ms=LANE, now_ms=298_100.0, cost_ms=10.0) is None
 
 
+def test_work_not_done_is_given_back_up_to_a_full_bucket():
+    q = quotas(compute_ms_per_s=100.0, compute_burst_ms=200.0)
+    assert q.charges_compute and q.over_bucket(201.0) and not q.over_bucket(200.0)
+    assert q.check("a", lane_limit_ms=LANE, now_ms=0.0, cost_ms=30_000.0) is None
+    q.note_sent("a", 30_000.0, 0.0)  # a generation charged for all its max_tokens
+    q.refund("a", 29_000.0, 0.0)  # it stopped early: most of it given back
+    shed = q.check("a", lane_limit_ms=LANE, now_ms=0.0, cost_ms=10.0)
+    assert shed is not None and shed.retry_after_ms == 8_100  # 800 ms in debt, not 29,800
+    q.refund("a", 1e9, 0.0)
+    assert q.check("a", lane_limit_ms=LANE, now_ms=0.0, cost_ms=200.0) is None  # full, never past it
+    assert q.check("a", lane_limit_ms=LANE, now_ms=0.0, cost_ms=201.0) is None  # debt: a full bucket, no more
+    q.note_sent("a", 200.0, 0.0)
+    assert q.check("a", lane_limit_ms=LANE, now_ms=0.0, cost_ms=1.0) is not None
+    q.refund("nobody", 500.0, 0.0)
+    assert len(q) == 1  # a tenant not held is not made up for a refund
+    off = quotas(rate_per_s=5.0)
+    assert not off.charges_compute and not off.over_bucket(1e9)
+
+
 def test_a_shed_by_one_bucket_loses_no_refill_of_the_others():
     q = quotas(rate_per_s=1.0, burst=1.0, compute_ms_per_s=100.0, compute_burst_ms=100.0)
     assert q.check("a", lane_limit_ms=LANE, now_ms=0.0, cost_ms=100.0) is None

@@ -518,9 +518,23 @@ def test_a_generation_admitted_in_debt_is_marked_to_run_below_everyone_else():
     long = manifest({"id": "b2", "tenant": "t2", **chat, "params": {"max_tokens": 256}})  # ~5 s: over the 1 s bucket
     assert long.background is True
     assert Manifest.from_wire(unpack(pack(long.to_wire()))).background is True
-    plain = make_router()  # no compute quota (plaintext): nothing is in debt
+    assert long.charged_tokens == 256  # the generator gives back what it does not make of them
+    plain = make_router()  # no compute quota (plaintext): nothing is in debt, nothing charged
     m = fan_in_from_wire(unpack(routed(plain, pack({"id": "b3", **chat, "params": {"max_tokens": 256}})).outs[0].value))
-    assert m.background is None
+    assert m.background is None and m.charged_tokens is None
+
+
+def test_output_tokens_a_generation_did_not_make_go_back_to_its_tenants_bucket():
+    from schemas.trace import now_ms
+
+    r = make_router(quota__compute_ms_per_s="100", quota__compute_burst_ms="12000")
+    chat = {"task": "generate", "tenant": "t", "parts": [{"modality": "text", "text": "hi"}],
+            "params": {"max_tokens": 256}}
+    assert [routed(r, pack({"id": f"c{i}", **chat})).outcome for i in range(3)] == ["ok", "ok", "error"]  # ~4.9 s each
+    r.give_back({"t": 250}, now_ms())  # the first said six tokens and stopped
+    assert routed(r, pack({"id": "c3", **chat})).outcome == "ok"  # back in: 250 tokens' worth returned
+    r.give_back({"u": 250}, now_ms())  # a tenant it holds nothing for: nothing made up
+    assert "u" not in r.quotas._tenants  # noqa: SLF001
 
 
 def test_a_part_that_makes_no_job_is_not_priced():
