@@ -150,8 +150,9 @@ class Lowered:
     work after the first such generation) and says so once."""
 
     def __init__(self, base: int, by: int, pid: int | None = None,
-                 mover: Callable[[int, int], str | None] = move) -> None:
-        self.base, self.by, self.mover = base, by, mover
+                 mover: Callable[[int, int], str | None] = move,
+                 on_move: Callable[[int], None] = lambda nice: None) -> None:
+        self.base, self.by, self.mover, self.on_move = base, by, mover, on_move
         self.pid = os.getpid() if pid is None else pid
         self.down = False
         self.enabled = by > 0 and sys.platform.startswith("linux") and _may_return_to(base)
@@ -169,6 +170,7 @@ class Lowered:
         why = self.mover(self.pid, target)
         if why is not None:
             log.warning("could not move to nice %d: %s", target, why)
+        self.on_move(target)  # what it runs at (the metric ``mmstream_cpu_nice``)
 
 
 def _may_return_to(nice: int) -> bool:

@@ -153,10 +153,11 @@ def test_a_generator_runs_lower_while_it_holds_background_work_and_comes_back_wi
 
 def test_lowering_moves_only_on_a_change_and_not_at_all_where_it_could_not_come_back(monkeypatch):
     moves: list[int] = []
-    lowered = priority.Lowered(0, 10, pid=1, mover=lambda pid, nice: moves.append(nice))
+    shown: list[int] = []
+    lowered = priority.Lowered(0, 10, pid=1, mover=lambda pid, nice: moves.append(nice), on_move=shown.append)
     for held in (0, 1, 3, 2, 0, 0, 1):
         lowered.hold(held)
-    assert moves == ([10, 0, 10] if lowered.enabled else [])
+    assert moves == shown == ([10, 0, 10] if lowered.enabled else [])
     monkeypatch.setattr(priority, "_may_return_to", lambda nice: False)
     stuck = priority.Lowered(0, 10, pid=1, mover=lambda pid, nice: moves.append(nice))
     stuck.hold(1)
