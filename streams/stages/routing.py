@@ -391,7 +391,8 @@ class Router:
 
     def give_back(self, tokens: dict[str, int], now: float) -> None:
         """Return to each tenant's compute bucket the output tokens it was charged for and the
-        generators did not make (tenant -> tokens), at the price they were charged."""
+        generators did not make (tenant -> tokens), at the current price of a token (the step
+        cost may have moved since they were charged: a refund is an estimate, never past full)."""
         each = token_price_ms(self.gen_cost, self.settings.quota.generation_shared_by)
         for tenant, n in tokens.items():
             self.quotas.refund(tenant, n * each, now)
