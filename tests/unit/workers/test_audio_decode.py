@@ -12,6 +12,7 @@ av = pytest.importorskip("av")
 
 from schemas.errors import ErrorCode, WireError  # noqa: E402
 from workers.audio import SAMPLE_RATE, decode_audio  # noqa: E402
+from workers.audio_header import HEAD_BYTES, SLACK_S, declared_seconds, seconds_bound  # noqa: E402
 
 
 def tone(seconds: float, rate: int, freq: float = 440.0, channels: int = 1) -> np.ndarray:
@@ -79,6 +80,38 @@ def test_compressed_formats_decode(fmt: str, codec: str, mime: str) -> None:
     # Encoders add priming and padding: allow 100 ms either way.
     assert abs(len(samples) - 2 * SAMPLE_RATE) < 0.1 * SAMPLE_RATE
     assert float(np.abs(samples).max()) > 0.3
+
+
+@pytest.mark.parametrize("fmt,codec", [("flac", "flac"), ("mp3", "libmp3lame")])
+@pytest.mark.parametrize("seconds,rate", [(2.0, 48_000), (7.5, 16_000), (40.0, 22_050)])
+def test_flac_and_mp3_are_priced_at_what_they_play_and_decode_within_it(fmt, codec, seconds, rate) -> None:
+    """What FFmpeg writes (FLAC's STREAMINFO, the mp3 muxer's Xing/Info tag) bounds the clip
+    from above, within an MP3's frame of encoder padding, and the decoder held to that bound
+    (as the audio worker holds it) decodes the whole clip."""
+    data = encoded(fmt, codec, seconds, rate)
+    declared = declared_seconds(data[:HEAD_BYTES], len(data))
+    assert declared is not None and seconds <= declared <= seconds + 0.1
+    bound = seconds_bound(data[:HEAD_BYTES], len(data), 300.0) + SLACK_S
+    assert abs(len(decode_audio(data, None, bound)) - seconds * SAMPLE_RATE) < 0.1 * SAMPLE_RATE
+
+
+@pytest.mark.parametrize("fmt,codec", [("flac", "flac"), ("mp3", "libmp3lame")])
+def test_a_header_that_declares_less_than_it_holds_is_refused_at_its_own_bound(fmt, codec) -> None:
+    """A clip priced at a tenth of what it holds costs its sender only: the worker decodes no
+    further than the declared bound and refuses it."""
+    data = bytearray(encoded(fmt, codec, 20.0, 16_000))
+    if fmt == "flac":
+        packed = int.from_bytes(data[18:26], "big")
+        packed = (packed & ~((1 << 36) - 1)) | (2 * 16_000)  # 2 s of samples
+        data[18:26] = packed.to_bytes(8, "big")
+    else:
+        at = data.index(b"Info") if b"Info" in data[:HEAD_BYTES] else data.index(b"Xing")
+        data[at + 8:at + 12] = (2 * 16_000 // 576).to_bytes(4, "big")  # 2 s of MPEG-2 frames
+    bound = seconds_bound(bytes(data[:HEAD_BYTES]), len(data), 300.0)
+    assert bound < 2.5
+    with pytest.raises(WireError) as e:
+        decode_audio(bytes(data), None, bound + SLACK_S)
+    assert e.value.code == ErrorCode.PAYLOAD_TOO_LARGE
 
 
 @pytest.mark.parametrize("seed", range(5))
