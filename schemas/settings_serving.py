@@ -148,9 +148,10 @@ class RouterSettings(Section):
         "least-loaded", "How a job's partition inside a pool is chosen: least-loaded, spread, hash or round-robin."
     )
     colocate: str = setting(
-        "text", "Comma-separated modalities whose encoder also runs inside each router process (placement): their "
-        "parts skip the broker hop to the pool while that encoder has room (see colocate_max_queued_ms; with "
-        "colocate_pool on it also reads the pool's topics). Empty: every part goes through its encode topic."
+        "text,image", "Comma-separated modalities whose encoder also runs inside each router process (placement): "
+        "their parts skip the broker hop to the pool while that encoder has room and the part is small (see "
+        "colocate_max_queued_ms, colocate_max_part_ms; with colocate_pool on it also reads the pool's topics). Empty: "
+        "every part goes through its encode topic. Images run below the router's own work (colocate_nice)."
     )
     colocate_pool: bool = setting(
         False, "The router's own encoders also join their modality's pool and read its topics like any replica (a "
@@ -160,16 +161,15 @@ class RouterSettings(Section):
         "tenant beside a flooding one at the same capacity (docs/isolation.md)."
     )
     answer_local: bool = setting(
-        True, "An embed request with one part that the router's own encoder takes (colocate: a text by default) is "
-        "answered by the router, with a done marker of its own, instead of through the assembler: one broker hop and "
-        "one process fewer. "
-        "Off: the assembler answers every embed request."
+        True, "An embed request with one part that the router's own encoder takes (colocate: a short text or a small "
+        "image by default) is answered by the router, with a done marker of its own, instead of through the "
+        "assembler: one broker hop and one process fewer. Off: the assembler answers every embed request."
     )
     colocate_nice: str = setting(
-        "", "Per modality placed in the router (colocate), how much lower (Linux nice, 1-19) the CPU priority of its "
-        "encoder's engine and preparation threads is than the router's record loop and its other threads, as "
-        "modality=nice pairs (image=10): that encoder then takes what the intake of every request leaves. Empty: all "
-        "at the process's priority."
+        "image=10", "Per modality placed in the router (colocate), how much lower (Linux nice, 1-19) the CPU priority "
+        "of its encoder's engine and preparation threads is than the router's record loop and its other threads, as "
+        "modality=nice pairs: that encoder then takes what the intake of every request leaves (image=10 by default: "
+        "the router's loop and its text engine go first). Empty: all at the process's priority."
     )
     step_back_rate: float = setting(
         5.0, "For a router run ahead of the others for the CPU (local.nice, e.g. router=-10): capacity refusals "

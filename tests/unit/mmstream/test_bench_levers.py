@@ -54,7 +54,7 @@ def test_every_lever_switches_real_settings_off():
     fifo = Settings.from_env(lever_env(("grouping",), "p"))
     assert fifo.encoder.grouping == "fifo" and Settings.from_env({}).encoder.grouping == "length"
     apart = Settings.from_env(lever_env(("placement",), "p"))
-    assert apart.router.colocate == "" and Settings.from_env({}).router.colocate == "text"
+    assert apart.router.colocate == "" and Settings.from_env({}).router.colocate == "text,image"
 
 
 def test_chat_workload_is_generate_requests_with_a_scheduler_switch():
