@@ -78,6 +78,9 @@ class EncodeJob(_Job):
     """What the router predicted this job would wait at its stage before the engine starts it
     (ms, from the load reports, before any calibration): the encoder compares it with the wait
     it sees and reports how far such predictions run (``streams.policies.calibration``)."""
+    background: bool | None = omit_none()
+    """Part of a request admitted over its tenant's compute bucket (``Manifest.background``): a
+    pool runs a batch of nothing else at lower CPU priority (``quota.debt_nice``). None: ordinary."""
 
     TYPE = "encode"
 
@@ -107,8 +110,9 @@ class Manifest(_Job):
     nonce: str | None = omit_none()
     """Random, per routing of the request: parts without it are not this request's."""
     background: bool | None = omit_none()
-    """A generation admitted over its tenant's compute bucket (in debt): the generator runs at
-    lower CPU priority while it holds one (``quota.debt_nice``). None: an ordinary request."""
+    """A request admitted over its tenant's compute bucket (in debt): its encode jobs say so too
+    (``EncodeJob.background``), and the generator and the pools run its work at lower CPU
+    priority (``quota.debt_nice``). None: an ordinary request."""
     charged_tokens: int | None = omit_none()
     """The output tokens a generation was charged for (its ``max_tokens``), where the tenant's
     compute quota charged it: the generator gives back those it did not make. None: none charged."""

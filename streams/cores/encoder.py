@@ -160,6 +160,11 @@ class EncoderCore:
         """How far the router's predicted waits (``EncodeJob.predicted_wait_ms``) ran from the
         waits rt jobs had until the engine started them, or until they expired waiting."""
         self.waits_at = 0.0  # when ``waits`` last learned (monotonic s)
+        self.hold_background: Callable[[int], None] | None = None
+        """Set by a pool (``quota.debt_nice``): told how many background jobs (``EncodeJob.background``,
+        admitted over their tenant's compute bucket) the engine runs now, 0 when none: the process
+        runs lower while it runs a batch of nothing else and no other job waits here."""
+        self.background_running = 0
 
     # -- intake ---------------------------------------------------------------------------
 
@@ -177,6 +182,8 @@ class EncoderCore:
             else:
                 live.append((job, lane, origin))
         if live:
+            if self.background_running and any(not job.background for job, _, _ in live):
+                self._hold_background(0)  # it must not wait behind a lowered batch
             self._prepare(live)
 
     def queued_ms(self, lane: str) -> float:
@@ -295,6 +302,7 @@ class EncoderCore:
         for job, lane, _ in jobs:
             estimate[lane] += self.model.per_item_ms(self._length_before_prep(job))
         if direct:
+            self._hold_background(self._background_only([j for j, _, _ in jobs]))
             work = loop.run_in_executor(self.engine, self._prepare_and_run, [j for j, _, _ in jobs])
             self.direct_ms, self.direct_since = max(0.001, estimate["rt"] + estimate["bulk"]), time.monotonic()
         else:
@@ -329,6 +337,7 @@ class EncoderCore:
                     items, lookup, ran = await work
                 finally:
                     self.direct_ms = 0.0
+                    self._hold_background(0)
                 ready = await self._looked_up(items, lookup)
             else:
                 try:
@@ -465,6 +474,7 @@ class EncoderCore:
             return
         self.running_ms = max(0.001, self.model.batch_ms([h.prepared.length for h in live]))
         self.running_since = time.monotonic()
+        self._hold_background(self._background_only([h.prepared.job for h in live]))
         try:
             results, started, finished = await asyncio.get_running_loop().run_in_executor(
                 self.engine, self._timed_run, [h.prepared for h in live])
@@ -473,7 +483,24 @@ class EncoderCore:
             results, started, finished = [exc] * len(live), now_ms(), now_ms()
         finally:
             self.running_ms = 0.0
+            self._hold_background(0)
         self._answer_batch(live, results, started, finished)
+
+    def _background_only(self, jobs: list[EncodeJob]) -> int:
+        """How many of the engine's ``jobs`` are background, where all of them are and no other
+        job waits here; else 0 (a batch that another tenant's work waits behind runs at the level)."""
+        if self.hold_background is None or not all(job.background for job in jobs):
+            return 0
+        waiting = (p.item.prepared.job for queue in self.queues.values() for p in queue)
+        return 0 if any(not job.background for job in waiting) else len(jobs)
+
+    def _hold_background(self, n: int) -> None:
+        if self.hold_background is not None and n != self.background_running:
+            self.background_running = n
+            try:
+                self.hold_background(n)
+            except Exception:  # a priority is a preference: never a reason to fail a batch
+                log.exception("encode.%s: could not change the CPU priority", self.modality)
 
     def _answer_batch(self, live: list[_Held], results: list[Any], started: float, finished: float,
                       ran_lengths: list[float] | None = None) -> None:

@@ -193,6 +193,11 @@ class Metrics:
             Gauge, "mmstream_cpu_nice",
             "The CPU priority (Linux nice) a stage's process runs at now: its local.nice value, or 0 while a raised "
             "router has stepped back for a box past capacity (router.step_back_rate).", ("stage",))
+        self.cpu_lowered_total = self._make(
+            Counter, "mmstream_cpu_lowered",
+            "Times a stage's process moved quota.debt_nice below its level to run work admitted over its tenant's "
+            "compute bucket alone (a generation; a pool's batch of nothing else, with no other job waiting).",
+            ("stage",))
         self.task_restarts_total = self._make(
             Counter, "mmstream_task_restarts",
             "Times a stage's long-running task (poll, sweep, step loop) raised and was started again.",
@@ -316,9 +321,12 @@ class Metrics:
             _check("kind", kind, STATE_KINDS)
             self.state_entries.labels(stage=stage, kind=kind).set(n)
 
-    def set_cpu_nice(self, stage: str, nice: int) -> None:
-        """The CPU priority ``stage``'s process runs at now."""
+    def set_cpu_nice(self, stage: str, nice: int, lowered: bool = False) -> None:
+        """The CPU priority ``stage``'s process runs at now; ``lowered``: moved down for work
+        admitted in debt (``streams.runtime.priority.Lowered``)."""
         self.cpu_nice.labels(stage).set(nice)
+        if lowered:
+            self.cpu_lowered_total.labels(stage).inc()
 
     def task_restart(self, stage: str, task: str) -> None:
         self.task_restarts_total.labels(stage=stage, task=task).inc()

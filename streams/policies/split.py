@@ -76,7 +76,7 @@ def split_request(
     ``prep_ms``: what a part's work before the engine was priced at (``EncodeJob.prep_ms``);
     ``predicted_wait_ms``: the wait admission predicted on a job's topic, to which each job adds
     the cost of the request's parts before it there (``EncodeJob.predicted_wait_ms``);
-    ``background``: a generation admitted in debt (``Manifest.background``); ``charged_tokens``:
+    ``background``: a request admitted in debt (``Manifest.background``, and each job's); ``charged_tokens``:
     the output tokens its tenant's quota charged it for (``Manifest.charged_tokens``).
     """
     refused = refused or {}
@@ -135,6 +135,7 @@ def split_request(
             ref_pixels=ref_pixels.get(i) if part.ref is not None else None,
             prep_ms=round(prep_ms[i], 1) if prep_ms and i in prep_ms else None,
             predicted_wait_ms=_rounded(_plus(predicted_wait_ms(topic_of(part)), ahead.get(topic_of(part), 0.0))),
+            background=True if background else None,
         )
         jobs.append(RoutedJob(topic_of(part), f"{req.id}:{i}".encode(), job, chosen[i]))
         ahead[topic_of(part)] = ahead.get(topic_of(part), 0.0) + cost_ms(part)

@@ -141,9 +141,10 @@ class Raise:
 
 
 class Lowered:
-    """A process run ``by`` lower than its level ``base`` while it holds background work (the
-    generator, while it runs a generation admitted over its tenant's compute bucket), and back
-    at ``base`` when it holds none. A move only on a change, so a step costs nothing.
+    """A process run ``by`` lower than its level ``base`` while it holds background work (work
+    admitted over its tenant's compute bucket: the generator while it runs such a generation, a
+    pool while its engine runs a batch of nothing else), and back at ``base`` when it holds none.
+    A move only on a change, so a step costs nothing.
 
     Coming back up needs root, or an ``RLIMIT_NICE`` that allows ``base``: where it would not
     be allowed the process is never lowered (lowered for good, it would slow every tenant's
@@ -157,8 +158,8 @@ class Lowered:
         self.down = False
         self.enabled = by > 0 and sys.platform.startswith("linux") and _may_return_to(base)
         if by > 0 and not self.enabled:
-            log.warning("generations admitted in debt run at the generator's own priority: coming back to nice %d "
-                        "after them would need root or RLIMIT_NICE", base)
+            log.warning("work admitted in debt runs at this process's own priority: coming back to nice %d after "
+                        "it would need root or RLIMIT_NICE", base)
 
     def hold(self, background: int) -> None:
         """Hold ``background`` units of background work now (0: none)."""

@@ -51,6 +51,7 @@ from streams.cores.encoder import EncodeAnswer, EncoderCore
 from streams.policies.load import merge_item_costs, tenant_shares
 from streams.observe.metrics import Metrics
 from streams.policies.placement import Offer, take_local
+from streams.runtime.priority import Lowered
 from streams.runtime.produce import Out, out_map
 from streams.runtime.stage import RecordStage
 from workers.calibration import CalibrationCache
@@ -102,7 +103,10 @@ def unpredicted(job: EncodeJob) -> EncodeJob:
 class EncoderStage(RecordStage):
     def __init__(self, app: faust.App, settings: Settings, metrics: Metrics, modality: str, runner: EncoderRunner,
                  wire_dtype: str = "float16", group_id: str | None = None, intake: bool = True,
-                 thread_nice: int = 0) -> None:
+                 thread_nice: int = 0, debt_nice: int = 0) -> None:
+        """``thread_nice``: the engine's threads that much below the process's others (an encoder
+        placed in the router); ``debt_nice``: the whole process that much lower while it runs a
+        batch of work admitted in debt alone (a pool's, ``quota.debt_nice``; never the router's)."""
         names = TopicNames(settings.kafka.topic_prefix)
         super().__init__(app, settings, [names.encode(modality, "rt")], [names.encode(modality, "bulk")],
                          group_id=group_id, intake=intake)
@@ -114,6 +118,10 @@ class EncoderStage(RecordStage):
         self.core = EncoderCore(runner, settings.encoder, modality, self._answered,
                                 _Observer(metrics, self.stage, self._modality), max_frames=settings.video.max_frames,
                                 thread_nice=thread_nice)
+        if debt_nice > 0:
+            base = settings.local.nice_of(self.stage)
+            self.core.hold_background = Lowered(
+                base, debt_nice, on_move=lambda nice: metrics.set_cpu_nice(self.stage, nice, lowered=nice > base)).hold
         self.max_queue = settings.encoder.max_queue
         self.max_queue_bytes = settings.encoder.max_queue_bytes
         self.local = LocalEncoder(self.stage, self.core, self.poll_budget)

@@ -128,8 +128,9 @@ class GeneratorStage(RecordStage):
         self.replica = f"{STAGE}/{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.credits: dict[str, int] = {}
         """Tenant -> output tokens it was charged for and did not get, not yet given to Redis."""
-        self.lowered = Lowered(settings.local.nice_of("generate"), settings.quota.debt_nice,
-                               on_move=lambda nice: metrics.set_cpu_nice(STAGE, nice))
+        base = settings.local.nice_of(STAGE)
+        self.lowered = Lowered(base, settings.quota.debt_nice,
+                               on_move=lambda nice: metrics.set_cpu_nice(STAGE, nice, lowered=nice > base))
         """Runs the process lower while it holds a generation admitted in debt (``GenerateJob.background``)."""
         self.redis = connect_async(settings.redis.url, settings.redis.tls_ca, socket_timeout=0.2,
                                    socket_connect_timeout=0.2)

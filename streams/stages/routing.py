@@ -280,8 +280,8 @@ class Router:
             ref_pixels=ref_pixels, prep_ms={i: found.prep_ms for i, found in enumerate(priced)
                                             if found is not None and found.prep_ms > 0},
             predicted_wait_ms=lambda topic: waits.get(stage_of(topic)),
-            # A generation priced over its tenant's whole bucket runs below everyone else's work.
-            background=str(req.task) == "generate" and self.quotas.over_bucket(work_ms),
+            # A request priced over its tenant's whole bucket runs below everyone else's work.
+            background=self.quotas.over_bucket(work_ms),
             # What its output was charged: the generator gives back the tokens it does not make.
             charged_tokens=int(req.params.max_tokens) if str(req.task) == "generate" and self.quotas.charges_compute
             else None,

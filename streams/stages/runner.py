@@ -58,7 +58,8 @@ FANOUT_STAGES: dict[str, Installer] = {"video": _lazy("streams.stages.video:inst
 
 def _encoder_installer(modality: str, build: Build) -> Installer:
     def install(app: faust.App, settings: Settings, metrics: Metrics) -> None:
-        EncoderStage(app, settings, metrics, modality, build(settings, metrics)).install()
+        EncoderStage(app, settings, metrics, modality, build(settings, metrics),
+                     debt_nice=settings.quota.debt_nice).install()
 
     return install
 

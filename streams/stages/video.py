@@ -89,14 +89,14 @@ def plan_fanout(job: EncodeJob, settings: Settings, decode: Any = decode_video, 
     for k, data in enumerate(chunks):
         chunk_job = EncodeJob(id=job.id, part=job.part, n_parts=job.n_parts, modality="image", lane=job.lane,
                               tenant=job.tenant, deadline_at_ms=job.deadline_at_ms, sent_at_ms=sent, data=data,
-                              mime=FRAMES_MIME, trace=[span], chunk=k, nonce=job.nonce)
+                              mime=FRAMES_MIME, trace=[span], chunk=k, nonce=job.nonce, background=job.background)
         topic = names.encode("image", job.lane)
         outs.append(out_map(topic, f"{job.id}:{job.part}:{k}", chunk_job.to_wire(), spread[k]))
     if audio is not None:  # the soundtrack goes to the audio pool as the last chunk
         k = len(chunks)
         track = EncodeJob(id=job.id, part=job.part, n_parts=job.n_parts, modality="audio", lane=job.lane,
                           tenant=job.tenant, deadline_at_ms=job.deadline_at_ms, sent_at_ms=sent, data=audio,
-                          mime="audio/wav", trace=[span], chunk=k, nonce=job.nonce)
+                          mime="audio/wav", trace=[span], chunk=k, nonce=job.nonce, background=job.background)
         outs.append(out_map(names.encode("audio", job.lane), f"{job.id}:{job.part}:{k}", track.to_wire()))
     return outs
 

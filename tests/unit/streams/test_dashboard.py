@@ -161,6 +161,7 @@ def test_suffix_rules_match_what_prometheus_client_exposes() -> None:
     m.set_state("assemble", open=1)
     m.task_restart("assemble", "sweep")
     m.set_cpu_nice("route", -10)
+    m.set_cpu_nice("encode.text", 10, lowered=True)
     m.set_engine("encode.text", {"model": "m", "version": "1", "precision": "fp32", "provider": "cpu",
                                  "backend": "onnxruntime"})
     m.health.stage = "route"

@@ -471,3 +471,59 @@ async def test_a_direct_run_whose_every_job_the_cache_answered_still_teaches_the
     await _until(lambda: len(h.answers) == 1, "answered")
     assert h.ran == [["cached"]] and h.answers[0].result.cache == "hit"
     assert [lengths for lengths, _ in seen] == [[6.0]]  # the run the engine made, at its length
+
+
+async def test_a_pool_runs_a_batch_of_work_admitted_in_debt_lower_and_only_while_nothing_else_waits() -> None:
+    """``EncodeJob.background``: the request was admitted over its tenant's compute bucket. The
+    pool runs such a batch lower (``hold_background``: how many it runs now, 0 when none) only
+    where the batch is nothing else and no other job waits; another job arriving meanwhile brings
+    it back at once, since it waits behind that batch."""
+    h = Harness()
+    moves: list[int] = []
+    h.core.hold_background = moves.append
+    _submit(h.core, _job("debt 1", 1, background=True))  # idle: the direct path
+    await _until(lambda: len(h.answers) == 1, "answered")
+    assert moves == [1, 0]
+
+    moves.clear()
+    h.gate.clear()
+    _submit(h.core, _job("debt 2", 2, background=True))
+    await _until(lambda: moves == [1], "lowered for the direct run")
+    _submit(h.core, _job("ordinary 3", 3))  # waits behind it: back at the level now, not after
+    assert moves == [1, 0]
+    runner = asyncio.create_task(h.core.run(lambda: False))
+    h.gate.set()
+    await _until(lambda: len(h.answers) == 3, "both answered")
+    assert moves == [1, 0]  # the ordinary job's batch ran at the level
+
+    moves.clear()
+    h.gate.clear()
+    _submit(h.core, _job("ordinary 4", 4))  # the engine busy with it ...
+    await _until(lambda: h.core.direct_ms > 0, "a direct run")
+    _submit(h.core, _job("debt 5", 5, background=True), _job("debt 6", 6, background=True))  # ... these queue
+    await _until(lambda: h.core.queued_ms("rt") > 0 and h.core.preparing == 0, "queued")
+    h.gate.set()
+    await _until(lambda: len(h.answers) == 6, "all answered")
+    assert moves == [2, 0] or moves == [1, 0, 1, 0]  # a batch of debt alone runs lower, then back
+
+    runner.cancel()
+
+
+async def test_a_batch_of_work_in_debt_runs_at_the_level_while_another_tenants_job_waits_behind_it() -> None:
+    h = Harness(max_batch_size=1)  # one job a batch: who waits behind whom is decided per job
+    moves: list[tuple[int, set[str]]] = []  # (how many lowered, the jobs queued then)
+    h.core.hold_background = lambda n: moves.append((n, {origin for _, _, origin, _ in h.core.queued()}))
+    h.gate.clear()
+    _submit(h.core, _job("ordinary 1", 1))
+    await _until(lambda: h.core.direct_ms > 0, "a direct run")
+    _submit(h.core, _job("debt 2", 2, background=True), _job("debt 3", 3, background=True),
+            _job("ordinary 4", 4, tenant="u"))
+    await _until(lambda: len(list(h.core.queued())) == 3, "queued")
+    runner = asyncio.create_task(h.core.run(lambda: False))
+    h.gate.set()
+    await _until(lambda: len(h.answers) == 4, "all answered")
+    runner.cancel()
+    lowered = [queued for n, queued in moves if n > 0]
+    assert lowered, "the last debt job, alone with nothing behind it, ran lower"
+    assert all("origin-r4" not in queued for queued in lowered)  # never while u's job waited
+    assert moves[-1][0] == 0  # back at the level at the end

@@ -524,6 +524,26 @@ def test_a_generation_admitted_in_debt_is_marked_to_run_below_everyone_else():
     assert m.background is None and m.charged_tokens is None
 
 
+def test_an_embed_request_admitted_in_debt_marks_its_jobs_for_the_pools_to_run_lower():
+    from schemas.jobs import Manifest
+
+    r = make_router(quota__compute_ms_per_s="1", quota__compute_burst_ms="1")  # any real request is over it
+    texts = [{"modality": "text", "text": "word " * 400} for _ in range(3)]
+    out = routed(r, pack({"id": "e1", "tenant": "t1", "parts": texts}))
+    assert out.outcome == "ok"
+    m = fan_in_from_wire(unpack(out.outs[0].value))
+    jobs = [EncodeJob.from_wire(unpack(o.value)) for o in out.outs if o.topic == "mm.encode.text.rt"]
+    assert isinstance(m, Manifest) and m.background is True and m.charged_tokens is None
+    assert len(jobs) == 3 and all(j.background is True for j in jobs)
+    assert EncodeJob.from_wire(unpack(pack(jobs[0].to_wire()))).background is True
+    again = routed(r, pack({"id": "e2", "tenant": "t1", "parts": texts}))  # in debt now: refused, not queued
+    assert again.outcome != "ok"
+    plain = make_router()  # no compute quota: nothing is in debt
+    out = routed(plain, pack({"id": "e3", "parts": texts}))
+    assert all(EncodeJob.from_wire(unpack(o.value)).background is None for o in out.outs
+               if o.topic == "mm.encode.text.rt")
+
+
 def test_output_tokens_a_generation_did_not_make_go_back_to_its_tenants_bucket():
     from schemas.trace import now_ms
 

@@ -171,3 +171,21 @@ def test_the_soundtrack_goes_to_the_audio_pool_no_longer_than_it_was_priced(tmp_
     header, tracks = _fanout_with_sound(tmp_path, monkeypatch, 0.0)  # priced none: forwarded none
     assert tracks == [] and header.extras["audio_error"]["code"] == "unsupported_media"
     assert "not priced" in header.extras["audio_error"]["message"]
+
+
+def test_a_video_admitted_in_debt_fans_out_frames_and_soundtrack_that_say_so(tmp_path):
+    """The pools run a batch of work admitted in debt lower (``EncodeJob.background``): a video's
+    chunks are that request's work too."""
+    from schemas.codec import unpack
+    from tests.unit.workers.test_video_header import tone_wav
+    from mmstream.samples import video as sample_video
+
+    settings = Settings.from_env({"MMSTREAM_KAFKA_TOPIC_PREFIX": PREFIX, "MMSTREAM_LOCAL_STATE_DIR": str(tmp_path),
+                                  "MMSTREAM_ROUTER_SERVED_MODALITIES": "text,image,audio,video"})
+    data = sample_video(["chelsea", "coffee"], seconds_each=2.0, soundtrack=tone_wav(3.0))
+    for background in (True, None):
+        job = EncodeJob(id="v", part=0, n_parts=1, modality="video", lane="rt", tenant="t", deadline_at_ms=1e18,
+                        sent_at_ms=0, data=data, background=background)
+        jobs = [EncodeJob.from_wire(unpack(o.value)) for o in video.plan_fanout(job, settings) if ".encode." in o.topic]
+        assert {j.modality for j in jobs} == {"image", "audio"}
+        assert all(j.background is background for j in jobs)
