@@ -29,6 +29,8 @@ class Reject:
     code: ErrorCode
     message: str
     retry_after_ms: int | None
+    stage: str | None = None
+    """The stage whose queue refused it (``overloaded``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +67,7 @@ def admit(*, lane: str, stages: Mapping[str, float], queued_ms: Mapping[str, flo
         return Reject(ErrorCode.OVERLOADED,
                       f"stage {worst_stage} has {queued_ms.get(worst_stage, 0.0):.0f} ms of work queued and this "
                       f"request needs {stages[worst_stage]:.0f} ms more (limit for {lane}: {limit:.0f} ms); retry later",
-                      retry)
+                      retry, worst_stage)
     wait = max((queued_ms.get(s, 0.0) for s in stages), default=0.0)
     own = max(stages.values(), default=0.0)
     if wait + own > deadline_ms:

@@ -10,10 +10,12 @@ Two limits, each off at 0:
   work it sent for the tenant (predicted engine ms) until, by its own prediction, that work
   is done: sent at ``t`` with a predicted queue wait ``w`` and cost ``c``, it counts until
   ``t + w + c`` (at most ``window_ms``). A tenant over ``max_queued_ms`` is shed; and while
-  another tenant is kept out (refused by admission as ``overloaded`` within the window, told
-  by ``note_refused``), one over ``fair_share`` of the lane's admission limit is shed too: a
-  tenant alone, or among tenants that all get in, may fill the pool; one that fills it while
-  another is turned away is held back until that one gets its turn. ``retry_after_ms`` is
+  another tenant is kept out of a stage this request needs (refused by admission as
+  ``overloaded`` for that stage's queue within the window, told by ``note_refused``), one over
+  ``fair_share`` of the lane's admission limit is shed too: a tenant alone, or among tenants
+  that all get in, may fill the pool; one that fills it while another is turned away is held
+  back until that one gets its turn. A tenant kept out of the audio pool holds back no one
+  whose requests never go there. ``retry_after_ms`` is
   when enough of its counted work is predicted done.
 
 - **ref bytes**: a second token bucket per tenant, in bytes (``ref_bytes_per_s`` refill,
@@ -43,7 +45,7 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Literal, Mapping, get_args
+from typing import Collection, Literal, Mapping, get_args
 
 COMPUTE_BURST_S = 2.0
 """The compute bucket's default capacity, in seconds of its refill."""
@@ -135,8 +137,9 @@ class TenantQuotas:
         self.slot_ms = limits.window_ms / SLOTS
         self._tenants: OrderedDict[str, _Tenant] = OrderedDict()
         """Least recently seen first."""
-        self._refused: OrderedDict[str, float] = OrderedDict()
-        """The last two tenants admission refused, and when (most recent last)."""
+        self._refused: dict[str | None, OrderedDict[str, float]] = {}
+        """Per stage whose queue it was refused for (None: not said), the last two tenants
+        admission refused, and when (most recent last)."""
 
     @property
     def enabled(self) -> bool:
@@ -145,17 +148,18 @@ class TenantQuotas:
                 or q.ref_bytes_per_s > 0 or q.compute_ms_per_s > 0)
 
     def check(self, tenant: str, *, lane_limit_ms: float, now_ms: float, ref_bytes: int = 0,
-              cost_ms: float = 0.0) -> Shed | None:
+              cost_ms: float = 0.0, stages: Collection[str] | None = None) -> Shed | None:
         """Whether ``tenant`` may send one more request now (None) or is shed. Takes a token
         (and ``ref_bytes`` from its byte bucket) when it may; ``lane_limit_ms`` is the admission
         limit of the request's lane, ``ref_bytes`` what the request's refs name, ``cost_ms``
-        the engine work it was priced at (taken from the compute bucket by ``note_sent``)."""
+        the engine work it was priced at (taken from the compute bucket by ``note_sent``),
+        ``stages`` the stages it needs (None: any may be contended)."""
         self._expire(now_ms)
         t = self._touch(tenant, now_ms)
         sent = self._window(t, now_ms)
         q = self.limits
         limit = q.max_queued_ms if q.max_queued_ms > 0 else math.inf
-        if q.fair_share > 0 and lane_limit_ms > 0 and self._contended(tenant, now_ms):
+        if q.fair_share > 0 and lane_limit_ms > 0 and self._contended(tenant, now_ms, stages):
             limit = min(limit, q.fair_share * lane_limit_ms)
         if sent >= limit:
             return Shed("queued", f"tenant {tenant} has {sent:.0f} ms of work in the pipeline (its limit now: "
@@ -206,16 +210,18 @@ class TenantQuotas:
         self._refill(t, tenant, now_ms)
         return self._take_token(t, tenant)
 
-    def note_refused(self, tenant: str, now_ms: float) -> None:
-        """Admission refused ``tenant`` (``overloaded``) now: it is being kept out, so the
-        tenants over their fair share are held back for a window."""
+    def note_refused(self, tenant: str, now_ms: float, stage: str | None = None) -> None:
+        """Admission refused ``tenant`` (``overloaded``) now, for the queue of ``stage`` (None:
+        not said): it is being kept out, so the tenants over their fair share whose requests
+        need that stage are held back for a window."""
         if not self.enabled:
             return
         self._touch(tenant, now_ms).refused_ms = now_ms
-        self._refused[tenant] = now_ms
-        self._refused.move_to_end(tenant)
-        while len(self._refused) > 2:  # the two most recent are all `_contended` needs
-            self._refused.popitem(last=False)
+        recent = self._refused.setdefault(stage, OrderedDict())
+        recent[tenant] = now_ms
+        recent.move_to_end(tenant)
+        while len(recent) > 2:  # the two most recent are all `_contended` needs
+            recent.popitem(last=False)
 
     def note_sent(self, tenant: str, cost_ms: float, now_ms: float, wait_ms: float = 0.0) -> None:
         """Count ``cost_ms`` of work the router sent for ``tenant`` now, predicted to wait
@@ -290,11 +296,15 @@ class TenantQuotas:
             t.sent_ms = 0.0  # no float residue
         return t.sent_ms
 
-    def _contended(self, tenant: str, now_ms: float) -> bool:
-        """Whether admission refused a tenant other than ``tenant`` within the window."""
-        for name, at in islice(reversed(self._refused.items()), 2):
-            if name != tenant and now_ms - at < self.limits.window_ms:
-                return True
+    def _contended(self, tenant: str, now_ms: float, stages: Collection[str] | None = None) -> bool:
+        """Whether admission refused a tenant other than ``tenant`` within the window, for one
+        of ``stages`` (None: for any)."""
+        for stage, recent in self._refused.items():
+            if stages is not None and stage is not None and stage not in stages:
+                continue
+            for name, at in islice(reversed(recent.items()), 2):
+                if name != tenant and now_ms - at < self.limits.window_ms:
+                    return True
         return False
 
     def _drain_ms(self, t: _Tenant, limit: float, now_ms: float) -> int:

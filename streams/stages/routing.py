@@ -196,7 +196,7 @@ class Router:
         key = self._result_key(req)
         stored = await self.results.get(key) if key is not None else None
         work = self._work_ms(req, priced)
-        shed = self._quota(req, started, sum(ref_bytes.values()), work, answered=stored is not None)
+        shed = self._quota(req, started, sum(ref_bytes.values()), work, _stages(priced), answered=stored is not None)
         if shed is not None:
             err = WireError(ErrorCode.OVERLOADED, shed.message, None, shed.retry_after_ms) \
                 if shed.retry_after_ms is not None else WireError(ErrorCode.PAYLOAD_TOO_LARGE, shed.message, "parts")
@@ -206,7 +206,7 @@ class Router:
         decision, waits = self._admit(req, priced)
         if isinstance(decision, Reject):
             if decision.code == ErrorCode.OVERLOADED:  # kept out: the others keep to their fair share
-                self.quotas.note_refused(req.tenant, started)
+                self.quotas.note_refused(req.tenant, started, decision.stage)
             return self._refused(req, WireError(decision.code, decision.message, None, decision.retry_after_ms), digest)
         return self._accepted(req, decision, key, client_sent, started, digest, refused, ref_bytes, priced,
                               self._ref_bounds(req, claims), waits, work)
@@ -462,16 +462,18 @@ class Router:
         return sum(found.ms + sum(ms for _, ms in found.also) for found in priced if found is not None) \
             + self._generate_cost(req)
 
-    def _quota(self, req: Any, now: float, ref_bytes: int, work_ms: float, answered: bool = False) -> Shed | None:
-        """The tenant's quota decision (None: within it, or no quota is set). ``answered``: the
-        reuse cache holds the whole answer, so the request costs no engine work: only its rate
-        token is taken (a tenant in compute debt still gets what it already paid for)."""
+    def _quota(self, req: Any, now: float, ref_bytes: int, work_ms: float, stages: set[str],
+               answered: bool = False) -> Shed | None:
+        """The tenant's quota decision (None: within it, or no quota is set). ``stages``: those
+        the request needs; ``answered``: the reuse cache holds the whole answer, so the request
+        costs no engine work: only its rate token is taken (a tenant in compute debt still gets
+        what it already paid for)."""
         if not self.quotas.enabled:
             return None
         if answered:
             return self.quotas.check_rate(req.tenant, now_ms=now)
         return self.quotas.check(req.tenant, lane_limit_ms=self.lane_limit_ms.get(str(req.lane), 0.0), now_ms=now,
-                                 ref_bytes=ref_bytes, cost_ms=work_ms)
+                                 ref_bytes=ref_bytes, cost_ms=work_ms, stages=stages)
 
     def _admit(self, req: Any, priced: list[Priced]) -> tuple[Admit | Reject | None, dict[str, float]]:
         """The admission decision for a valid request (None when admission is off), and the
@@ -524,6 +526,11 @@ SECURE_COMPUTE_MS_PER_S = 500.0
 """A tenant's compute quota where tenants are authenticated and none is set: a quarter of a
 2-core box's engine time per router replica, about 2.5x what 20 requests per second of
 ordinary text embeds are priced at (docs/isolation.md)."""
+
+
+def _stages(priced: list[Priced]) -> set[str]:
+    """The stages a request's priced parts need: each part's own and those it fans out to."""
+    return {stage for found in priced if found is not None for stage in (found.stage, *(s for s, _ in found.also))}
 
 
 def compute_rate(settings: Settings) -> float:

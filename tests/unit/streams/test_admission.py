@@ -30,6 +30,7 @@ def test_never_admits_into_a_stage_past_its_lane_limit(lane, queued, needs):
         assert all(queued.get(s, 0.0) + 1.0 <= limit or queued.get(s, 0.0) < IDLE_SHARE * limit for s in needs)
     else:
         assert decision.code == ErrorCode.OVERLOADED and any(queued.get(s, 0.0) + 1.0 > limit for s in needs)
+        assert decision.stage in needs and queued.get(decision.stage, 0.0) + 1.0 > limit  # which queue refused it
 
 
 def test_one_costly_request_is_not_admitted_past_the_bound_it_would_break():

@@ -59,6 +59,24 @@ def test_absolute_queued_work_sheds_until_it_is_predicted_done():
     assert q.sent_ms("a", 17_999.0) == 50_000.0 and q.sent_ms("a", 19_000.0) == 0.0
 
 
+def test_fair_share_holds_back_only_the_tenants_that_need_the_stage_another_is_kept_out_of():
+    """A tenant refused for the audio pool's queue holds back no one whose requests never go
+    there (a tenant sending texts and photos, at 20 a second, was shed `queued` beside a flood of
+    audio): only those whose request needs that stage; a refusal that names no stage, everyone."""
+    q = quotas(fair_share=0.5, window_ms=10_000.0)
+    q.note_sent("b", 4_000.0, 0.0, wait_ms=5_000.0)  # over half the lane's limit, in flight
+    q.note_refused("a", 100.0, "encode.audio")
+    assert q.check("b", lane_limit_ms=LANE, now_ms=200.0, stages={"encode.text", "encode.image"}) is None
+    shed = q.check("b", lane_limit_ms=LANE, now_ms=300.0, stages={"encode.audio"})
+    assert shed is not None and shed.reason == "queued"
+    q.note_refused("a", 400.0, "encode.image")
+    assert q.check("b", lane_limit_ms=LANE, now_ms=500.0, stages={"encode.text", "encode.image"}) is not None
+    assert q.check("b", lane_limit_ms=LANE, now_ms=600.0, stages={"encode.text"}) is None
+    q.note_refused("c", 700.0)  # no stage said: every stage is contended
+    assert q.check("b", lane_limit_ms=LANE, now_ms=800.0, stages={"encode.text"}) is not None
+    assert q.check("b", lane_limit_ms=LANE, now_ms=900.0) is not None  # a request that says no stages: any
+
+
 def test_fair_share_applies_only_while_another_tenant_is_kept_out():
     q = quotas(fair_share=0.5, window_ms=10_000.0)
     q.check("hog", lane_limit_ms=LANE, now_ms=0.0)
