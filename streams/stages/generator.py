@@ -239,11 +239,17 @@ class GeneratorStage(RecordStage):
             await self._give_back(prefix)
             await asyncio.sleep(COST_REPORT_S)
 
-    def _credit(self, job: GenerateJob, made: int) -> None:
-        """Owe ``job``'s tenant the output tokens it was charged for and did not get."""
-        unused = max(0, (job.charged_tokens or 0) - max(0, made))
-        if unused:
-            self.credits[job.tenant] = self.credits.get(job.tenant, 0) + unused
+    def _credit(self, tenant: str, unused: int, delivered: asyncio.Task) -> None:
+        """Owe ``tenant`` the ``unused`` output tokens it was charged for and did not get, once
+        ``delivered`` (the job's terminal event and done marker) is with the broker. Not before:
+        a generator that dies before that has the job replayed, and the replay owes it again;
+        one that dies after it and before the next hand-over to Redis owes nothing (the replay
+        finds the done marker), so a tenant is given back at most once."""
+        def owe(task: asyncio.Task) -> None:
+            if not task.cancelled() and task.exception() is None and task.result() is True:
+                self.credits[tenant] = self.credits.get(tenant, 0) + unused
+
+        delivered.add_done_callback(owe)
 
     async def _give_back(self, prefix: str) -> None:
         """Hand what is owed to the routers (through Redis); kept for the next try if it fails."""
@@ -297,13 +303,13 @@ class GeneratorStage(RecordStage):
         if a is None:
             return
         job, now = a.job, now_ms()
-        self._credit(job, u.completion_tokens)
         if u.finish_reason == "deadline_exceeded":
-            self._fail(job, a.record, WireError(ErrorCode.DEADLINE_EXCEEDED, "generation ended: deadline_exceeded"), a)
+            self._fail(job, a.record, WireError(ErrorCode.DEADLINE_EXCEEDED, "generation ended: deadline_exceeded"), a,
+                       made=u.completion_tokens)
             return
         if u.finish_reason in ("error", "aborted"):
             code = ErrorCode.INVALID_REQUEST if u.code == "invalid_request" else ErrorCode.INTERNAL
-            self._fail(job, a.record, WireError(code, u.error or "generation failed"), a)
+            self._fail(job, a.record, WireError(code, u.error or "generation failed"), a, made=u.completion_tokens)
             return
         n = len(a.token_times)
         ttft = (a.first_token_ms or now) - job.accepted_at_ms
@@ -314,28 +320,32 @@ class GeneratorStage(RecordStage):
             "task": "generate", "text": u.text, "finish_reason": u.finish_reason,
             "tokens": {"prompt": u.prompt_tokens, "completion": u.completion_tokens, "cached": u.cached_tokens},
             "parts": job.parts, **_used(job)})
-        self._terminal(job, a.record, ev)
+        self._terminal(job, a.record, ev, made=u.completion_tokens)
         self.metrics.request_done(STAGE, "ok")
         self.metrics.observe_e2e("generate", job.lane, timings["e2e_ms"])
         self.metrics.observe_ttft(job.lane, ttft)
         if tpot is not None:
             self.metrics.observe_tpot(job.lane, tpot)
 
-    def _fail(self, job: GenerateJob, record: ConsumerRecord, err: WireError, a: Active | None = None) -> None:
-        if a is None:  # refused before it started: nothing of what it was charged was made
-            self._credit(job, 0)
+    def _fail(self, job: GenerateJob, record: ConsumerRecord, err: WireError, a: Active | None = None,
+              made: int = 0) -> None:
+        """``made``: the output tokens it made before it failed (none where it never started)."""
         seq = a.next_seq if a else 1
         now = now_ms()
         ev = Event(job.id, EventKind.ERROR, seq, now, error=err.to_wire(),
                    timings=stage_timings(job, STAGE, a.started_ms if a else now, now))
-        self._terminal(job, record, ev)
+        self._terminal(job, record, ev, made)
         self.metrics.request_done(STAGE, "error", str(err.code))
 
-    def _terminal(self, job: GenerateJob, record: ConsumerRecord, ev: Event) -> None:
-        """The job's last event and its done marker; the job record is finished with them."""
+    def _terminal(self, job: GenerateJob, record: ConsumerRecord, ev: Event, made: int) -> None:
+        """The job's last event and its done marker; the job record is finished with them, and
+        its tenant is owed the output tokens it was charged for beyond the ``made`` ones."""
         key = request_key(job.tenant, job.id)
         outs = self.answers.finish(key, job.reply_to, [out_map(job.reply_to, job.id, ev.to_wire())], ev.seq, now_ms())
-        self.io.deliver(outs, [record])
+        delivered = self.io.deliver(outs, [record])
+        unused = max(0, (job.charged_tokens or 0) - max(0, made))
+        if unused:
+            self._credit(job.tenant, unused, delivered)
 
     def on_failed_output(self, out: Out, exc: BaseException) -> Out | None:
         """An event the reply topic refuses (too large for it, topic gone): the client gets a
