@@ -141,6 +141,8 @@ def test_gpu_image_never_has_both_onnx_runtimes():
     assert "onnxruntime-gpu" in gpu and "onnxruntime" not in gpu
     assert "torch" in [req._name(r) for r in req.requirements(ROOT / "pyproject.toml", "build")]
     gpu_compose = yaml.safe_load((ROOT / "docker" / "compose.gpu.yaml").read_text())["services"]
+    # The router stays on the CPU image and keeps only text in process: pictures go to the GPU pool.
+    assert gpu_compose.pop("router") == {"environment": {"MMSTREAM_ROUTER_COLOCATE": "text"}}
     for name, service in gpu_compose.items():
         assert name in WORKERS and service["build"]["args"]["RUNTIME"] == "gpu"
         assert service["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
