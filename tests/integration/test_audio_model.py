@@ -208,9 +208,10 @@ def test_rebuild_is_skipped_when_up_to_date(config: ModelConfig) -> None:
 
 def test_the_worker_holds_a_clip_to_the_duration_it_was_priced_at(config: ModelConfig) -> None:
     """The router prices a clip by the windows its bytes allow (``workers.audio_header``); the
-    worker decodes no further. Two minutes of silence in FLAC are 28 KB: priced at 38 s (the
-    size at 6 kbit/s), refused, not decoded for 120. A WAV plays what its header says, and the
-    job's cost-model length is its windows."""
+    worker decodes no further. Two minutes of silence in FLAC are 28 KB: priced at what its
+    STREAMINFO says (120.06 s, the last 4,096-sample frame whole: five windows); where it does not say (a total of 0 samples) at its
+    size at 6 kbit/s, 38 s, and where it declares 10 s, at 10: both refused, not decoded for
+    120. A WAV plays what its header says, and the job's cost-model length is its windows."""
     import io
     import wave
 
@@ -240,9 +241,21 @@ def test_the_worker_holds_a_clip_to_the_duration_it_was_priced_at(config: ModelC
     flac = out.getvalue()
     assert len(flac) < 60_000
     runner = build_runner(Settings.from_env(), Quiet(), "encode.audio")
-    with pytest.raises(WireError) as refused:
-        runner.prepare(job(flac, "audio/flac"))
-    assert refused.value.code == ErrorCode.PAYLOAD_TOO_LARGE
+    from workers.audio_header import HEAD_BYTES, seconds_bound, windows
+
+    priced = windows(seconds_bound(flac[:HEAD_BYTES], len(flac), Settings.from_env().limits.max_audio_seconds))
+    assert runner.prepare(job(flac, "audio/flac")).length == priced == 5.0
+
+    def declaring(samples: int) -> bytes:  # the STREAMINFO's 36-bit total, rewritten
+        patched = bytearray(flac)
+        packed = int.from_bytes(patched[18:26], "big")
+        patched[18:26] = ((packed & ~((1 << 36) - 1)) | samples).to_bytes(8, "big")
+        return bytes(patched)
+
+    for samples in (0, 10 * SAMPLE_RATE):
+        with pytest.raises(WireError) as refused:
+            runner.prepare(job(declaring(samples), "audio/flac"))
+        assert refused.value.code == ErrorCode.PAYLOAD_TOO_LARGE
     buf = io.BytesIO()
     with wave.open(buf, "wb") as w:
         w.setnchannels(1), w.setsampwidth(2), w.setframerate(SAMPLE_RATE)
