@@ -276,7 +276,7 @@ class RecordStage(mode.Service):
     def _park(self, r: ConsumerRecord, exc: Exception) -> None:
         """Dead-letter one record whose handling raised (unless the stage took care of it first)."""
         log.error("%s: record %s failed alone (%s, at %s); dead-lettering it", self.stage, _where(r),
-                  bounded(repr(exc)), _raised_at(exc))
+                  bounded(repr(exc)), raised_at(exc))
         if (r.topic, r.partition, r.offset) not in self.io.handed:
             self.io.deliver([self.dlq(r, f"internal: {self.stage} failed: {exc!r}")], [r])
 
@@ -294,7 +294,7 @@ def bounded(text: str, limit: int = MAX_LOGGED_CHARS) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
-def _raised_at(exc: BaseException) -> str:
+def raised_at(exc: BaseException) -> str:
     """Where in the code ``exc`` was raised (file:line in function): a bug's place, without
     the exception's text, which may quote input."""
     frames = traceback.extract_tb(exc.__traceback__)

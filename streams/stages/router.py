@@ -35,7 +35,7 @@ from streams.runtime import priority
 from streams.runtime.joint import Joint
 from streams.runtime.recovery import Recovered, recover
 from streams.runtime.produce import Out
-from streams.runtime.stage import RecordStage
+from streams.runtime.stage import RecordStage, bounded, raised_at
 from streams.stages.direct import DirectAnswers, eligible
 from streams.stages.routing import JobOut, Routed, Router
 from streams.stores import claim_sweep, load_reports
@@ -216,8 +216,8 @@ class RouterStage(RecordStage):
         try:
             return await self.router.handle(r.value, r.headers, float(r.timestamp) if r.timestamp else None, origin,
                                             tenant=tenant)
-        except Exception as exc:  # a bug must cost one message, not the stage
-            log.exception("router: failed on %s", origin)
+        except Exception as exc:  # the router's own failure path failed too: the record alone to the DLQ
+            log.error("router: failed on %s (%s, at %s)", origin, bounded(repr(exc)), raised_at(exc))
             return Routed([self.dlq(r, f"{ErrorCode.INTERNAL}: {exc!r}")], "dlq")
 
     def _observe_safely(self, routed: Routed) -> None:

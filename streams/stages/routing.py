@@ -61,7 +61,7 @@ from streams.policies.quota import QuotaLimits, Shed, TenantQuotas
 from streams.policies.split import RoutedJob, split_request
 from streams.reply_topics import ReplyTopics
 from streams.runtime.produce import Out, dead_letter, out_map
-from streams.runtime.stage import bounded
+from streams.runtime.stage import bounded, raised_at
 from workers import modalities
 from workers.cache_keys import content_digest, result_key
 from workers.claims import ClaimSize
@@ -180,7 +180,46 @@ class Router:
     async def handle(self, raw: bytes, headers: Any, record_ts_ms: float | None, source: str,
                      tenant: str | None = None) -> Routed:
         """Route one ingress record. ``tenant``: the tenant the broker authenticated (from
-        the tenant's own ingress topic), or None where the payload's tenant is believed."""
+        the tenant's own ingress topic), or None where the payload's tenant is believed.
+
+        Routing that raises (a bug) costs this record only: it is dead-lettered (within its
+        tenant's DLQ budget) and, where it still says who sent it, they are answered
+        ``internal`` instead of waiting out their timeout."""
+        try:
+            return await self._handle(raw, headers, record_ts_ms, source, tenant)
+        except Exception as exc:  # noqa: BLE001 - a bug must cost one record, not the stage
+            return await self._failed(raw, headers, record_ts_ms, source, tenant, exc)
+
+    async def _failed(self, raw: bytes, headers: Any, record_ts_ms: float | None, source: str,
+                      tenant: str | None, exc: Exception) -> Routed:
+        parked = self._dlq(raw, headers, source, f"{ErrorCode.INTERNAL}: router failed: {exc!r}", tenant)
+        if parked.outcome == "dlq":  # within the budget: a bug hit by every record must not flood the log
+            log.error("router: failed on %s (%s, at %s)", bounded(source), bounded(repr(exc)), raised_at(exc))
+        try:
+            obj = unpack(raw, header(headers, CONTENT_TYPE_HEADER)) \
+                if raw is not None and len(raw) <= self.settings.limits.max_request_bytes else None
+        except DecodeError:
+            return parked
+        who = peek_reply(obj)
+        if who is None:
+            return parked
+        rid, reply_to = who
+        try:
+            reply_to = await self.replies.check(reply_to, tenant)
+        except WireError:
+            reply_to = self.replies.default(tenant)
+        err = WireError(ErrorCode.INTERNAL, "the router failed on this request (a bug, logged; the record is in the "
+                        "dead-letter topic); it was not processed", None)
+        event = Event(rid, EventKind.ERROR, 0, now_ms(), error=err.to_wire())
+        lane = obj.get("lane") if obj.get("lane") in ("rt", "bulk") else "rt"
+        digest = record_digest(raw, record_ts_ms)
+        v = self._verdict(rid, tenant if tenant is not None else obj.get("tenant"), lane, reply_to, [event], digest)
+        # The answer first, as in every error the router answers (a reused id's refusal reads it there).
+        return Routed([v, *parked.outs], "error", str(ErrorCode.INTERNAL), lane=lane,
+                      key=v.key.decode() if v.key else None, digest=digest)
+
+    async def _handle(self, raw: bytes, headers: Any, record_ts_ms: float | None, source: str,
+                      tenant: str | None) -> Routed:
         started = now_ms()
         checked = await self._checked(raw, headers, record_ts_ms, source, tenant)
         if isinstance(checked, Routed):

@@ -316,6 +316,43 @@ def test_one_tenants_garbage_parks_in_the_dlq_only_within_its_budget():
     assert other.outcome == "dlq" and len(other.outs) == 1  # another tenant's budget is its own
 
 
+def test_a_record_whose_routing_raises_is_dead_lettered_and_its_sender_answered_internal(caplog):
+    """A bug hit by one record costs that record: it goes to the DLQ, and the client it names
+    hears ``internal`` instead of waiting out its timeout; the next record routes as ever."""
+    r = make_router()
+    price = r._price
+
+    def buggy(req, *args):
+        if req.id == "boom":
+            raise RuntimeError("x" * 5000)
+        return price(req, *args)
+
+    r._price = buggy
+    raw = pack({"v": 1, "id": "boom", "reply_to": "client.replies", "parts": [{"modality": "text", "text": "x"}]})
+    routed = asyncio.run(r.handle(raw, [], 1000.0, "test"))
+    assert routed.outcome == "error" and routed.code == "internal" and routed.key == "default/boom"
+    assert [o.topic for o in routed.outs] == ["mm.encoded.rt", "mm.dlq"]
+    assert routed.outs[1].value == raw and b"internal" in dict(routed.outs[1].headers)[ERROR_HEADER]
+    reply_to, ev = verdict(routed.outs[0])
+    assert reply_to == "client.replies" and ev.id == "boom" and ev.kind == "error" and ev.error["code"] == "internal"
+    assert max(len(rec.getMessage()) for rec in caplog.records) < 1000  # the exception's text is bounded in the log
+    assert handle(r, pack({"v": 1, "id": "fine", "parts": [{"modality": "text", "text": "x"}]}))[0].topic == "mm.encoded.rt"
+
+
+def test_a_tenant_that_keeps_hitting_a_bug_is_answered_each_time_and_parked_within_its_budget(caplog):
+    r = make_router(dlq__tenant_rate_per_s="0.001", dlq__tenant_burst="1")
+
+    def buggy(*args):
+        raise RuntimeError("bug")
+
+    r._price = buggy
+    raws = [pack({"v": 1, "id": f"b{i}", "parts": [{"modality": "text", "text": "x"}]}) for i in range(3)]
+    routed = [asyncio.run(r.handle(raw, [], 1000.0, "test", tenant="t1")) for raw in raws]
+    assert [[o.topic for o in x.outs] for x in routed] == [["mm.encoded.rt", "mm.dlq"]] + [["mm.encoded.rt"]] * 2
+    assert [verdict(x.outs[0])[1].error["code"] for x in routed] == ["internal"] * 3
+    assert sum("router: failed on" in rec.getMessage() for rec in caplog.records) == 1
+
+
 class _SlowResults:
     """A whole-answer store that yields on every lookup, as Redis does."""
 
