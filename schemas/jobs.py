@@ -116,6 +116,9 @@ class Manifest(_Job):
     charged_tokens: int | None = omit_none()
     """The output tokens a generation was charged for (its ``max_tokens``), where the tenant's
     compute quota charged it: the generator gives back those it did not make. None: none charged."""
+    charged_by: str | None = omit_none()
+    """The router replica whose quota charged ``charged_tokens``: what is given back goes to that
+    replica (each router keeps its own buckets). None: any router (a manifest of an older router)."""
     digest: str | None = omit_none()
     """Which ingress record this is (its bytes and timestamp, hashed): a replay of the same
     record has the same digest and changes nothing; another request with the same id
@@ -235,6 +238,8 @@ class GenerateJob(_RequestJob):
     """Admitted over its tenant's compute bucket (``Manifest.background``)."""
     charged_tokens: int | None = omit_none()
     """The output tokens it was charged for (``Manifest.charged_tokens``)."""
+    charged_by: str | None = omit_none()
+    """The router replica that charged them (``Manifest.charged_by``)."""
     passages: list[dict[str, Any]] | None = omit_none()
     """Retrieval-augmented: ``[{id, score, text}, ...]`` the retrieve stage found in
     ``params.collection``, in the order they go into the prompt (by id: the same passages

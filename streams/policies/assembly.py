@@ -298,7 +298,8 @@ def _complete(state: Assembly, now_ms: float, deadline_hit: bool) -> Step:
         job = GenerateJob(id=m.id, lane=m.lane, tenant=m.tenant, reply_to=m.reply_to, deadline_at_ms=m.deadline_at_ms,
                           accepted_at_ms=m.accepted_at_ms, client_sent_at_ms=m.client_sent_at_ms, sent_at_ms=now_ms,
                           parts=[_grounding(r) for r in results], params=m.params,
-                          trace=timings["stages"], background=m.background, charged_tokens=m.charged_tokens)
+                          trace=timings["stages"], background=m.background, charged_tokens=m.charged_tokens,
+                          charged_by=m.charged_by)
         done = replace(state, status=advance(state.status, RequestStatus.FORWARDED), done_at_ms=now_ms)
         if m.params.get("collection"):  # retrieval-augmented: the question's text searches first
             question = "\n".join(p.get("text", "") for p in job.parts if p.get("modality") == "text").strip()

@@ -64,6 +64,7 @@ def split_request(
     predicted_wait_ms: Callable[[str], float | None] = lambda topic: None,
     background: bool = False,
     charged_tokens: int | None = None,
+    charged_by: str | None = None,
 ) -> RoutePlan:
     """Split ``req`` into per-part encode jobs on each modality's topic for the request's lane.
 
@@ -77,7 +78,8 @@ def split_request(
     ``predicted_wait_ms``: the wait admission predicted on a job's topic, to which each job adds
     the cost of the request's parts before it there (``EncodeJob.predicted_wait_ms``);
     ``background``: a request admitted in debt (``Manifest.background``, and each job's); ``charged_tokens``:
-    the output tokens its tenant's quota charged it for (``Manifest.charged_tokens``).
+    the output tokens its tenant's quota charged it for (``Manifest.charged_tokens``), at the
+    router replica ``charged_by``.
     """
     refused = refused or {}
     ref_bytes = ref_bytes or {}
@@ -91,6 +93,7 @@ def split_request(
         accepted_at_ms=now_ms, client_sent_at_ms=client_sent_at_ms, sent_at_ms=now_ms,
         params=req.params.to_wire(), trace=[router_span], result_key=result_key, nonce=nonce, digest=digest,
         background=True if background else None, charged_tokens=charged_tokens,
+        charged_by=charged_by if charged_tokens else None,
     )
     jobs: list[RoutedJob] = []
     ahead: dict[str, float] = {}  # topic -> the cost of this request's jobs on it so far

@@ -126,8 +126,9 @@ class GeneratorStage(RecordStage):
         longest = max((len(t) for t in tokenizer.get_vocab()), default=1)
         self.max_prompt_chars = core.engine.max_context * longest
         self.replica = f"{STAGE}/{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self.credits: dict[str, int] = {}
-        """Tenant -> output tokens it was charged for and did not get, not yet given to Redis."""
+        self.credits: dict[tuple[str | None, str], int] = {}
+        """(router replica that charged them, tenant) -> output tokens the tenant was charged for
+        and did not get, not yet given to Redis."""
         base = settings.local.nice_of(STAGE)
         self.lowered = Lowered(base, settings.quota.debt_nice,
                                on_move=lambda nice: metrics.set_cpu_nice(STAGE, nice, lowered=nice > base))
@@ -239,24 +240,28 @@ class GeneratorStage(RecordStage):
             await self._give_back(prefix)
             await asyncio.sleep(COST_REPORT_S)
 
-    def _credit(self, tenant: str, unused: int, delivered: asyncio.Task) -> None:
-        """Owe ``tenant`` the ``unused`` output tokens it was charged for and did not get, once
+    def _credit(self, router: str | None, tenant: str, unused: int, delivered: asyncio.Task) -> None:
+        """Owe ``tenant`` (at the ``router`` replica that charged it) the ``unused`` output tokens
+        it was charged for and did not get, once
         ``delivered`` (the job's terminal event and done marker) is with the broker. Not before:
         a generator that dies before that has the job replayed, and the replay owes it again;
         one that dies after it and before the next hand-over to Redis owes nothing (the replay
         finds the done marker), so a tenant is given back at most once."""
         def owe(task: asyncio.Task) -> None:
             if not task.cancelled() and task.exception() is None and task.result() is True:
-                self.credits[tenant] = self.credits.get(tenant, 0) + unused
+                self.credits[router, tenant] = self.credits.get((router, tenant), 0) + unused
 
         delivered.add_done_callback(owe)
 
     async def _give_back(self, prefix: str) -> None:
         """Hand what is owed to the routers (through Redis); kept for the next try if it fails."""
         owed, self.credits = self.credits, {}
-        if owed and not await load_reports.add_gen_credits(self.redis, prefix, owed):
-            for tenant, n in owed.items():
-                self.credits[tenant] = self.credits.get(tenant, 0) + n
+        by_router: dict[str | None, dict[str, int]] = {}
+        for (router, tenant), n in owed.items():
+            by_router.setdefault(router, {})[tenant] = n
+        if owed and not await load_reports.add_gen_credits(self.redis, prefix, by_router):
+            for who, n in owed.items():
+                self.credits[who] = self.credits.get(who, 0) + n
 
     async def _steps_forever(self) -> None:
         loop = asyncio.get_running_loop()
@@ -345,7 +350,7 @@ class GeneratorStage(RecordStage):
         delivered = self.io.deliver(outs, [record])
         unused = max(0, (job.charged_tokens or 0) - max(0, made))
         if unused:
-            self._credit(job.tenant, unused, delivered)
+            self._credit(job.charged_by, job.tenant, unused, delivered)
 
     def on_failed_output(self, out: Out, exc: BaseException) -> Out | None:
         """An event the reply topic refuses (too large for it, topic gone): the client gets a

@@ -288,7 +288,8 @@ class RouterStage(RecordStage):
                     if costs:
                         self.router.gen_cost = costliest(costs, now_ms(), default=self.router.gen_cost)
                     if self.router.quotas.charges_compute:
-                        self.router.give_back(await load_reports.take_gen_credits(self.redis, prefix), now_ms())
+                        self.router.give_back(await load_reports.take_gen_credits(self.redis, prefix, self.router.replica),
+                                               now_ms())
                 self.router.partitioner.refresh(self.load.partition_ms)
                 if self.direct is not None:
                     self.metrics.set_state(self.stage, keys=self.direct.entries())

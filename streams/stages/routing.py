@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import os
 import secrets
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, NamedTuple, Sequence
@@ -176,6 +177,10 @@ class Router:
         self.dlq_budget = KeyedBudget(settings.dlq.tenant_rate_per_s, settings.dlq.tenant_burst, q.max_tenants)
         self.nonce = nonce
         self.ref_sizes = ref_sizes
+        self.replica = f"router/{os.getpid()}-{secrets.token_hex(3)}"
+        """This router process, in the manifests it charges output tokens in: the generators
+        give the unused ones back to it (``load_reports.take_gen_credits``), not to another
+        replica whose buckets never paid them."""
 
     async def handle(self, raw: bytes, headers: Any, record_ts_ms: float | None, source: str,
                      tenant: str | None = None) -> Routed:
@@ -324,6 +329,7 @@ class Router:
             # What its output was charged: the generator gives back the tokens it does not make.
             charged_tokens=int(req.params.max_tokens) if str(req.task) == "generate" and self.quotas.charges_compute
             else None,
+            charged_by=self.replica,
         )
         m = plan.manifest
         encoded = self.topics.encoded(req.lane)

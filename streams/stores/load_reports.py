@@ -9,8 +9,9 @@ numbers (and, past their staleness, treats the pool as idle).
 - ``publish_gen_cost`` / ``read_gen_costs``: each generator replica's measured step cost
   (``streams.policies.gen_price.GenCost``), what the router prices generate requests with.
 - ``add_gen_credits`` / ``take_gen_credits``: output tokens a tenant was charged for and did not
-  get (a generation that ended before its ``max_tokens``), per tenant in ``mm:gencredit:<prefix>``:
-  the router gives them back to the tenant's compute bucket.
+  get (a generation that ended before its ``max_tokens``), per tenant in
+  ``mm:gencredit:<prefix>:<router replica>`` (the one that charged them): that router gives them
+  back to the tenant's compute bucket.
 """
 
 from __future__ import annotations
@@ -79,19 +80,32 @@ async def read_gen_costs(redis: Any, topic_prefix: str) -> dict[str, dict[str, A
     return await _read(redis, gen_cost_key(topic_prefix))
 
 
-def gen_credit_key(topic_prefix: str) -> str:
-    return f"mm:gencredit:{topic_prefix}"
+CREDIT_TTL_S = 600
+"""How long a router replica's credits wait for it: a replica that went away (scaled in,
+crashed) takes none, and its hash must not stay in Redis for ever. Its tenants' buckets went
+with it, so nothing is lost that was owed to a live bucket."""
 
 
-async def add_gen_credits(redis: Any, topic_prefix: str, tokens: dict[str, int]) -> bool:
-    """Add output tokens each tenant was charged for and did not get (tenant -> tokens); False
-    when Redis could not take them (the caller keeps them for its next try)."""
-    if not tokens:
+def gen_credit_key(topic_prefix: str, router: str | None = None) -> str:
+    """The hash of credits owed to one router replica's buckets (``Manifest.charged_by``); without
+    one, the shared hash (jobs whose manifest names no router), which any router takes."""
+    return f"mm:gencredit:{topic_prefix}" if router is None else f"mm:gencredit:{topic_prefix}:{router}"
+
+
+async def add_gen_credits(redis: Any, topic_prefix: str, tokens: dict[str | None, dict[str, int]]) -> bool:
+    """Add output tokens each tenant was charged for and did not get (router replica -> tenant
+    -> tokens; None: the shared hash); False when Redis could not take them (the caller keeps
+    them for its next try)."""
+    if not any(tokens.values()):
         return True
     try:
         pipe = redis.pipeline(transaction=False)
-        for tenant, n in tokens.items():
-            pipe.hincrby(gen_credit_key(topic_prefix), tenant, int(n))
+        for router, owed in tokens.items():
+            key = gen_credit_key(topic_prefix, router)
+            for tenant, n in owed.items():
+                pipe.hincrby(key, tenant, int(n))
+            if router is not None and owed:
+                pipe.expire(key, CREDIT_TTL_S)
         await pipe.execute()
         return True
     except Exception as exc:
@@ -99,25 +113,28 @@ async def add_gen_credits(redis: Any, topic_prefix: str, tokens: dict[str, int])
         return False
 
 
-async def take_gen_credits(redis: Any, topic_prefix: str) -> dict[str, int]:
-    """The tokens owed back per tenant, taken (read and removed in one transaction, so two
-    router replicas never give the same tokens back twice); {} when Redis cannot be read."""
+async def take_gen_credits(redis: Any, topic_prefix: str, router: str) -> dict[str, int]:
+    """The tokens owed back per tenant to ``router``'s buckets, with those of the shared hash,
+    taken (read and removed in one transaction, so two router replicas never give the same
+    tokens back twice); {} when Redis cannot be read."""
+    keys = (gen_credit_key(topic_prefix, router), gen_credit_key(topic_prefix))
     try:
         pipe = redis.pipeline(transaction=True)
-        pipe.hgetall(gen_credit_key(topic_prefix))
-        pipe.delete(gen_credit_key(topic_prefix))
-        got, _ = await pipe.execute()
+        for key in keys:
+            pipe.hgetall(key)
+        pipe.delete(*keys)
+        *got, _ = await pipe.execute()
     except Exception as exc:
         log.debug("taking generation credits failed: %r", exc)
         return {}
     out: dict[str, int] = {}
-    for k, v in got.items():
+    for k, v in (item for owed in got for item in owed.items()):
         try:
             n = int(_text(v))
         except ValueError:
             continue
         if n > 0:
-            out[_text(k)] = n
+            out[_text(k)] = out.get(_text(k), 0) + n
     return out
 
 

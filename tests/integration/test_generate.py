@@ -141,9 +141,10 @@ async def test_a_generation_admitted_in_debt_runs_the_generator_lower_until_it_e
     assert os.getpriority(os.PRIO_PROCESS, gen.pid) == 0
 
 
-async def test_tokens_owed_back_are_added_per_tenant_and_taken_once(infra):
-    """The generators add what each tenant is owed; a router takes it all in one transaction,
-    so a second router (or a second read) finds nothing to give back again."""
+async def test_tokens_owed_back_go_to_the_router_that_charged_them_and_are_taken_once(infra):
+    """The generators add what each tenant is owed under the router replica that charged it;
+    that router takes its own (and the shared hash's, for manifests that name no router) in
+    one transaction, so a second read finds nothing, and another router never gets them."""
     import uuid
 
     from streams.stores import load_reports
@@ -152,12 +153,14 @@ async def test_tokens_owed_back_are_added_per_tenant_and_taken_once(infra):
     prefix = f"t{uuid.uuid4().hex[:10]}"
     redis = connect_async(infra.redis.url, infra.redis.tls_ca)
     try:
-        assert await load_reports.add_gen_credits(redis, prefix, {"a": 250, "b": 3})
-        assert await load_reports.add_gen_credits(redis, prefix, {"a": 10})  # another generator's
-        assert await load_reports.take_gen_credits(redis, prefix) == {"a": 260, "b": 3}
-        assert await load_reports.take_gen_credits(redis, prefix) == {}
-        await redis.hset(load_reports.gen_credit_key(prefix), mapping={"c": "junk", "d": "-4", "e": "7"})
-        assert await load_reports.take_gen_credits(redis, prefix) == {"e": 7}  # what is not a count is passed over
+        assert await load_reports.add_gen_credits(redis, prefix, {"router/1": {"a": 250, "b": 3}, "router/2": {"a": 4}})
+        assert await load_reports.add_gen_credits(redis, prefix, {"router/1": {"a": 10}, None: {"a": 1}})  # another generator's
+        assert 0 < await redis.ttl(load_reports.gen_credit_key(prefix, "router/2")) <= load_reports.CREDIT_TTL_S
+        assert await load_reports.take_gen_credits(redis, prefix, "router/1") == {"a": 261, "b": 3}
+        assert await load_reports.take_gen_credits(redis, prefix, "router/1") == {}
+        assert await load_reports.take_gen_credits(redis, prefix, "router/2") == {"a": 4}
+        await redis.hset(load_reports.gen_credit_key(prefix, "r"), mapping={"c": "junk", "d": "-4", "e": "7"})
+        assert await load_reports.take_gen_credits(redis, prefix, "r") == {"e": 7}  # what is not a count is passed over
     finally:
         await redis.aclose()
 

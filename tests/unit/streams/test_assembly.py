@@ -247,7 +247,9 @@ def test_a_search_names_the_space_of_its_query_and_a_pooled_video_the_space_of_i
 def test_a_generation_admitted_in_debt_reaches_the_generator_marked_so():
     import dataclasses
 
-    for background, charged in ((None, None), (True, 1024)):
-        m = dataclasses.replace(manifest(n=1), task="generate", background=background, charged_tokens=charged)
+    for background, charged, by in ((None, None, None), (True, 1024, "router/7-abc")):
+        m = dataclasses.replace(manifest(n=1), task="generate", background=background, charged_tokens=charged,
+                                charged_by=by)
         r = step(step(None, m, 2.0, POLICY).state, part(0), 6.0, POLICY)
         assert r.forward is not None and r.forward.background is background and r.forward.charged_tokens == charged
+        assert r.forward.charged_by == by

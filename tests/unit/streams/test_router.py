@@ -556,9 +556,10 @@ def test_a_generation_admitted_in_debt_is_marked_to_run_below_everyone_else():
     assert long.background is True
     assert Manifest.from_wire(unpack(pack(long.to_wire()))).background is True
     assert long.charged_tokens == 256  # the generator gives back what it does not make of them
+    assert long.charged_by == r.replica != make_router().replica  # to this router's buckets, not another's
     plain = make_router()  # no compute quota (plaintext): nothing is in debt, nothing charged
     m = fan_in_from_wire(unpack(routed(plain, pack({"id": "b3", **chat, "params": {"max_tokens": 256}})).outs[0].value))
-    assert m.background is None and m.charged_tokens is None
+    assert m.background is None and m.charged_tokens is None and m.charged_by is None
 
 
 def test_an_embed_request_admitted_in_debt_marks_its_jobs_for_the_pools_to_run_lower():
