@@ -180,6 +180,11 @@ def parser() -> argparse.ArgumentParser:
         b.add_argument(f"--no-{lever}", action="store_true",
                        help=f"switch the {lever} lever off (runs on a pipeline of its own)")
     b.add_argument("--own-pipeline", action="store_true", help="run on a fresh pipeline started for this run")
+    b.add_argument("--vs", choices=["server", "monolithic"],
+                   help="run this baseline right after each pipeline run and report each round's ratios (CPU per "
+                        "request, text and image latency) and their median (see --rounds)")
+    b.add_argument("--rounds", type=int, default=1,
+                   help="runs of each mode per rate, alternating with --vs (default: %(default)s)")
     b.add_argument("--out", type=Path, help="write the JSON report here")
     b.add_argument("--report", type=Path, help="write report.md and PNG plots into this folder (needs the report extra)")
 

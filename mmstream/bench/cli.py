@@ -18,6 +18,7 @@ from mmstream import report
 from mmstream.bench.config import BenchConfig, parse_lanes, parse_rate_schedule, parse_rates
 from mmstream.bench.fairness import text_table
 from mmstream.bench.fairness_run import run_fairness
+from mmstream.bench.paired import text_table as paired_table
 from mmstream.bench.retrieval_run import run_retrieval
 from mmstream.bench.run import run_bench
 from mmstream.lever_names import LEVERS
@@ -48,7 +49,8 @@ def config_from_args(args: Any) -> BenchConfig:
                        victim_images=getattr(args, "victim_images", None) or 0.0,
                        docs=getattr(args, "docs", None) or 2000,
                        rate_schedule=schedule,
-                       autoscale=getattr(args, "autoscale", False))
+                       autoscale=getattr(args, "autoscale", False),
+                       vs=getattr(args, "vs", None), rounds=getattr(args, "rounds", None) or 1)
 
 
 def cli_main(args: Any, settings: Settings) -> int:
@@ -73,6 +75,8 @@ def cli_main(args: Any, settings: Settings) -> int:
     doc = asyncio.run(run_bench(settings, cfg))
     report.validate(doc)
     _emit(args, doc)
+    if doc.get("paired"):
+        print(paired_table(doc["paired"]), file=sys.stderr)
     if args.report:
         print(f"wrote {report.write_report([doc], Path(args.report))}", file=sys.stderr)
     runs = doc.get("runs", [doc])

@@ -82,6 +82,12 @@ class BenchConfig:
     timeline (``bench.timeline``). Empty: ``rate`` or ``rates``."""
     autoscale: bool = False
     """Run on a pipeline of its own with the local scaler (``mmstream.autoscaler``) running."""
+    vs: str | None = None
+    """A baseline mode (server or monolithic) run right after each pipeline run, ``rounds``
+    times per rate: the JSON's ``paired`` has each round's ratios and their median
+    (``mmstream.bench.paired``). None: ``mode`` alone."""
+    rounds: int = 1
+    """Runs per rate of each mode (alternating with ``vs``)."""
     tenant: str | None = None
     """Tenant of the pipeline's requests. None: a fresh one per run, so the reuse cache
     (keyed by tenant) cannot answer from an earlier run and the modes compare compute
@@ -111,6 +117,15 @@ class BenchConfig:
             raise ValueError(f"--victim-images is a share from 0 to 1, got {self.victim_images}")
         if self.rate_schedule and (self.rates or any(r <= 0 or d <= 0 for r, d in self.rate_schedule)):
             raise ValueError("a rate schedule is positive rate:seconds segments, and replaces --rates")
+        if self.rounds < 1:
+            raise ValueError(f"--rounds must be at least 1, got {self.rounds}")
+        if self.vs is not None and (self.vs not in ("server", "monolithic") or self.mode != "pipeline"
+                                    or self.rate_schedule or self.workload in ("fairness", "retrieve", "rag",
+                                                                               "retrieve-images")):
+            raise ValueError("--vs pairs pipeline runs (--mode pipeline, no --rate-schedule) with a server or "
+                             "monolithic run of the same traffic")
+        if self.vs == "server" and self.workload not in ("text", "capacity"):
+            raise ValueError("server mode serves requests of one modality each: workload text or capacity")
         if self.docs < 1:
             raise ValueError(f"--docs must be at least 1, got {self.docs}")
         if self.chat_max_tokens < 1:

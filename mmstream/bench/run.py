@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 
 from mmstream import localstack
 from mmstream.bench.config import BenchConfig, config_dict
+from mmstream.bench.paired import pair
 from mmstream.bench.results import Record, build_run, overhead
 from mmstream.bench.timeline import Sampler, settle, windows
 from mmstream.bench.workloads import floor_text, request_kind, run_tenants, sample_images, schedule
@@ -101,51 +102,67 @@ def _services(settings: Settings) -> list[tuple[str, int]]:
 
 
 async def run_bench(settings: Settings, cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
-    """Run ``cfg``: one run per rate of ``cfg.sweep``, each fed by ``schedule(cfg, rate)``.
+    """Run ``cfg``: per rate of ``cfg.sweep``, ``cfg.rounds`` runs (each followed by one of
+    ``cfg.vs`` when set), each fed by ``schedule(cfg, rate)``.
 
     Loads the text engine (and the image engine for ``mixed``) in this process first to
     measure ``floor_ms``; monolithic mode then serves with them. Raises ``ValueError`` on a
     bad config, ``ClientError`` when the pipeline is not up (pipeline mode), and whatever
     loading a model raises.
     """
-    mono = cfg.mode in ("monolithic", "server")
+    mono = cfg.mode in ("monolithic", "server") or cfg.vs is not None
     images = cfg.workload in ("mixed", "capacity", "images", "chat-mm")
     engines = await asyncio.to_thread(Engines, settings, images,
                                       mono and cfg.workload == "mixed", mono and cfg.workload in ("chat", "chat-mm"))
     floor = engines.floor_ms(floor_text(), sample_images()[0] if images else None,
                              cfg.floor_repeats)
     runs = []
+    modes = (cfg.mode,) if cfg.vs is None else (cfg.mode, cfg.vs)
     for rate in cfg.sweep:
-        if cfg.mode == "pipeline" and (cfg.levers_off or cfg.own_pipeline or cfg.scheduler or cfg.lm_precision
-                                       or cfg.autoscale):
-            extra = {"MMSTREAM_GENERATOR_SCHEDULER": cfg.scheduler} if cfg.scheduler else {}
-            if cfg.lm_precision:
-                extra["MMSTREAM_GENERATOR_PRECISION"] = cfg.lm_precision
-            if cfg.autoscale:  # the scaler keeps to the pools this run deploys (else their minimum starts them)
-                deployed = lever_replicas(cfg.levers_off, cfg.workload)
-                extra["MMSTREAM_AUTOSCALE_POOLS"] = ",".join(
-                    f"{stage}={low}:{high}" for stage, (low, high) in settings.autoscale.limits().items()
-                    if stage in deployed)
-            async with own_pipeline(settings, cfg.levers_off, cfg.workload, extra_env=extra,
-                                    extra_replicas={AUTOSCALER: 1} if cfg.autoscale else None) as run_settings:
-                run = await _run_pipeline(run_settings, cfg, rate, progress)
-            run["autoscale"] = cfg.autoscale
-            run["levers_off"] = list(cfg.levers_off)
-            if cfg.scheduler:
-                run["scheduler"] = cfg.scheduler
-            if cfg.lm_precision:
-                run["lm_precision"] = cfg.lm_precision
-        elif cfg.mode == "pipeline":
-            run = await _run_pipeline(settings, cfg, rate, progress)
-        else:
-            run = await _run_monolith(settings, cfg, rate, engines, progress)
-        run["floor_ms"] = floor
-        run["engines"] = engines.info
-        run["overhead_ms"] = overhead(run["latency_ms"], floor)
-        runs.append(run)
+        for number in range(1, cfg.rounds + 1):
+            for mode in modes:
+                run = await _one_run(settings, dataclasses.replace(cfg, mode=mode, vs=None), rate, engines, progress)
+                run["floor_ms"] = floor
+                run["engines"] = engines.info
+                run["overhead_ms"] = overhead(run["latency_ms"], floor)
+                if len(modes) > 1 or cfg.rounds > 1:
+                    run["round"] = number
+                runs.append(run)
     if len(runs) == 1:
         return runs[0]
-    return {"mode": cfg.mode, "workload": cfg.workload, "seed": cfg.seed, "config": config_dict(cfg), "runs": runs}
+    doc = {"mode": cfg.mode, "workload": cfg.workload, "seed": cfg.seed, "config": config_dict(cfg), "runs": runs}
+    if cfg.vs is not None:
+        doc["paired"] = pair(runs, cfg.mode, cfg.vs)
+    return doc
+
+
+async def _one_run(settings: Settings, cfg: BenchConfig, rate: float, engines: Engines,
+                   progress: bool) -> dict[str, Any]:
+    """One run of ``cfg.mode`` at ``rate``."""
+    if cfg.mode == "pipeline" and (cfg.levers_off or cfg.own_pipeline or cfg.scheduler or cfg.lm_precision
+                                   or cfg.autoscale):
+        extra = {"MMSTREAM_GENERATOR_SCHEDULER": cfg.scheduler} if cfg.scheduler else {}
+        if cfg.lm_precision:
+            extra["MMSTREAM_GENERATOR_PRECISION"] = cfg.lm_precision
+        if cfg.autoscale:  # the scaler keeps to the pools this run deploys (else their minimum starts them)
+            deployed = lever_replicas(cfg.levers_off, cfg.workload)
+            extra["MMSTREAM_AUTOSCALE_POOLS"] = ",".join(
+                f"{stage}={low}:{high}" for stage, (low, high) in settings.autoscale.limits().items()
+                if stage in deployed)
+        async with own_pipeline(settings, cfg.levers_off, cfg.workload, extra_env=extra,
+                                extra_replicas={AUTOSCALER: 1} if cfg.autoscale else None) as run_settings:
+            run = await _run_pipeline(run_settings, cfg, rate, progress)
+        run["autoscale"] = cfg.autoscale
+        run["levers_off"] = list(cfg.levers_off)
+        if cfg.scheduler:
+            run["scheduler"] = cfg.scheduler
+        if cfg.lm_precision:
+            run["lm_precision"] = cfg.lm_precision
+    elif cfg.mode == "pipeline":
+        run = await _run_pipeline(settings, cfg, rate, progress)
+    else:
+        run = await _run_monolith(settings, cfg, rate, engines, progress)
+    return run
 
 
 async def _send_on_schedule(offsets: Sequence[float], requests: Sequence[Request],
