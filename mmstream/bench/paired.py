@@ -23,6 +23,13 @@ RATIOS: dict[str, Callable[[dict[str, Any]], float | None]] = {
 """What each round compares: the pipeline's value over the baseline's (CPU ms per answered
 request, e2e latency percentiles per request kind)."""
 
+DIFFERENCES: dict[str, Callable[[dict[str, Any]], float | None]] = {
+    "text_p50_ms": lambda run: _e2e(run, "text", "p50"),
+    "text_p95_ms": lambda run: _e2e(run, "text", "p95"),
+}
+"""And the milliseconds the pipeline's latency is over the baseline's (light load is bounded so:
+a few ms over three hops, where a ratio of two small numbers says little)."""
+
 
 def _e2e(run: dict[str, Any], kind: str, q: str) -> float | None:
     return ((run.get("latency_ms") or {}).get(kind) or {}).get("e2e", {}).get(q)
@@ -47,14 +54,22 @@ def pair(runs: Sequence[dict[str, Any]], mode: str, baseline: str) -> list[dict[
             for name, read in RATIOS.items():
                 ours, theirs = read(sides[mode]), read(sides[baseline])
                 row[name] = round(ours / theirs, 3) if ours is not None and theirs else None
+            for name, read in DIFFERENCES.items():
+                ours, theirs = read(sides[mode]), read(sides[baseline])
+                row[f"{name}_over"] = round(ours - theirs, 3) if ours is not None and theirs is not None else None
             rows.append(row)
-        spread = {}
-        for name in RATIOS:
-            values = [r[name] for r in rows if r[name] is not None]
-            if values:
-                spread[name] = {"median": round(statistics.median(values), 3), "min": min(values),
-                                "max": max(values)}
-        out.append({"rate": rate, "mode": mode, "baseline": baseline, "rounds": rows, "ratios": spread})
+        out.append({"rate": rate, "mode": mode, "baseline": baseline, "rounds": rows,
+                    "ratios": _spread(rows, list(RATIOS)),
+                    "over_ms": _spread(rows, [f"{name}_over" for name in DIFFERENCES])})
+    return out
+
+
+def _spread(rows: list[dict[str, Any]], names: list[str]) -> dict[str, dict[str, float]]:
+    out = {}
+    for name in names:
+        values = [r[name] for r in rows if r[name] is not None]
+        if values:
+            out[name] = {"median": round(statistics.median(values), 3), "min": min(values), "max": max(values)}
     return out
 
 
@@ -65,4 +80,6 @@ def text_table(paired: Sequence[dict[str, Any]]) -> str:
         lines.append(f"{p['mode']} / {p['baseline']} at {p['rate']:g} req/s, {len(p['rounds'])} rounds:")
         for name, s in p["ratios"].items():
             lines.append(f"  {name:16s} median {s['median']:.2f}  ({s['min']:.2f}-{s['max']:.2f})")
+        for name, s in p.get("over_ms", {}).items():
+            lines.append(f"  {name:16s} median {s['median']:+.1f} ms  ({s['min']:+.1f} to {s['max']:+.1f})")
     return "\n".join(lines)

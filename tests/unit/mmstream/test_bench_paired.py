@@ -26,6 +26,11 @@ def test_each_round_is_read_against_its_own_baseline_and_the_rounds_give_a_media
     # Pairing each round with its own server run is not the ratio of the medians (28.0 / 16.5 = 1.70).
     assert "image_p99" not in p["ratios"]  # no image requests in either run: no ratio, no crash
     assert "median 1.67  (1.39-1.75)" in text_table([p])
+    # Light load is bounded in ms over the baseline, not as a ratio.
+    assert [r["text_p95_ms_over"] for r in p["rounds"]] == [50.0, -25.0, 70.0]
+    assert p["over_ms"]["text_p95_ms_over"] == {"median": 50.0, "min": -25.0, "max": 70.0}
+    assert p["over_ms"]["text_p50_ms_over"]["median"] == 0.0
+    assert "text_p95_ms_over median +50.0 ms  (-25.0 to +70.0)" in text_table([p])
 
 
 def test_rates_are_paired_apart_and_a_round_missing_a_side_or_a_value_is_left_out() -> None:
