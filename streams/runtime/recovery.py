@@ -147,9 +147,8 @@ async def recover(consumer: AIOKafkaConsumer, bootstrap: str, client_kwargs: dic
         beginnings = await reader.consumer.beginning_offsets([*marker_tps, *tps])
         ends = await reader.consumer.end_offsets([*marker_tps, *tps])
         committed_at = await consumer._coordinator.fetch_committed_offsets(list(tps))  # noqa: SLF001 - one request
-        markers: dict[int, list[ConsumerRecord]] = {}
-        for mtp in marker_tps:
-            markers[mtp.partition] = await reader.read_range(mtp, beginnings[mtp], ends[mtp])
+        markers = {mtp.partition: records for mtp, records in
+                   (await reader.read_ranges({mtp: (beginnings[mtp], ends[mtp]) for mtp in marker_tps})).items()}
         for tp in tps:
             done = out.done.setdefault(tp, {})
             for rec in markers.get(index(tp.partition), []):
@@ -161,13 +160,17 @@ async def recover(consumer: AIOKafkaConsumer, bootstrap: str, client_kwargs: dic
         read_markers = clock()
         wanted: list[tuple[str, bytes, float]] = []
         owners: dict[tuple[str, bytes], set[str]] = {}
+        replay: dict[TopicPartition, tuple[int, int]] = {}
         for tp in tps:
             out.ends[tp] = ends[tp]
             at = committed_at.get(tp)
             committed = at.offset if at is not None and at.offset >= 0 else None
             if committed is None:  # nothing committed yet: the replay starts at the beginning
                 committed = beginnings[tp]
-            for rec in await reader.read_range(tp, committed, ends[tp]):
+            replay[tp] = (committed, ends[tp])
+        inputs = await reader.read_ranges(replay)
+        for tp in tps:
+            for rec in inputs[tp]:
                 opened = _safe(opens, rec)
                 if opened is not None and opened[0] not in out.done[tp]:
                     key, reply_to, reply_key = opened
