@@ -30,7 +30,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
 from streams.runtime.produce import Out
-from streams.runtime.replies import BrokerReader
+from streams.runtime.replies import CLOCK_SKEW_MS, BrokerReader
 
 log = logging.getLogger(__name__)
 
@@ -147,8 +147,17 @@ async def recover(consumer: AIOKafkaConsumer, bootstrap: str, client_kwargs: dic
         beginnings = await reader.consumer.beginning_offsets([*marker_tps, *tps])
         ends = await reader.consumer.end_offsets([*marker_tps, *tps])
         committed_at = await consumer._coordinator.fetch_committed_offsets(list(tps))  # noqa: SLF001 - one request
+        # Markers older than the retention are passed over below, and the topic keeps them
+        # far longer (DONE_RETENTION_MS): read each marker partition from its first record
+        # younger than the retention (one request), not from its beginning. A marker's record
+        # is stamped when it is sent, after the time it carries; CLOCK_SKEW_MS covers a
+        # previous owner's clock.
+        young = await reader.consumer.offsets_for_times(
+            {mtp: max(0, int(now_ms - retention_ms - CLOCK_SKEW_MS)) for mtp in marker_tps})
+        starts = {mtp: young[mtp].offset if young.get(mtp) is not None else ends[mtp] for mtp in marker_tps}
         markers = {mtp.partition: records for mtp, records in
-                   (await reader.read_ranges({mtp: (beginnings[mtp], ends[mtp]) for mtp in marker_tps})).items()}
+                   (await reader.read_ranges({mtp: (max(beginnings[mtp], starts[mtp]), ends[mtp])
+                                              for mtp in marker_tps})).items()}
         for tp in tps:
             done = out.done.setdefault(tp, {})
             for rec in markers.get(index(tp.partition), []):
