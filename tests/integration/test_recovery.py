@@ -18,14 +18,20 @@ from streams.runtime.recovery import done_marker, recover
 pytestmark = pytest.mark.integration
 
 
-async def test_recover_names_what_was_answered_and_what_was_sent(infra) -> None:
-    bootstrap = infra.kafka.bootstrap
+async def _topics(bootstrap: str) -> tuple[str, str, str, str]:
+    """A fresh input, done and reply topic (one partition each) and a group name."""
     run = uuid.uuid4().hex[:8]
     inputs, done, replies, group = f"rec{run}.in", f"rec{run}.done", f"rec{run}.results", f"rec{run}-g"
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     await admin.create_topics([NewTopic(t, 1, 1) for t in (inputs, done, replies)])
     await admin.close()
+    return inputs, done, replies, group
+
+
+async def test_recover_names_what_was_answered_and_what_was_sent(infra) -> None:
+    bootstrap = infra.kafka.bootstrap
+    inputs, done, replies, group = await _topics(bootstrap)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
     await producer.start()
     now = time.time() * 1000
@@ -57,12 +63,7 @@ async def test_markers_older_than_the_retention_are_not_read(infra, monkeypatch)
     from streams.runtime.replies import BrokerReader
 
     bootstrap = infra.kafka.bootstrap
-    run = uuid.uuid4().hex[:8]
-    inputs, done, replies, group = f"rec{run}.in", f"rec{run}.done", f"rec{run}.results", f"rec{run}-g"
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    await admin.create_topics([NewTopic(t, 1, 1) for t in (inputs, done, replies)])
-    await admin.close()
+    inputs, done, replies, group = await _topics(bootstrap)
     now = time.time() * 1000
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
     await producer.start()
