@@ -259,8 +259,13 @@ class Metrics:
 
     def to_dlq(self, stage: str) -> None:
         """Count a record ``stage`` sent to the DLQ, and the item as finished with outcome ``dlq``."""
-        self.dlq_total.labels(stage).inc()
+        self.dead_lettered(stage)
         self.requests_total.labels(stage, "dlq").inc()
+
+    def dead_lettered(self, stage: str) -> None:
+        """Count a record ``stage`` sent to the DLQ whose item was counted otherwise (answered
+        with an error, and parked too)."""
+        self.dlq_total.labels(stage).inc()
 
     def engine_fallback(self, stage: str, from_: str, to: str, reason: str) -> None:
         """Count one refused engine variant (or skipped provider) of ``stage``: ``from_`` and

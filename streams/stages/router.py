@@ -241,6 +241,10 @@ class RouterStage(RecordStage):
             m.request_done("route", "dlq")
             return
         m.request_done("route", routed.outcome, routed.code)
+        if routed.parked == "dlq":  # answered, and parked too (a routing bug): the DLQ's counters see it
+            m.dead_lettered("route")
+        elif routed.parked == "dlq_dropped":
+            m.dlq_dropped("route")
         if routed.shed is not None:
             m.tenant_shed(self.tenant_labels(routed.shed[0]), routed.shed[1])
         if routed.admission:

@@ -124,6 +124,9 @@ class Routed:
     """The ingress record's digest (``record_digest``) where its records name one."""
     manifest: Manifest | None = None
     """An admitted request's manifest (the first of ``outs``)."""
+    parked: str | None = None
+    """``dlq`` or ``dlq_dropped`` for a record answered (``error``) and dead-lettered too, or
+    past its tenant's DLQ budget not dead-lettered (a routing bug, ``Router._failed``)."""
 
     @property
     def for_want_of_capacity(self) -> bool:
@@ -221,7 +224,7 @@ class Router:
         v = self._verdict(rid, tenant if tenant is not None else obj.get("tenant"), lane, reply_to, [event], digest)
         # The answer first, as in every error the router answers (a reused id's refusal reads it there).
         return Routed([v, *parked.outs], "error", str(ErrorCode.INTERNAL), lane=lane,
-                      key=v.key.decode() if v.key else None, digest=digest)
+                      key=v.key.decode() if v.key else None, digest=digest, parked=parked.outcome)
 
     async def _handle(self, raw: bytes, headers: Any, record_ts_ms: float | None, source: str,
                       tenant: str | None) -> Routed:

@@ -1,11 +1,16 @@
 import asyncio
 import json
+from types import SimpleNamespace
+
+from prometheus_client import generate_latest
 
 from schemas import pack, unpack
 from schemas.codec import ERROR_HEADER
 from schemas.events import Event
 from schemas.jobs import EncodeJob, Verdict, fan_in_from_wire
 from schemas.settings import Settings, env_name
+from streams.observe.metrics import Metrics
+from streams.stages.router import RouterStage
 from streams.stages.routing import Router
 
 
@@ -351,6 +356,14 @@ def test_a_tenant_that_keeps_hitting_a_bug_is_answered_each_time_and_parked_with
     assert [[o.topic for o in x.outs] for x in routed] == [["mm.encoded.rt", "mm.dlq"]] + [["mm.encoded.rt"]] * 2
     assert [verdict(x.outs[0])[1].error["code"] for x in routed] == ["internal"] * 3
     assert sum("router: failed on" in rec.getMessage() for rec in caplog.records) == 1
+    assert [x.parked for x in routed] == ["dlq", "dlq_dropped", "dlq_dropped"]
+    m = Metrics()
+    for x in routed:  # the stage's counters: answered with an error each time, parked once, dropped twice
+        RouterStage._observe(SimpleNamespace(metrics=m, raise_=None), x)  # noqa: SLF001
+    got = generate_latest(m.registry).decode()
+    assert 'mmstream_dlq_total{stage="route"} 1.0' in got
+    assert 'mmstream_dlq_dropped_total{stage="route"} 2.0' in got
+    assert 'mmstream_requests_total{outcome="error",stage="route"} 3.0' in got
 
 
 class _SlowResults:
