@@ -5,6 +5,7 @@ precision, routing, caching, video, admission, generation, assembly, the DLQ and
 
 from __future__ import annotations
 
+import math
 import re
 
 from pydantic import field_validator, model_validator
@@ -125,6 +126,18 @@ def _nice(raw: str) -> int:
     return n
 
 
+def _ms(raw: str) -> float:
+    """A bound in ms, finite and >= 0; raises ``ValueError``."""
+    ms = float(raw)
+    if not math.isfinite(ms) or ms < 0:
+        raise ValueError(raw)
+    return ms
+
+
+COLOCATE_MAX_QUEUED_MS = 25.0
+"""``router.colocate_max_queued_ms`` of a placed modality its pairs do not name."""
+
+
 class RouterSettings(Section):
     served_modalities: str = setting(
         "", "Comma-separated modalities with an encoder pool (empty: every registered one); parts of others fail "
@@ -182,14 +195,41 @@ class RouterSettings(Section):
         5.0, "How long a router that stepped back (step_back_rate) stays back after the last second with that many "
         "capacity refusals.", ge=0
     )
-    colocate_max_queued_ms: float = setting(
-        25.0, "Predicted work (ms) queued ahead of a part past which the router's own encoder is passed over and "
-        "the part goes through its encode topic to the whole pool; 0: only while that encoder is idle.", ge=0
+    colocate_max_queued_ms: str = setting(
+        "text=80,image=25", "Predicted work (ms) queued ahead of a part past which the router's own encoder is passed "
+        "over and the part goes through its encode topic to the whole pool: one number for every placed modality, or "
+        "modality=ms pairs (a modality not named: 25); 0: only while that encoder is idle. Text 80: where the pool "
+        "shares the router's cores, a part sent on costs two broker hops, the assembler and a second engine contending "
+        "for the same cores, more than the wait it saves (docs/capacity.md, \"Stop 50\"); a deployment whose pool has "
+        "cores of its own may lower it. Images 25: their encoder runs below the router's work (colocate_nice), so "
+        "under load its queue waits longer than predicted."
     )
     colocate_max_part_ms: float = setting(
         25.0, "Predicted engine time (ms) of one part past which it never runs in the router's own encoder (a long "
         "text goes to the pool, not into the process that routes every tenant's requests).", ge=0
     )
+
+    @field_validator("colocate_max_queued_ms", mode="before")
+    @classmethod
+    def _queued_bounds(cls, value: object) -> str:
+        value = str(value).strip() if isinstance(value, (int, float, str)) else value
+        if not isinstance(value, str):
+            raise ValueError("a number of ms, or modality=ms pairs")
+        if "=" in value:
+            parse_assignments(value, _ms, "modality=ms with ms >= 0")
+        else:
+            try:
+                _ms(value)
+            except ValueError:
+                raise ValueError(f"{value!r} is not a number of ms >= 0 nor modality=ms pairs") from None
+        return value
+
+    def max_queued_of(self, modality: str) -> float:
+        """``colocate_max_queued_ms`` for the placed ``modality`` encoder."""
+        value = self.colocate_max_queued_ms
+        if "=" not in value:
+            return _ms(value)
+        return parse_assignments(value, _ms, "modality=ms").get(modality, COLOCATE_MAX_QUEUED_MS)
 
     @field_validator("colocate_nice")
     @classmethod

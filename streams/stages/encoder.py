@@ -77,8 +77,9 @@ class LocalEncoder:
     """What a router in this process hands jobs to: the encoder's core behind the placement
     policy, no stage and no topic in between."""
 
-    def __init__(self, name: str, core: EncoderCore, room: Callable[[], int]) -> None:
+    def __init__(self, name: str, modality: str, core: EncoderCore, room: Callable[[], int]) -> None:
         self.name, self.core, self.room = name, core, room
+        self.modality = modality  # the router's bounds are per modality (``router.max_queued_of``)
 
     def take(self, offers: list[tuple[EncodeJob, float, Callable[[Out], None]]], max_queued_ms: float,
              max_part_ms: float) -> list[bool]:
@@ -124,7 +125,7 @@ class EncoderStage(RecordStage):
                 base, debt_nice, on_move=lambda nice: metrics.set_cpu_nice(self.stage, nice, lowered=nice > base)).hold
         self.max_queue = settings.encoder.max_queue
         self.max_queue_bytes = settings.encoder.max_queue_bytes
-        self.local = LocalEncoder(self.stage, self.core, self.poll_budget)
+        self.local = LocalEncoder(self.stage, self.modality, self.core, self.poll_budget)
         """What a co-located router hands jobs to (``router.colocate``)."""
         self.replica = f"{self.stage}/{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.redis = connect_async(settings.redis.url, settings.redis.tls_ca, socket_timeout=0.2,

@@ -190,7 +190,7 @@ class RouterStage(RecordStage):
             encoder = self.colocated[offers[0][1].job.topic]
             try:
                 taken = encoder.take([(j.job.job, j.cost_ms, send) for _, j, send in offers],
-                                     self.settings.router.colocate_max_queued_ms,
+                                     self.settings.router.max_queued_of(encoder.modality),
                                      self.settings.router.colocate_max_part_ms)
             except Exception:  # a bug there costs the hop, never the jobs
                 log.exception("router: handing %d jobs to %s failed; sending them through its topic",

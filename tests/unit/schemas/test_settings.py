@@ -131,6 +131,19 @@ def test_a_placed_encoder_is_lowered_only_where_named():
     assert (router.nice_of("image"), router.nice_of("text")) == (10, 0)
 
 
+def test_a_placed_encoder_is_passed_over_past_its_own_queue_bound():
+    default = Settings().router
+    assert (default.max_queued_of("text"), default.max_queued_of("image"), default.max_queued_of("audio")) == (80, 25, 25)
+    one = Settings.from_env({"MMSTREAM_ROUTER_COLOCATE_MAX_QUEUED_MS": "0"}).router  # a number: every modality
+    assert (one.max_queued_of("text"), one.max_queued_of("image")) == (0, 0)
+    pairs = Settings.from_env({"MMSTREAM_ROUTER_COLOCATE_MAX_QUEUED_MS": "image=40.5"}).router
+    assert (pairs.max_queued_of("image"), pairs.max_queued_of("text")) == (40.5, 25)
+    assert Settings(router={"colocate_max_queued_ms": 12.0}).router.max_queued_of("text") == 12
+    for bad in ("-1", "nan", "inf", "text", "text=-2", "=3", "text=x"):
+        with pytest.raises(SettingsError):
+            Settings.from_env({"MMSTREAM_ROUTER_COLOCATE_MAX_QUEUED_MS": bad})
+
+
 def test_local_processes_run_at_the_priority_named_and_the_rest_at_zero():
     local = Settings.from_env({"MMSTREAM_LOCAL_NICE": "router=-5, broker=+3,redis=0"}).local
     assert (local.nice_of("router"), local.nice_of("broker"), local.nice_of("redis"), local.nice_of("assembler")) == (

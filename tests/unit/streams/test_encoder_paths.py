@@ -125,6 +125,7 @@ async def test_jobs_handed_over_in_process_are_answered_through_the_routers_send
     taken = stage.local.take([(_job("local", 7), 1.0, lambda out: sent.append(unpack(out.value))),
                               (expired, 1.0, lambda out: sent.append(unpack(out.value)))], max_queued_ms=25.0, max_part_ms=25.0)
     assert taken == [True, True]
+    assert stage.local.modality == "text"  # what the router's bound is looked up by (router.max_queued_of)
     await _until(lambda: len(sent) == 2, "both answered")
     by_id = {a["id"]: a for a in sent}
     assert by_id["r7"]["embedding"] is not None and by_id["r8"]["error"]["code"] == "deadline_exceeded"
