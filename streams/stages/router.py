@@ -89,6 +89,7 @@ class RouterStage(RecordStage):
         self.colocated = dict(colocated or {})
         """Encode topic -> the encoder running in this process that may take its jobs over."""
         self.observe_failures = 0
+        self.handover_failures = 0
         self.raise_ = priority.Raise.held(settings.local.nice_of("router"),
                                           StepBack(settings.router.step_back_rate, settings.router.step_back_hold_s),
                                           self._moved)
@@ -192,9 +193,11 @@ class RouterStage(RecordStage):
                 taken = encoder.take([(j.job.job, j.cost_ms, send) for _, j, send in offers],
                                      self.settings.router.max_queued_of(encoder.modality),
                                      self.settings.router.colocate_max_part_ms)
-            except Exception:  # a bug there costs the hop, never the jobs
-                log.exception("router: handing %d jobs to %s failed; sending them through its topic",
-                              len(offers), encoder.name)
+            except Exception:  # a bug there costs the hop, never the jobs (nor the log: every poll hits it)
+                self.handover_failures += 1
+                if self.handover_failures % 1000 == 1:
+                    log.exception("router: handing %d jobs to %s failed (%d hand-overs so far); sending them through "
+                                  "its topic", len(offers), encoder.name, self.handover_failures)
                 taken = [False] * len(offers)
             for (joint, j, _), took in zip(offers, taken):
                 if not took:

@@ -726,3 +726,41 @@ def test_each_part_of_a_request_is_predicted_to_wait_behind_the_parts_before_it_
     jobs = _jobs(handle(_with_wait_report(None), pack({"v": 1, "id": "m1", "parts": parts})))
     waits = [j.predicted_wait_ms for j in sorted(jobs, key=lambda j: j.part)]
     assert 150.0 < waits[0] <= 200.0 and waits[0] < waits[1] < waits[2]  # the report worked down a few ms
+
+
+class _Joint:
+    """What ``RouterStage._hand_over`` asks of a joint, recorded."""
+
+    def __init__(self):
+        self.sent, self.sealed, self.unexpected = [], False, 0
+
+    def expect(self):
+        return lambda out: None
+
+    def unexpect(self):
+        self.unexpected += 1
+
+    def send(self, outs):
+        self.sent.extend(outs)
+
+    def seal(self):
+        self.sealed = True
+
+
+class _BrokenEncoder:
+    name, modality = "encode.text", "text"
+
+    def take(self, offers, max_queued_ms, max_part_ms):
+        raise RuntimeError("a bug in the hand-over")
+
+
+def test_a_hand_over_that_raises_sends_the_jobs_through_their_topic_and_logs_once_per_thousand(caplog):
+    topic = "mm.encode.text.rt"
+    stage = SimpleNamespace(colocated={topic: _BrokenEncoder()}, settings=Settings(), handover_failures=0)
+    for _ in range(3):  # three polls, each hitting the bug
+        joint, out = _Joint(), object()
+        job = SimpleNamespace(job=SimpleNamespace(topic=topic, job=None), out=out, cost_ms=1.0)
+        RouterStage._hand_over(stage, [(joint, [job])])  # noqa: SLF001
+        assert joint.sent == [out] and joint.unexpected == 1 and joint.sealed  # the job goes the pool's way
+    assert stage.handover_failures == 3
+    assert sum("handing 1 jobs" in rec.getMessage() for rec in caplog.records) == 1
