@@ -196,13 +196,12 @@ class RouterSettings(Section):
         "capacity refusals.", ge=0
     )
     colocate_max_queued_ms: str = setting(
-        "text=80,image=25", "Predicted work (ms) queued ahead of a part past which the router's own encoder is passed "
-        "over and the part goes through its encode topic to the whole pool: one number for every placed modality, or "
-        "modality=ms pairs (a modality not named: 25); 0: only while that encoder is idle. Text 80: where the pool "
-        "shares the router's cores, a part sent on costs two broker hops, the assembler and a second engine contending "
-        "for the same cores, more than the wait it saves (docs/capacity.md, \"Stop 50\"); a deployment whose pool has "
-        "cores of its own may lower it. Images 25: their encoder runs below the router's work (colocate_nice), so "
-        "under load its queue waits longer than predicted."
+        "25", "Predicted work (ms) queued ahead of a part past which the router's own encoder is passed over and the "
+        "part goes through its encode topic to the whole pool: one number for every placed modality, or modality=ms "
+        "pairs (a modality not named: 25); 0: only while that encoder is idle. Higher keeps more parts in the "
+        "router, off the two hops and the assembler a part sent on costs: measured at 80 on a 2-core box, less CPU "
+        "per request at capacity, and a longer admitted tail past capacity and beside a flooding tenant "
+        "(docs/capacity.md, \"Stop 50\")."
     )
     colocate_max_part_ms: float = setting(
         25.0, "Predicted engine time (ms) of one part past which it never runs in the router's own encoder (a long "

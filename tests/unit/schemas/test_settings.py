@@ -133,7 +133,9 @@ def test_a_placed_encoder_is_lowered_only_where_named():
 
 def test_a_placed_encoder_is_passed_over_past_its_own_queue_bound():
     default = Settings().router
-    assert (default.max_queued_of("text"), default.max_queued_of("image"), default.max_queued_of("audio")) == (80, 25, 25)
+    assert (default.max_queued_of("text"), default.max_queued_of("image"), default.max_queued_of("audio")) == (25, 25, 25)
+    text = Settings.from_env({"MMSTREAM_ROUTER_COLOCATE_MAX_QUEUED_MS": "text=80"}).router
+    assert (text.max_queued_of("text"), text.max_queued_of("image")) == (80, 25)
     one = Settings.from_env({"MMSTREAM_ROUTER_COLOCATE_MAX_QUEUED_MS": "0"}).router  # a number: every modality
     assert (one.max_queued_of("text"), one.max_queued_of("image")) == (0, 0)
     pairs = Settings.from_env({"MMSTREAM_ROUTER_COLOCATE_MAX_QUEUED_MS": "image=40.5"}).router
