@@ -77,6 +77,11 @@ TEXT_LENGTHS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 # and every row waits for the end of its batch, so batches stay short and in arrival order.
 ROWS_ALONE_BATCH_MS = 10.0
 WAIT_FORGET_S = 10.0
+STORE_AFTER_S = 0.005
+"""How long after a batch's answers its outputs go to the reuse cache: the store (packing,
+one Redis round trip) runs on the prep thread, and started at once it contends with the loop
+that is sending those answers (about a millisecond per light-load request on a 2-core VM:
+docs/capacity.md, "Stop 50")."""
 """A wait calibration that learned nothing for this long starts again from 1."""
 
 
@@ -521,8 +526,14 @@ class EncoderCore:
             self.observer.batch(answers, started, finished)
         except Exception:
             log.exception("encode.%s: accounting for a batch of %d failed", self.modality, len(live))
-        if writes:  # straight on the prep thread: nothing awaits the store, so its end wakes no loop
+        if writes:  # on the prep thread, once the answers left: nothing awaits it, so its end wakes no loop
+            asyncio.get_running_loop().call_later(STORE_AFTER_S, self._store, writes)
+
+    def _store(self, writes: list[tuple[str, Any]]) -> None:
+        try:
             self.prep.submit(self.runner.store, writes).add_done_callback(self._stored)
+        except RuntimeError:  # the executor shut down meanwhile (the stage stopping): the cache only costs time
+            pass
 
     def _stored(self, done: Future) -> None:
         """Prep thread: a store that raised (the runner keeps cache trouble to itself; a bug)."""

@@ -82,9 +82,11 @@ class Joint:
             if held:
                 self._deliver(held)
 
-    def _deliver(self, outs: Sequence[Out]) -> None:
+    def _deliver(self, outs: Sequence[Out]) -> asyncio.Task:
         self.waiting += 1
-        self.io.deliver(outs, (), self.epoch).add_done_callback(self._landed)
+        task = self.io.deliver(outs, (), self.epoch)
+        task.add_done_callback(self._landed)
+        return task
 
     def _landed(self, task: asyncio.Task) -> None:
         self.waiting -= 1

@@ -53,10 +53,13 @@ class DirectJoint(Joint):
     manifest goes the assembler's way with the job, as for any joint."""
 
     def __init__(self, io: Any, record: ConsumerRecord, epoch: int, answer: Callable[[Out], list[Out]],
-                 declined: Callable[[], None]) -> None:
+                 declined: Callable[[], None], landed: Callable[[], None] = lambda: None) -> None:
         super().__init__(io, record, epoch)
         self.answer = answer
         self.declined = declined
+        self.landed = landed
+        """Called once the answer is with the broker (the whole-result store: nothing the answer
+        waits behind on the loop)."""
 
     def unexpect(self) -> None:
         self.declined()
@@ -71,7 +74,15 @@ class DirectJoint(Joint):
             return
         self.due -= 1
         self.held = None  # the manifest: the assembler never hears of this request
-        self._deliver(outs)
+        self._deliver(outs).add_done_callback(self._answer_landed)
+
+    def _answer_landed(self, task: asyncio.Task) -> None:
+        if task.cancelled() or task.exception() is not None or not task.result():
+            return
+        try:
+            self.landed()
+        except Exception:  # what follows an answer never costs it
+            log.exception("router: after the direct answer of %s", self.record.key)
 
 
 class DirectAnswers:
@@ -182,11 +193,17 @@ class DirectAnswers:
         return [out_map(m.reply_to, m.id, reused_id(m, now_ms()).to_wire())]
 
     def joint(self, io: Any, r: ConsumerRecord, epoch: int, m: Manifest, key: str) -> DirectJoint:
-        return DirectJoint(io, r, epoch, lambda out: self.answer(r, m, key, out),
-                           lambda: self.declined(r, key, m.digest))
+        later: list[Callable[[], Any]] = []
+        return DirectJoint(io, r, epoch, lambda out: self.answer(r, m, key, out, later.append),
+                           lambda: self.declined(r, key, m.digest),
+                           lambda: [asyncio.ensure_future(store()) for store in later])
 
-    def answer(self, r: ConsumerRecord, m: Manifest, key: str, out: Out) -> list[Out]:
-        """The records of request ``m``'s answer, from its one encoded part's record."""
+    def answer(self, r: ConsumerRecord, m: Manifest, key: str, out: Out,
+               later: Callable[[Callable[[], Any]], None] | None = None) -> list[Out]:
+        """The records of request ``m``'s answer, from its one encoded part's record. Its
+        whole-result store is handed to ``later`` (the joint starts it once the answer is with
+        the broker; on this VM a Redis write ahead of the answer's produce cost its client about
+        a millisecond: docs/capacity.md, "Stop 50"), or started now."""
         now = now_ms()
         try:
             part = fan_in_from_wire(unpack(out.value))
@@ -205,7 +222,12 @@ class DirectAnswers:
             event, status = Event(m.id, EventKind.ERROR, TERMINAL_SEQ, now, error=err.to_wire()), RequestStatus.FAILED
             self.metrics.request_done("assemble", "error", str(ErrorCode.INTERNAL))
         if self.results is not None and m.result_key and m.nonce is not None and status == RequestStatus.FINISHED:
-            asyncio.ensure_future(self.results.put(m.result_key, event.payload or {}))
+            results, result_key, payload = self.results, m.result_key, event.payload or {}
+            store = lambda: results.put(result_key, payload)  # noqa: E731
+            if later is not None:
+                later(store)
+            else:
+                asyncio.ensure_future(store())
         marker = done_marker(self.names.router_done, key, m.reply_to, now, m.digest)
         return [out_map(m.reply_to, m.id, accepted_event(m).to_wire()), out_map(m.reply_to, m.id, event.to_wire()),
                 Out(marker.topic, marker.key, marker.value, marker.headers, r.partition % self.done_partitions)]

@@ -247,6 +247,37 @@ async def test_a_taken_job_sends_the_answer_and_never_the_manifest():
     assert io.finished == [rec] and len(io.sent) == 1
 
 
+class _Results:
+    """A whole-result store that records what it was given."""
+
+    def __init__(self) -> None:
+        self.stored: list[str] = []
+
+    async def put(self, key, payload) -> None:
+        self.stored.append(key)
+
+
+async def test_the_whole_result_is_stored_once_the_answer_is_with_the_broker_and_only_then():
+    results = _Results()
+    d = DirectAnswers(NAMES, Counts(), results, 120_000.0, lambda tenant: "mm.results", lambda topic: None)
+    d.done_partitions = 2
+    d.assigned({TP}, Recovered(ends={TP: 0}))
+    for offset, landed in ((11, True), (12, False)):
+        io, rec = Deliveries(), record(offset)
+        m = dataclasses.replace(manifest(f"r{offset}"), result_key=f"k{offset}")
+        joint = d.joint(io, rec, 0, m, f"t/r{offset}")
+        joint.hold([out_map("mm.encoded.rt", f"t/r{offset}", m.to_wire())])
+        send = joint.expect()
+        joint.seal()
+        send(part_out(f"r{offset}"))
+        await settle()
+        assert [o.topic for o in io.sent[0][0]] == ["mm.results", "mm.results", "mm.router.done"]
+        assert results.stored == ([] if offset == 11 else ["k11"])  # nothing stored ahead of the answer
+        io.land(0, landed)
+        await settle()
+    assert results.stored == ["k11"]  # the answer that never reached the broker stored nothing
+
+
 async def test_a_declined_job_goes_the_assemblers_way_with_its_manifest():
     d, _ = answers()
     assert d.decide(record(12), "t/r", "d1", True) is Action.DIRECT
