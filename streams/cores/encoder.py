@@ -77,12 +77,12 @@ TEXT_LENGTHS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 # and every row waits for the end of its batch, so batches stay short and in arrival order.
 ROWS_ALONE_BATCH_MS = 10.0
 WAIT_FORGET_S = 10.0
+"""A wait calibration that learned nothing for this long starts again from 1."""
 STORE_AFTER_S = 0.005
 """How long after a batch's answers its outputs go to the reuse cache: the store (packing,
 one Redis round trip) runs on the prep thread, and started at once it contends with the loop
 that is sending those answers (about a millisecond per light-load request on a 2-core VM:
 docs/capacity.md, "Stop 50")."""
-"""A wait calibration that learned nothing for this long starts again from 1."""
 
 
 @dataclass(frozen=True, slots=True)
