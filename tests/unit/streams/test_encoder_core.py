@@ -104,6 +104,18 @@ async def test_an_idle_core_runs_a_submitted_batch_directly_and_a_cache_hit_foun
     await _until(lambda: "k:fresh" in h.cache.store, "the miss stored")
 
 
+async def test_outputs_go_to_the_reuse_cache_only_after_their_answers_left(monkeypatch) -> None:
+    """The store runs on the prep thread; started with the answers it contends with the loop
+    sending them, so it waits ``STORE_AFTER_S`` (stretched here to be seen)."""
+    monkeypatch.setattr(encoder_core, "STORE_AFTER_S", 0.3)
+    h = Harness()
+    _submit(h.core, _job("fresh", 1))
+    await _until(lambda: len(h.answers) == 1, "answered")
+    await asyncio.sleep(0.1)
+    assert "k:fresh" not in h.cache.store
+    await _until(lambda: "k:fresh" in h.cache.store, "the miss stored after the delay")
+
+
 async def test_a_busy_engine_queues_jobs_for_step_and_each_is_answered_once() -> None:
     h = Harness()
     h.gate.clear()  # the first direct run blocks in the engine
