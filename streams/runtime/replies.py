@@ -6,8 +6,8 @@ rebalance, the new owner reads again every record past the committed offset, whi
 the state — and would answer again what the last owner had answered but not yet committed.
 Before it does anything, it asks this module two questions:
 
-- ``read_range``: the records of a partition between two offsets (to learn which requests
-  the replay will bring back, before the replay starts);
+- ``read_ranges``: the records of partitions between two offsets each, all in one pass (to
+  learn which requests the replay will bring back, before the replay starts);
 - ``events_on_replies``: which events (kind, seq) of those requests are on their reply
   topics already, reading each reply partition once from a time before the oldest of them.
 
@@ -48,21 +48,6 @@ class BrokerReader:
     async def __aexit__(self, *exc: object) -> None:
         await self.consumer.stop()
 
-    async def read_range(self, tp: TopicPartition, start: int, end: int) -> list[ConsumerRecord]:
-        """Records of ``tp`` with ``start <= offset < end``."""
-        if end <= start:
-            return []
-        self.consumer.assign([tp])
-        self.consumer.seek(tp, start)
-        out: list[ConsumerRecord] = []
-        while True:
-            batch = await self.consumer.getmany(tp, timeout_ms=500, max_records=2000)
-            records = batch.get(tp, [])
-            out.extend(r for r in records if r.offset < end)
-            position = await self.consumer.position(tp)
-            if position >= end or (not records and position >= (await self.consumer.end_offsets([tp]))[tp]):
-                return out
-
     async def read_ranges(self, ranges: dict[TopicPartition, tuple[int, int]]) -> dict[TopicPartition, list[ConsumerRecord]]:
         """Per partition, its records with ``start <= offset < end``, all read in one pass:
         every partition assigned at once, so each fetch brings records of many of them (a
@@ -90,12 +75,6 @@ class BrokerReader:
                     del left[tp]
         return out
 
-    async def read_all(self, tp: TopicPartition) -> list[ConsumerRecord]:
-        self.consumer.assign([tp])
-        begin = (await self.consumer.beginning_offsets([tp]))[tp]
-        end = (await self.consumer.end_offsets([tp]))[tp]
-        return await self.read_range(tp, begin, end)
-
     async def reply_partition(self, topic: str, key: bytes) -> TopicPartition | None:
         if self._cluster is None or self._cluster.partitions_for_topic(topic) is None:
             # A topic this consumer never assigned is not in its own metadata: ask for all.
@@ -120,11 +99,16 @@ class BrokerReader:
             keys.add(key)
             by_tp[tp] = (keys, min(earliest, since))
         found: dict[tuple[str, bytes], set[tuple[str, int]]] = {}
-        for tp, (keys, since) in by_tp.items():
-            self.consumer.assign([tp])
-            start = (await self.consumer.offsets_for_times({tp: max(0, int(since - CLOCK_SKEW_MS))}))[tp]
-            end = (await self.consumer.end_offsets([tp]))[tp]
-            for r in await self.read_range(tp, start.offset if start else end, end):
+        if not by_tp:
+            return found
+        self.consumer.assign(list(by_tp))
+        starts = await self.consumer.offsets_for_times({tp: max(0, int(since - CLOCK_SKEW_MS))
+                                                        for tp, (_, since) in by_tp.items()})
+        ends = await self.consumer.end_offsets(list(by_tp))
+        records = await self.read_ranges({tp: (starts[tp].offset if starts.get(tp) else ends[tp], ends[tp])
+                                          for tp in by_tp})  # every reply partition in one pass
+        for tp, (keys, _) in by_tp.items():
+            for r in records[tp]:
                 if r.key not in keys:
                     continue
                 try:
