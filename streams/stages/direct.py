@@ -199,11 +199,11 @@ class DirectAnswers:
                            lambda: [asyncio.ensure_future(store()) for store in later])
 
     def answer(self, r: ConsumerRecord, m: Manifest, key: str, out: Out,
-               later: Callable[[Callable[[], Any]], None] | None = None) -> list[Out]:
+               later: Callable[[Callable[[], Any]], None]) -> list[Out]:
         """The records of request ``m``'s answer, from its one encoded part's record. Its
         whole-result store is handed to ``later`` (the joint starts it once the answer is with
         the broker; on this VM a Redis write ahead of the answer's produce cost its client about
-        a millisecond: docs/capacity.md, "Stop 50"), or started now."""
+        a millisecond: docs/capacity.md, "Stop 50")."""
         now = now_ms()
         try:
             part = fan_in_from_wire(unpack(out.value))
@@ -223,11 +223,7 @@ class DirectAnswers:
             self.metrics.request_done("assemble", "error", str(ErrorCode.INTERNAL))
         if self.results is not None and m.result_key and m.nonce is not None and status == RequestStatus.FINISHED:
             results, result_key, payload = self.results, m.result_key, event.payload or {}
-            store = lambda: results.put(result_key, payload)  # noqa: E731
-            if later is not None:
-                later(store)
-            else:
-                asyncio.ensure_future(store())
+            later(lambda: results.put(result_key, payload))
         marker = done_marker(self.names.router_done, key, m.reply_to, now, m.digest)
         return [out_map(m.reply_to, m.id, accepted_event(m).to_wire()), out_map(m.reply_to, m.id, event.to_wire()),
                 Out(marker.topic, marker.key, marker.value, marker.headers, r.partition % self.done_partitions)]

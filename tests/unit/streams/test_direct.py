@@ -122,7 +122,7 @@ def test_only_one_part_embed_requests_with_one_local_job_qualify():
 def test_the_answer_is_the_assemblers_with_a_marker_on_the_ingress_partition():
     d, metrics = answers()
     m = manifest()
-    outs = d.answer(record(7), m, "t/r", part_out())
+    outs = d.answer(record(7), m, "t/r", part_out(), [].append)
     accepted, result, marker = outs
     assert [o.topic for o in outs] == ["mm.results", "mm.results", "mm.router.done"]
     assert accepted.key == result.key == b"r"
@@ -141,13 +141,13 @@ def test_the_answer_is_the_assemblers_with_a_marker_on_the_ingress_partition():
 def test_a_marker_goes_to_the_ingress_index_modulo_the_done_topics_partitions():
     d, _ = answers()
     d.done_partitions = 1  # a tenant's ingress topic made after kafka.partitions grew
-    assert d.answer(record(7), manifest(), "t/r", part_out())[2].partition == 0
+    assert d.answer(record(7), manifest(), "t/r", part_out(), [].append)[2].partition == 0
 
 
 def test_a_part_that_cannot_answer_its_request_costs_an_error_never_the_record():
     d, metrics = answers()
-    forged = d.answer(record(7), manifest(), "t/r", part_out(nonce="other"))  # not this request's part
-    broken = d.answer(record(8), manifest(), "t/r", out_map("mm.encoded.rt", "t/r", {"type": "nonsense"}))
+    forged = d.answer(record(7), manifest(), "t/r", part_out(nonce="other"), [].append)  # not this request's part
+    broken = d.answer(record(8), manifest(), "t/r", out_map("mm.encoded.rt", "t/r", {"type": "nonsense"}), [].append)
     for outs in (forged, broken):
         assert [o.topic for o in outs] == ["mm.results", "mm.results", "mm.router.done"]
         terminal = unpack(outs[1].value)
