@@ -203,6 +203,17 @@ class RouterSettings(Section):
         "per request at capacity, and a longer admitted tail past capacity and beside a flooding tenant "
         "(docs/capacity.md, \"Stop 50\")."
     )
+    large_record_bytes_per_s: float = setting(
+        2.0 * 1024 * 1024, "Where each tenant has its own ingress topics (an authenticating broker): bytes of large "
+        "records (over large_record_bytes) the router reads of one tenant per second while another tenant's records "
+        "are coming too; past it that tenant's topics wait (its requests queue in its own topics) instead of the "
+        "others' records waiting behind its bytes on the router's one fetch connection (docs/isolation.md, "
+        "\"Stop 51\"). Alone, a tenant's records are read as fast as they come. 0: no pacing.", ge=0
+    )
+    large_record_bytes: int = setting(
+        256 * 1024, "A record over this many bytes counts against large_record_bytes_per_s (the capacity mix's photos "
+        "are under 220 KB).", ge=0
+    )
     colocate_max_part_ms: float = setting(
         25.0, "Predicted engine time (ms) of one part past which it never runs in the router's own encoder (a long "
         "text goes to the pool, not into the process that routes every tenant's requests).", ge=0

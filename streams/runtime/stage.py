@@ -47,6 +47,7 @@ from aiokafka.structs import ConsumerRecord
 from schemas.settings import Settings
 from streams.observe.health import process_health
 from streams.runtime.produce import Out, dead_letter
+from streams.policies.pacing import LargeRecordPacing
 from streams.runtime.io import IOSettings, StageIO
 from streams.connection import client_kwargs
 from schemas.topics import TopicNames
@@ -94,6 +95,11 @@ class RecordStage(mode.Service):
         self.bulk_paused = False
         self.intake_full = False
         """Every input topic is paused: the stage has no room (``poll_budget`` 0)."""
+        self.pacing: LargeRecordPacing | None = None
+        """Set by a stage whose input topics are per tenant (the router on an authenticating
+        broker): how fast it reads one tenant's large records (``streams.policies.pacing``)."""
+        self.paced: dict[str, float] = {}
+        """Tenant -> when its topics, held by ``pacing``, are taken again (monotonic s)."""
         self.health = process_health()
         self.restarts: dict[str, int] = {}
         """Task name -> times it raised and was started again."""
@@ -160,7 +166,8 @@ class RecordStage(mode.Service):
                 log.info("%s: holding bulk (rt backlog %d)", self.stage, self.backlog_rt())
         elif not hold and self.bulk_paused:
             for t in self.topics_of_lane("bulk"):
-                self.io.resume(t)
+                if self.tenant_of_topic(t) not in self.paced:
+                    self.io.resume(t)
             self.bulk_paused = False
             log.info("%s: taking bulk again", self.stage)
 
@@ -224,7 +231,8 @@ class RecordStage(mode.Service):
             self.intake_full = True
         elif self.intake_full:
             for t in topics:
-                self.io.resume(t)
+                if self.tenant_of_topic(t) not in self.paced:
+                    self.io.resume(t)
             self.intake_full = False
             self.bulk_paused = False  # the rt-first gate applies again from here
 
@@ -232,6 +240,7 @@ class RecordStage(mode.Service):
         while not self.should_stop:
             try:
                 budget = self.poll_budget()
+                self._release_paced()
                 self.intake_gate(budget == 0)
                 if not self.intake_full and (self.bulk_topics or self.pattern is not None):
                     self.bulk_gate(not self.should_take_bulk())
@@ -246,8 +255,49 @@ class RecordStage(mode.Service):
             if not records:
                 await self.idle()
                 continue
+            if self.pacing is not None:
+                self._pace(records)
             records.sort(key=lambda r: self.lane_of(r) == "bulk")  # rt first, offset order kept
             await self.handle_isolated(records)
+
+    def tenant_of_topic(self, topic: str) -> str | None:
+        """The tenant an input topic belongs to (None: a topic shared by tenants)."""
+        return None
+
+    def _tenant_topics(self, tenant: str) -> list[str]:
+        return sorted({tp.topic for tp in self.io.assignment() if self.tenant_of_topic(tp.topic) == tenant})
+
+    def _pace(self, records: list[ConsumerRecord]) -> None:
+        """Hold the topics of a tenant past its large-record bytes (``pacing``); a failure here
+        costs the pacing, never the records."""
+        assert self.pacing is not None
+        try:
+            sizes: dict[str, list[int]] = {}
+            for r in records:
+                tenant = self.tenant_of_topic(r.topic)
+                if tenant is not None:
+                    sizes.setdefault(tenant, []).append(r.serialized_value_size)
+            for tenant, until in self.pacing.polled(sizes, time.monotonic()).items():
+                self.paced[tenant] = max(until, self.paced.get(tenant, 0.0))
+                for t in self._tenant_topics(tenant):
+                    self.io.pause(t)
+        except Exception:
+            log.exception("%s: pacing failed; nothing is held", self.stage)
+
+    def _release_paced(self) -> None:
+        """Take again the topics of tenants whose hold ended (unless a gate holds them)."""
+        if not self.paced:
+            return
+        now = time.monotonic()
+        for tenant, until in list(self.paced.items()):
+            if now < until:
+                continue
+            del self.paced[tenant]
+            if self.intake_full:
+                continue
+            for t in self._tenant_topics(tenant):
+                if not (self.bulk_paused and self.lane_of_topic(t) == "bulk"):
+                    self.io.resume(t)
 
     async def handle_isolated(self, records: list[ConsumerRecord]) -> None:
         """``handle(records)``; if it raises, each record it had not taken care of is handled

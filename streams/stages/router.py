@@ -26,6 +26,7 @@ from streams.connection import client_kwargs
 from streams.observe.metrics import Metrics
 from streams.policies.admission import Backpressure
 from streams.policies.load import LoadView
+from streams.policies.pacing import LargeRecordPacing
 from streams.policies.quota import TenantLabels
 from streams.reply_topics import TopicCache
 from streams.policies.direct import Action
@@ -95,6 +96,8 @@ class RouterStage(RecordStage):
                                           self._moved)
         """The CPU priority this router runs ahead of the pools at (``local.nice``), given back
         while the box is past capacity; None when it runs at the others' level."""
+        if self.pattern is not None and settings.router.large_record_bytes_per_s > 0:
+            self.pacing = LargeRecordPacing(settings.router.large_record_bytes_per_s, settings.router.large_record_bytes)
 
     async def handle(self, records: list[ConsumerRecord]) -> None:
         epoch = self.io.epoch  # the assignment these records were read in (routing awaits)
@@ -146,6 +149,9 @@ class RouterStage(RecordStage):
             return self.direct.refusal(result.manifest)
         verdict = Verdict.from_wire(unpack(result.outs[0].value))  # the router's own answer of it, refused instead
         return self.direct.refusal(verdict)
+
+    def tenant_of_topic(self, topic: str) -> str | None:
+        return self._tenant_of(topic)
 
     def _tenant_of(self, topic: str) -> str | None:
         """The tenant an ingress topic belongs to (None: the shared ingress, or plaintext mode)."""
