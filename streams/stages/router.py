@@ -81,7 +81,7 @@ class RouterStage(RecordStage):
                            head_bytes=HEAD_BYTES)
         self.router = Router(settings, self.topic_cache.exists, self.load, results, ref_sizes=sizer.sizes)
         self.direct = DirectAnswers(self.names, metrics, results, float(settings.assembler.retention_ms),
-                                    self.router.replies.default, self._tenant_of) \
+                                    self.router.replies.default, self.tenant_of_topic) \
             if settings.router.answer_local and colocated else None
         """Requests this router answers itself (``router.answer_local``), or None."""
         self.tenant_labels = TenantLabels(settings.quota.metric_tenants)
@@ -151,9 +151,6 @@ class RouterStage(RecordStage):
         return self.direct.refusal(verdict)
 
     def tenant_of_topic(self, topic: str) -> str | None:
-        return self._tenant_of(topic)
-
-    def _tenant_of(self, topic: str) -> str | None:
         """The tenant an ingress topic belongs to (None: the shared ingress, or plaintext mode)."""
         parsed = self.names.parse_ingress(topic) if self.pattern is not None else None
         return parsed[1] if parsed is not None else None
@@ -220,8 +217,7 @@ class RouterStage(RecordStage):
 
     async def _route(self, r: ConsumerRecord) -> Routed:
         origin = f"{r.topic}[{r.partition}]@{r.offset}"
-        parsed = self.names.parse_ingress(r.topic) if self.pattern is not None else None
-        tenant = parsed[1] if parsed is not None else None
+        tenant = self.tenant_of_topic(r.topic)
         try:
             return await self.router.handle(r.value, r.headers, float(r.timestamp) if r.timestamp else None, origin,
                                             tenant=tenant)
