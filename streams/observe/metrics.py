@@ -28,7 +28,8 @@ helpers convert to seconds):
   also ``observe_ttft(lane, ms)`` once and ``observe_tpot(lane, ms)`` per request;
 - ``cache_lookup(modality, result)``, ``admission(lane, decision)``, ``to_dlq(stage)``;
   ``tenant_shed(tenant_label, reason)`` when a tenant's quota sheds a request (the one
-  tenant label, from a bounded set: the first ``quota.metric_tenants`` tenants, then ``other``);
+  tenant label, from a bounded set: the first ``quota.metric_tenants`` tenants, then ``other``),
+  and ``tenant_paced(tenant_label, seconds, new)`` when the router's pacing holds a tenant;
 - gauges: ``set_inflight(stage, n)`` or ``with track_inflight(stage):``,
   ``set_queue_depth(stage, lane, n)``; the lag monitor calls ``set_consumer_lag(rows)``;
 - once after the engine warms up: ``set_engine(stage, engine_info_dict)``; before that, each
@@ -163,6 +164,15 @@ class Metrics:
             Counter, "mmstream_tenant_shed",
             "Requests the router shed for their tenant's quota, by reason (rate, queued); the tenant label names a "
             "bounded set of tenants (quota.metric_tenants), the rest are `other`.", ("tenant", "reason"))
+        self.tenant_paced_total = self._make(
+            Counter, "mmstream_tenant_paced",
+            "Times the router began holding a tenant's ingress topics past its large-record bytes "
+            "(router.large_record_bytes_per_s) while other tenants were served; tenant label as mmstream_tenant_shed.",
+            ("tenant",))
+        self.tenant_paced_seconds = self._make(
+            Counter, "mmstream_tenant_paced_seconds",
+            "Seconds the router held a tenant's ingress topics for its large-record bytes (its records waited in its "
+            "own topics meanwhile); tenant label as mmstream_tenant_shed.", ("tenant",))
         self.engine_fallbacks_total = self._make(
             Counter, "mmstream_engine_fallbacks",
             "Engine variants (from) a stage refused at start for the next one (to), by reason: "
@@ -289,6 +299,13 @@ class Metrics:
         bounded mapping (``streams.policies.quota.TenantLabels``), never the raw tenant."""
         _check("reason", reason, SHED_REASONS)
         self.tenant_shed_total.labels(tenant_label, reason).inc()
+
+    def tenant_paced(self, tenant_label: str, seconds: float, new: bool) -> None:
+        """Count ``seconds`` more of a tenant's hold by the router's pacing (``new``: a hold
+        began). ``tenant_label`` as for ``tenant_shed``."""
+        if new:
+            self.tenant_paced_total.labels(tenant_label).inc()
+        self.tenant_paced_seconds.labels(tenant_label).inc(seconds)
 
     # -- gauges -----------------------------------------------------------------------
 

@@ -277,20 +277,30 @@ class RecordStage(mode.Service):
                 tenant = self.tenant_of_topic(r.topic)
                 if tenant is not None:
                     sizes.setdefault(tenant, []).append(r.serialized_value_size)
-            for tenant, until in self.pacing.polled(sizes, time.monotonic()).items():
-                self.paced[tenant] = max(until, self.paced.get(tenant, 0.0))
+            now = time.monotonic()
+            for tenant, until in self.pacing.polled(sizes, now).items():
+                held = tenant in self.paced
+                before = max(self.paced.get(tenant, now), now)
+                self.paced[tenant] = max(until, before)
+                self.on_paced(tenant, max(0.0, until - before), not held)
                 for t in self._tenant_topics(tenant):
                     self.io.pause(t)
         except Exception:
             log.exception("%s: pacing failed; nothing is held", self.stage)
 
+    def on_paced(self, tenant: str, seconds: float, new: bool) -> None:
+        """``pacing`` holds ``tenant`` ``seconds`` longer (``new``: it was not held): for metrics."""
+
     def _release_paced(self) -> None:
-        """Take again the topics of tenants whose hold ended (unless a gate holds them)."""
+        """Take again the topics of tenants whose hold ended (unless a gate holds them); hold
+        again those of tenants still held (a rebalance hands partitions back unpaused)."""
         if not self.paced:
             return
         now = time.monotonic()
         for tenant, until in list(self.paced.items()):
             if now < until:
+                for t in self._tenant_topics(tenant):
+                    self.io.pause(t)
                 continue
             del self.paced[tenant]
             if self.intake_full:

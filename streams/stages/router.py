@@ -155,6 +155,9 @@ class RouterStage(RecordStage):
         parsed = self.names.parse_ingress(topic) if self.pattern is not None else None
         return parsed[1] if parsed is not None else None
 
+    def on_paced(self, tenant: str, seconds: float, new: bool) -> None:
+        self.metrics.tenant_paced(self.tenant_labels(tenant), seconds, new)
+
     async def on_assigned(self, tps: set[TopicPartition]) -> None:
         if self.direct is None:
             return

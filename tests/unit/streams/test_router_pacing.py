@@ -73,3 +73,23 @@ def test_no_pacing_where_tenants_share_the_ingress_or_it_is_off(tmp_path):
     assert RouterStage(create_app(plain, "router", health=WorkerHealth()), plain,
                        Metrics(health=WorkerHealth())).pacing is None
     assert _stage(tmp_path, MMSTREAM_ROUTER_LARGE_RECORD_BYTES_PER_S="0").pacing is None
+
+
+def test_a_rebalance_does_not_end_a_hold_early(tmp_path):
+    stage = _stage(tmp_path, MMSTREAM_ROUTER_LARGE_RECORD_BYTES_PER_S=str(1024 * 1024))
+    a = {NAMES.tenant_ingress("rt", "a"), NAMES.tenant_ingress("bulk", "a")}
+    stage._pace([_record("a", 3 * 1024 * 1024), _record("b", 500)])  # noqa: SLF001 - two seconds owed
+    assert stage.io.paused == a
+    stage.io.paused.clear()  # a rebalance hands the partitions back unpaused
+    stage._release_paced()  # noqa: SLF001 - before the next poll: still held
+    assert stage.io.paused == a
+
+
+def test_holds_are_counted_per_tenant_with_their_length(tmp_path):
+    stage = _stage(tmp_path, MMSTREAM_ROUTER_LARGE_RECORD_BYTES_PER_S=str(1024 * 1024))
+    reg = stage.metrics.registry
+    stage._pace([_record("a", 1024 * 1024 + 512 * 1024), _record("b", 500)])  # noqa: SLF001 - half a second owed
+    stage._pace([_record("a", 512 * 1024)])  # noqa: SLF001 - the same hold, half a second longer
+    assert reg.get_sample_value("mmstream_tenant_paced_total", {"tenant": "a"}) == 1
+    assert abs(reg.get_sample_value("mmstream_tenant_paced_seconds_total", {"tenant": "a"}) - 1.0) < 0.05
+    assert reg.get_sample_value("mmstream_tenant_paced_total", {"tenant": "b"}) is None
