@@ -219,6 +219,12 @@ def text_table(doc: Mapping[str, Any]) -> str:
                          f"{num(m['ratio']):>6.2f}x")
     lines.append(f"B errors: alone {v['errors']['alone']}, flood {v['errors']['flood']} (percentiles are of B's "
                  "answered requests)")
+    flood = doc.get("phases", {}).get("flood", {}).get("slowest", [])
+    if flood:
+        lines.append("B's slowest in the flood (sent at s: e2e ms = stage queued+service ...):")
+        lines.extend(f"  {r['kind']:<6}{r['sent_s']:>7.2f}: {r['e2e_ms']:>6.0f} = "
+                     + " ".join(f"{st['stage']} {st['queued_ms']:.0f}+{st['service_ms']:.0f}" for st in r["stages"])
+                     for r in flood)
     lines.append(f"A: planned {a['planned']}, sent {a['sent']}, ok {a['ok']}, lost {a['lost']}, pending {a['pending']}; "
                  f"outcomes {a['by_outcome']}; causes {a['by_cause']}; "
                  f"overloaded with retry_after_ms {a['overloaded_with_retry_after']}")

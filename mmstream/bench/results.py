@@ -94,6 +94,7 @@ def build_run(mode: str, cfg: BenchConfig, rate: float, records: Sequence[Record
         "cpu": cpu,
         "peak_rss_mb": rss_mb,
         "samples_ms": {"e2e": samples},
+        "slowest": slowest(ok),
         "by_cache": {outcome: summary([r.done_at_ms - r.sent_at_ms for r in ok if r.cache == outcome])
                      for outcome in ("hit", "miss")},
         "generation": {"ttft_ms": summary([r.ttft_ms for r in ok if r.ttft_ms is not None]),
@@ -129,3 +130,24 @@ def overhead(latency: dict[str, Any], floor: dict[str, float]) -> dict[str, Any]
                      "hops": hops}
     return out
 
+
+
+SLOWEST_SHARE = 0.01
+SLOWEST_MIN = 5
+
+
+def slowest(ok: Sequence[Record]) -> list[dict[str, Any]]:
+    """The slowest answered requests (the slowest 1%, at least five: those a p99 is made of),
+    slowest first, each with when it was sent (s after the run's first send) and its stages'
+    queued and service ms: where a tail's milliseconds went, and whether its requests came
+    together."""
+    if not ok:
+        return []
+    start = min(r.sent_at_ms for r in ok)
+    n = max(SLOWEST_MIN, int(len(ok) * SLOWEST_SHARE + 0.999))
+    worst = sorted(ok, key=lambda r: r.done_at_ms - r.sent_at_ms, reverse=True)[:n]
+    return [{"kind": r.kind, "sent_s": round((r.sent_at_ms - start) / 1000.0, 3),
+             "e2e_ms": round(r.done_at_ms - r.sent_at_ms, 3),
+             "stages": [{"stage": st["stage"], "queued_ms": round(st["queued_ms"], 3),
+                         "service_ms": round(st["service_ms"], 3)} for st in r.stages]}
+            for r in worst]

@@ -326,3 +326,15 @@ def test_the_image_retrieval_workload_is_seeded_and_its_queries_are_not_document
     asked = queries(12, seed=6, repeat=0.5)
     assert asked == queries(12, seed=6, repeat=0.5) and all(data[:2] == b"\xff\xd8" for _, data in asked)
     assert not {data for _, data in asked} & {data for _, _, data in docs}
+
+
+def test_the_slowest_requests_are_listed_with_their_stages_slowest_first() -> None:
+    stage = {"stage": "encode.text", "queued_ms": 1.0, "service_ms": 2.0}
+    records = [Record("text", ("text",), 1000.0 + i, 1000.0 + i + ms, "ok", [stage])
+               for i, ms in enumerate([10.0] * 995 + [50.0, 60.0, 70.0, 80.0, 90.0, 95.0, 99.0])]
+    records.append(Record("text", ("text",), 0.0, 500.0, "deadline_exceeded"))  # not answered: not a latency
+    run = build_run("pipeline", BenchConfig(), 10.0, records, 5.0, {}, {})
+    worst = run["slowest"]
+    assert [r["e2e_ms"] for r in worst] == [99.0, 95.0, 90.0, 80.0, 70.0, 60.0, 50.0] + [10.0] * 4  # 1% of 1,002, up
+    assert worst[0]["sent_s"] == 1.001 and worst[0]["stages"] == [stage]
+    assert build_run("pipeline", BenchConfig(), 10.0, [], 5.0, {}, {})["slowest"] == []

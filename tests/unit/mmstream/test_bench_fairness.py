@@ -267,6 +267,10 @@ def test_the_text_table_names_both_phases_the_ratio_and_each_process() -> None:
     text = text_table(doc)
     assert "alone" in text and "flood" in text and "3.00x" in text and "router[0]" in text
     assert "victim_p99_within_bound NO" in text
+    slow = Record("text", ("text",), 2000.0, 2090.0, "ok", [{"stage": "route", "queued_ms": 60.4, "service_ms": 3.0}])
+    flood["slowest"] = build_run("pipeline", BenchConfig(workload="fairness"), 20.0,
+                                 [Record("text", ("text",), 0.0, 30.0, "ok"), slow], 10.0, {}, {})["slowest"]
+    assert "  text     2.00:     90 = route 60+3" in text_table({**doc, "phases": {"flood": flood}})
 
 
 def test_the_fairness_config_runs_at_one_rate_on_the_running_pipeline() -> None:
