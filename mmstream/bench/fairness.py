@@ -75,6 +75,11 @@ def shed_cause(code: str | None, message: str) -> str:
     return "other"
 
 
+ADMITTED_LISTED = 20
+"""A's requests the pipeline took on (answered ok, or still unanswered), listed by when they
+were sent: when its heaviest admitted work began, beside B's slowest requests."""
+
+
 def abuser_summary(records: Sequence[Mapping[str, Any]], duration_s: float, horizon_s: float | None = None,
                    deadline_s: float | None = None) -> dict[str, Any]:
     """A's outcomes: ``records`` are dicts with ``shape``, ``lane``, ``outcome`` (``ok``, an
@@ -102,6 +107,7 @@ def abuser_summary(records: Sequence[Mapping[str, Any]], duration_s: float, hori
         by_shape[r["shape"]][outcome] += 1
         by_lane[r["lane"]][outcome] += 1
     with_retry = [r for r in errors if r.get("retry_after_ms") is not None]
+    admitted = [r for r in sent if r["outcome"] is None or r["outcome"] == "ok"]
     return {
         "planned": len(records),
         "sent": len(sent),
@@ -120,6 +126,8 @@ def abuser_summary(records: Sequence[Mapping[str, Any]], duration_s: float, hori
         "overloaded_with_retry_after": (round(sum(r.get("retry_after_ms") is not None for r in overloaded)
                                               / len(overloaded), 4) if overloaded else None),
         "retry_after_ms": summary(r["retry_after_ms"] for r in with_retry),
+        "admitted": [{"shape": r["shape"], "lane": r["lane"], "sent_s": r["sent_s"], "outcome": r["outcome"] or
+                      unanswered(r)} for r in sorted(admitted, key=lambda r: r["sent_s"])[:ADMITTED_LISTED]],
     }
 
 
@@ -228,6 +236,8 @@ def text_table(doc: Mapping[str, Any]) -> str:
     lines.append(f"A: planned {a['planned']}, sent {a['sent']}, ok {a['ok']}, lost {a['lost']}, pending {a['pending']}; "
                  f"outcomes {a['by_outcome']}; causes {a['by_cause']}; "
                  f"overloaded with retry_after_ms {a['overloaded_with_retry_after']}")
+    if a.get("admitted"):
+        lines.append("A's admitted (sent at s): " + ", ".join(f"{r['shape']} {r['sent_s']:.2f}" for r in a["admitted"]))
     lines.append(f"{'process':<18}{'alone peak':>11}{'flood peak':>11}{'growth':>8}{'end':>8}  bound")
     for name, m in doc["memory"].items():
         bound = ", ".join(f"{k}={val}" for k, val in (m["bound"] or {}).items())

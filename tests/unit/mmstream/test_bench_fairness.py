@@ -234,6 +234,9 @@ def test_the_abusers_summary_counts_outcomes_causes_and_retry_hints() -> None:
     # Unanswered inside its deadline when the run stopped listening: pending, not lost.
     late = abuser_summary([rec(None), dict(rec(None), sent_s=50.0)], duration_s=2.0, horizon_s=60.0, deadline_s=30.0)
     assert (late["lost"], late["pending"], late["by_outcome"]) == (1, 1, {"lost": 1, "pending": 1})
+    # What the pipeline took on is listed by when it was sent: refusals and unsent requests are not.
+    assert [(r["sent_s"], r["outcome"]) for r in late["admitted"]] == [(1.0, "lost"), (50.0, "pending")]
+    assert [r["outcome"] for r in s["admitted"]] == ["ok", "ok", "lost"]
 
 
 def test_memory_growth_slope_and_bounds_per_process() -> None:
