@@ -181,6 +181,34 @@ class TenantQuotas:
             t.ref_tokens -= ref_bytes
         return shed
 
+    def precheck(self, tenant: str, *, now_ms: float, has_refs: bool, costs_work: bool) -> Shed | None:
+        """The shed ``check`` would answer whatever the request's price, known before it is
+        priced (its refs sized in Redis, its parts' headers read): no rate token left, counted
+        work at ``max_queued_ms``, a compute bucket at or under zero for a request that
+        ``costs_work`` (one the reuse cache cannot answer whole), a ref bucket at or under zero
+        for one ``has_refs``. A flood of requests past a tenant's quota then costs the router
+        their parsing and their refusals, not their pricing. Takes nothing; None: price the
+        request and ask ``check``. (A request whose every part turns out refused, priced at
+        nothing, is shed here too rather than answered part by part: its tenant is past its
+        quota either way.)"""
+        t = self._tenants.get(tenant)
+        if t is None:  # full buckets
+            return None
+        q = self.limits
+        if q.max_queued_ms > 0 and self._window(t, now_ms) >= q.max_queued_ms:
+            return Shed("queued", f"tenant {tenant} has {t.sent_ms:.0f} ms of work in the pipeline (its limit now: "
+                        f"{q.max_queued_ms:.0f} ms); retry later", self._drain_ms(t, q.max_queued_ms, now_ms))
+        self._refill(t, tenant, now_ms)
+        if has_refs and q.ref_bytes_per_s > 0 and t.ref_tokens <= 0:
+            return Shed("ref_bytes", f"tenant {tenant} is over its rate of {q.ref_bytes_per_s:.0f} bytes per "
+                        "second read through refs; retry later", 1 + math.ceil(-t.ref_tokens * 1000.0 / q.ref_bytes_per_s))
+        if costs_work and q.compute_ms_per_s > 0 and t.compute_tokens <= 0:
+            return Shed("compute", f"tenant {tenant} is over its compute rate of {q.compute_ms_per_s:.0f} engine "
+                        f"ms per second ({-t.compute_tokens:.0f} ms owed); retry later",
+                        1 + math.ceil(-t.compute_tokens * 1000.0 / q.compute_ms_per_s))
+        rate = q.rate_of(tenant)[0]
+        return self._take_token(t, tenant) if rate > 0 and t.tokens < 1.0 else None
+
     def refund(self, tenant: str, cost_ms: float, now_ms: float) -> None:
         """Give back ``cost_ms`` the tenant was charged for work that was not done (a
         generation that ended before its ``max_tokens``): into its compute bucket, up to full.

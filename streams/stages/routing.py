@@ -245,9 +245,7 @@ class Router:
         work = self._work_ms(req, priced)
         shed = self._quota(req, started, sum(ref_bytes.values()), work, _stages(priced), answered=stored is not None)
         if shed is not None:
-            err = WireError(ErrorCode.OVERLOADED, shed.message, None, shed.retry_after_ms) \
-                if shed.retry_after_ms is not None else WireError(ErrorCode.PAYLOAD_TOO_LARGE, shed.message, "parts")
-            return self._refused(req, err, digest, shed=(req.tenant, shed.reason))
+            return self._shed(req, shed, digest)
         if stored is not None:
             return self._answer_from_cache(req, stored, client_sent, started, digest)
         decision, waits = self._admit(req, priced)
@@ -262,7 +260,8 @@ class Router:
                        tenant: str | None) -> tuple[Any, str, dict[int, int], dict[int, WireError], dict[int, ClaimSize]] | Routed:
         """A valid request with its record digest and its refs priced (bytes per part, the
         parts refused, size and first bytes per part), or what answers the record instead (an
-        error event, or the DLQ for a record no one can be answered for)."""
+        error event, its tenant's quota shed where no price could change it, or the DLQ for a
+        record no one can be answered for)."""
         content_type = header(headers, CONTENT_TYPE_HEADER)
         if raw is not None and len(raw) > self.settings.limits.max_request_bytes:
             return self._dlq(raw, headers, source, f"{ErrorCode.PAYLOAD_TOO_LARGE}: request is {len(raw)} bytes", tenant)
@@ -286,6 +285,9 @@ class Router:
                                     "out (it is taken from the topic) or send on that tenant's own topic", "tenant")
                 req = dataclasses.replace(req, tenant=tenant)
             req = dataclasses.replace(req, reply_to=await self.replies.check(req.reply_to, tenant))
+            early = self._precheck(req)
+            if early is not None:
+                return self._shed(req, early, digest)
             ref_bytes, refused, claims = await self._price_refs(req)
         except WireError as err:
             who = peek_reply(obj)
@@ -301,6 +303,12 @@ class Router:
             v = self._verdict(rid, who_tenant, "rt", reply_to, [event], digest)
             return Routed([v], "error", str(err.code), key=v.key.decode() if v.key else None, digest=digest)
         return req, digest, ref_bytes, refused, claims
+
+    def _shed(self, req: Any, shed: Shed, digest: str) -> Routed:
+        """``req`` refused by its tenant's quota."""
+        err = WireError(ErrorCode.OVERLOADED, shed.message, None, shed.retry_after_ms) \
+            if shed.retry_after_ms is not None else WireError(ErrorCode.PAYLOAD_TOO_LARGE, shed.message, "parts")
+        return self._refused(req, err, digest, shed=(req.tenant, shed.reason))
 
     def _refused(self, req: Any, err: WireError, digest: str, shed: tuple[str, str] | None = None) -> Routed:
         # A valid request answered with ``err`` (shed by its quota, or refused by admission).
@@ -357,19 +365,29 @@ class Router:
         published model, at most ``cache.whole_result_max_bytes`` of it; None when it cannot
         be cached (a bigger request is rarely sent twice, and hashing it would cost the
         router for every copy a flood sends, shed or not)."""
-        if self.results is None or str(req.task) != "embed" or not self.settings.cache.whole_result:
-            return None
-        size = sum(len(p.text) if p.text is not None else len(p.data or b"") for p in req.parts)
-        if size > self.settings.cache.whole_result_max_bytes:
+        if not self._cacheable(req):
             return None
         parts = []
         for p in req.parts:
-            if str(p.modality) not in self.served_modalities or p.ref is not None:
-                return None
             content = normalize(p.text).encode() if p.text is not None else p.data
             parts.append((str(p.modality), content_digest(content or b"")))
         tenant = None if self.settings.cache.cross_tenant else req.tenant
         return result_key(tenant=tenant, task="embed", parts=parts, models=self.models)
+
+    def _cacheable(self, req: Any) -> bool:
+        """Whether the whole-result cache may hold ``req``'s answer (``_result_key``)."""
+        if self.results is None or str(req.task) != "embed" or not self.settings.cache.whole_result:
+            return False
+        size = sum(len(p.text) if p.text is not None else len(p.data or b"") for p in req.parts)
+        return size <= self.settings.cache.whole_result_max_bytes and all(
+            str(p.modality) in self.served_modalities and p.ref is None for p in req.parts)
+
+    def _precheck(self, req: Any) -> Shed | None:
+        """The tenant's quota shed that no price of ``req`` can change (``TenantQuotas.precheck``)."""
+        if not self.quotas.enabled:
+            return None
+        return self.quotas.precheck(req.tenant, now_ms=now_ms(), has_refs=any(p.ref is not None for p in req.parts),
+                                    costs_work=not self._cacheable(req))
 
     def _answer_from_cache(self, req: Any, payload: dict[str, Any], client_sent: float, started: float,
                            digest: str) -> Routed:

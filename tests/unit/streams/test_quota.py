@@ -220,3 +220,26 @@ def test_a_request_answered_whole_from_the_cache_takes_only_its_rate_token():
     assert q.check_rate("t", now_ms=1.0) is None  # the second token of the burst
     shed = q.check_rate("t", now_ms=2.0)
     assert shed is not None and shed.reason == "rate" and shed.retry_after_ms > 0
+
+
+def test_a_shed_no_price_can_change_is_known_before_the_request_is_priced():
+    q = quotas(rate_per_s=2.0, burst=2.0, compute_ms_per_s=100.0, compute_burst_ms=200.0, ref_bytes_per_s=1000.0)
+    pre = dict(now_ms=0.0, has_refs=True, costs_work=True)
+    assert q.precheck("new", **pre) is None  # full buckets: price it
+    assert q.check("a", lane_limit_ms=LANE, now_ms=0.0, cost_ms=30_000.0, ref_bytes=5000) is None
+    q.note_sent("a", 30_000.0, 0.0)  # in debt for compute (29,800 ms) and ref bytes (4,000)
+    shed = q.precheck("a", **pre)
+    assert shed is not None and shed.reason == "ref_bytes" and shed.retry_after_ms == 4001
+    shed = q.precheck("a", now_ms=0.0, has_refs=False, costs_work=True)
+    assert shed.reason == "compute" and shed.retry_after_ms == 298_001 and "29800 ms owed" in shed.message
+    assert q.precheck("a", now_ms=0.0, has_refs=False, costs_work=False) is None  # the cache may answer it whole
+    assert q.check_rate("a", now_ms=0.0) is None  # it did: the second of two tokens
+    shed = q.precheck("a", now_ms=0.0, has_refs=False, costs_work=False)
+    assert shed.reason == "rate" and shed.retry_after_ms == 500
+    assert q.precheck("a", now_ms=500.0, has_refs=False, costs_work=False) is None  # a token is back; nothing taken
+    assert q.precheck("a", now_ms=500.0, has_refs=False, costs_work=False) is None
+    assert quotas(max_queued_ms=10.0).precheck("a", **pre) is None
+    busy = quotas(max_queued_ms=100.0)
+    busy.check("a", lane_limit_ms=LANE, now_ms=0.0)
+    busy.note_sent("a", 150.0, 0.0)
+    assert busy.precheck("a", **pre).reason == "queued"

@@ -644,6 +644,20 @@ def test_an_image_refs_job_carries_the_pixels_it_was_priced_at():
     assert [(j.ref_bytes, j.ref_pixels) for j in jobs] == [(len(SMALL_PNG), 64 * 48)]
 
 
+def test_a_tenant_past_its_quota_is_refused_before_its_refs_are_sized():
+    r, asked = sized_router({"redis:mm:claim:hog:blob:0": 4_000_000}, quota__compute_ms_per_s="10",
+                            quota__compute_burst_ms="10", quota__ref_bytes_per_s="1000000000")
+    fanout = {"tenant": "hog", "parts": [image_ref("redis:mm:claim:hog:blob:0")] * 16}
+    assert routed(r, pack({"id": "f0", **fanout})).outcome == "ok"  # a full bucket: in, and in debt after
+    assert len(asked) == 1
+    shed = routed(r, pack({"id": "f1", **fanout}))
+    assert shed.shed == ("hog", "compute") and len(asked) == 1  # refused unpriced: no Redis round trip
+    _, ev = verdict(shed.outs[0])
+    assert ev.error["code"] == "overloaded" and ev.error["retry_after_ms"] > 0
+    routed(r, pack({"id": "n1", "tenant": "other", "parts": [image_ref("redis:mm:claim:other:x:0")]}))
+    assert len(asked) == 2  # another tenant's refs are sized
+
+
 def test_a_tenant_in_compute_debt_still_gets_an_answer_the_cache_holds_whole():
     class Results:
         async def get(self, key):
