@@ -210,6 +210,13 @@ class RouterSettings(Section):
         "others' records waiting behind its bytes on the router's one fetch connection (docs/isolation.md, "
         "\"Stop 51\"). Alone, a tenant's records are read as fast as they come. 0: no pacing.", ge=0
     )
+    refused_per_s: float = setting(
+        10.0, "Where each tenant has its own ingress topics: requests of one tenant the router refuses for that "
+        "tenant's own quota (rate, queued work, ref bytes, compute) per second while another tenant's records are "
+        "coming too; past it that tenant's topics wait until paid back, so a client that ignores retry_after_ms and "
+        "keeps sending costs the router and the broker at most this many refusals a second, not the others' latency "
+        "(docs/isolation.md, \"Stop 52\"). A client that waits as told is never held. 0: no such pacing.", ge=0
+    )
     large_record_bytes: int = setting(
         256 * 1024, "A record over this many bytes counts against large_record_bytes_per_s (the capacity mix's photos "
         "are under 220 KB).", ge=0

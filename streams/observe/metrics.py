@@ -29,7 +29,7 @@ helpers convert to seconds):
 - ``cache_lookup(modality, result)``, ``admission(lane, decision)``, ``to_dlq(stage)``;
   ``tenant_shed(tenant_label, reason)`` when a tenant's quota sheds a request (the one
   tenant label, from a bounded set: the first ``quota.metric_tenants`` tenants, then ``other``),
-  and ``tenant_paced(tenant_label, seconds, new)`` when the router's pacing holds a tenant;
+  and ``tenant_paced(tenant_label, seconds, new, reason)`` when the router's pacing holds a tenant;
 - gauges: ``set_inflight(stage, n)`` or ``with track_inflight(stage):``,
   ``set_queue_depth(stage, lane, n)``; the lag monitor calls ``set_consumer_lag(rows)``;
 - once after the engine warms up: ``set_engine(stage, engine_info_dict)``; before that, each
@@ -78,6 +78,7 @@ event; ``dlq``: it could not be decoded and went to the dead-letter topic."""
 CACHE_RESULTS = frozenset({"hit", "miss", "error"})
 DECISIONS = frozenset({"admit", "defer", "reject"})
 SHED_REASONS = quota.SHED_REASONS
+PACE_REASONS = frozenset({"large_records", "refused"})
 ERROR_CODES = frozenset(str(c) for c in ErrorCode)
 ENGINE_FIELDS = ("model", "version", "precision", "provider", "backend")
 MIXED = "mixed"
@@ -166,13 +167,13 @@ class Metrics:
             "bounded set of tenants (quota.metric_tenants), the rest are `other`.", ("tenant", "reason"))
         self.tenant_paced_total = self._make(
             Counter, "mmstream_tenant_paced",
-            "Times the router began holding a tenant's ingress topics past its large-record bytes "
-            "(router.large_record_bytes_per_s) while other tenants were served; tenant label as mmstream_tenant_shed.",
-            ("tenant",))
+            "Times the router began holding a tenant's ingress topics while other tenants were served, by reason: "
+            "large_records (router.large_record_bytes_per_s), refused (router.refused_per_s); tenant label as "
+            "mmstream_tenant_shed.", ("tenant", "reason"))
         self.tenant_paced_seconds = self._make(
             Counter, "mmstream_tenant_paced_seconds",
-            "Seconds the router held a tenant's ingress topics for its large-record bytes (its records waited in its "
-            "own topics meanwhile); tenant label as mmstream_tenant_shed.", ("tenant",))
+            "Seconds the router held a tenant's ingress topics (its records waited in its own topics meanwhile), by "
+            "the reason that held it longer; tenant label as mmstream_tenant_shed.", ("tenant", "reason"))
         self.engine_fallbacks_total = self._make(
             Counter, "mmstream_engine_fallbacks",
             "Engine variants (from) a stage refused at start for the next one (to), by reason: "
@@ -300,12 +301,13 @@ class Metrics:
         _check("reason", reason, SHED_REASONS)
         self.tenant_shed_total.labels(tenant_label, reason).inc()
 
-    def tenant_paced(self, tenant_label: str, seconds: float, new: bool) -> None:
-        """Count ``seconds`` more of a tenant's hold by the router's pacing (``new``: a hold
-        began). ``tenant_label`` as for ``tenant_shed``."""
+    def tenant_paced(self, tenant_label: str, seconds: float, new: bool, reason: str) -> None:
+        """Count ``seconds`` more of a tenant's hold by the router's pacing for ``reason``
+        (``new``: a hold began). ``tenant_label`` as for ``tenant_shed``."""
+        _check("reason", reason, PACE_REASONS)
         if new:
-            self.tenant_paced_total.labels(tenant_label).inc()
-        self.tenant_paced_seconds.labels(tenant_label).inc(seconds)
+            self.tenant_paced_total.labels(tenant_label, reason).inc()
+        self.tenant_paced_seconds.labels(tenant_label, reason).inc(seconds)
 
     # -- gauges -----------------------------------------------------------------------
 

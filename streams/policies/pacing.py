@@ -1,20 +1,25 @@
-"""How fast a stage reads one tenant's large records while others are being served. Pure.
+"""How fast a stage reads one tenant's records while others are being served. Pure.
 
-A stage reads all its topics over one connection to each broker, one fetch in flight at a
-time: while a response carrying a tenant's megabyte requests is on its way (the broker
-encrypts it, the stage decrypts and parses it), another tenant's record that arrived meanwhile
-waits for the next fetch. Measured under a flood of megabyte requests (docs/isolation.md,
-"Stop 51"): the victim's records waited longer the more bytes the flooding tenant could
-produce (route queue p95 18-19 ms at 2 MiB/s, 23-27 at 4, 26-42 at 8; 8-10 alone), though
-every one of those requests was refused by its quota.
+Where each tenant has its own input topics, a stage can hold one tenant's topics (pause them)
+while it reads the others': the held tenant's records wait in its own topics (its consumer
+lag) instead of in front of everyone's. ``Pacing`` is a token bucket per tenant in some unit,
+refilled at ``rate`` per second up to a second's worth; a tenant that takes more than it holds
+is held until its bucket has paid back what it owes. Only while another tenant's records came
+within ``window_s``: alone, a tenant is read as fast as it sends. Memory: one entry per tenant
+seen within ``window_s`` or still owing. Two units are paced:
 
-``LargeRecordPacing`` bounds the bytes of large records (each over ``large_bytes``) a stage
-takes per tenant per second (``rate_bytes_per_s``, up to a second's worth at once): past
-that, the stage holds the tenant's topics (pauses them) until its bucket has paid back what
-it took, and the rest waits in the tenant's own topics (its consumer lag) instead of in front
-of the others. Only while another tenant's records came within ``window_s``: alone, a tenant's
-large records are read as fast as they come. Small records never count. Memory: one entry per
-tenant seen within ``window_s`` or still owing.
+- ``LargeRecordPacing``: bytes of large records (each over ``large_bytes``). A stage reads all
+  its topics over one connection to each broker, one fetch in flight at a time: while a
+  response carrying a tenant's megabyte requests is on its way, another tenant's record that
+  arrived meanwhile waits for the next fetch. Measured under a flood of megabyte requests
+  (docs/isolation.md, "Stop 51"): the victim's records waited longer the more bytes the
+  flooding tenant could produce (route queue p95 18-19 ms at 2 MiB/s, 23-27 at 4, 26-42 at 8;
+  8-10 alone), though every one of those requests was refused by its quota. Small records
+  never count.
+- refused records (the router's ``router.refused_per_s``): each request the router refuses
+  for its tenant's own quota costs it and the broker about as much as one it routes (read,
+  checked, answered). A tenant that ignores ``retry_after_ms`` and keeps sending is read at
+  that many refusals a second while others are served (docs/isolation.md, "Stop 52").
 """
 
 from __future__ import annotations
@@ -22,29 +27,31 @@ from __future__ import annotations
 from typing import Iterable, Mapping
 
 
-class LargeRecordPacing:
-    def __init__(self, rate_bytes_per_s: float, large_bytes: int, window_s: float = 1.0) -> None:
-        if rate_bytes_per_s <= 0 or large_bytes < 0 or window_s <= 0:
-            raise ValueError("pacing needs rate_bytes_per_s > 0, large_bytes >= 0 and window_s > 0")
-        self.rate, self.large, self.window_s = float(rate_bytes_per_s), large_bytes, window_s
+class Pacing:
+    def __init__(self, rate_per_s: float, window_s: float = 1.0) -> None:
+        if rate_per_s <= 0 or window_s <= 0:
+            raise ValueError("pacing needs rate_per_s > 0 and window_s > 0")
+        self.rate, self.window_s = float(rate_per_s), window_s
         self.burst = self.rate  # a second's worth
         self._tokens: dict[str, tuple[float, float]] = {}
-        """Tenant -> (bytes it may take now, when that was computed)."""
+        """Tenant -> (units it may take now, when that was computed)."""
         self._seen: dict[str, float] = {}
-        """Tenant -> when a poll last brought records of it (swept once a window)."""
+        """Tenant -> when its records last came (swept once a window)."""
         self._swept_at = 0.0
 
-    def polled(self, sizes: Mapping[str, Iterable[int]], now: float) -> dict[str, float]:
-        """Note one poll's records (tenant -> their sizes in bytes) at ``now`` (s); return the
-        tenants to hold and until when."""
-        for tenant in sizes:
+    def seen(self, tenants: Iterable[str], now: float) -> None:
+        """Records of ``tenants`` came at ``now`` (s)."""
+        for tenant in tenants:
             self._seen[tenant] = now
+
+    def take(self, amounts: Mapping[str, float], now: float) -> dict[str, float]:
+        """Take ``amounts`` (tenant -> units) from the tenants' buckets at ``now``; return the
+        tenants to hold and until when."""
         holds: dict[str, float] = {}
-        for tenant, these in sizes.items():
-            large = sum(n for n in these if n > self.large)
-            if not large:
+        for tenant, amount in amounts.items():
+            if amount <= 0:
                 continue
-            tokens = self.available(tenant, now) - large
+            tokens = self.available(tenant, now) - amount
             self._tokens[tenant] = (tokens, now)
             if tokens < 0 and self._others_seen(tenant, now):
                 holds[tenant] = now + -tokens / self.rate
@@ -52,7 +59,7 @@ class LargeRecordPacing:
         return holds
 
     def available(self, tenant: str, now: float) -> float:
-        """Bytes of large records ``tenant`` may take now (negative: what it owes)."""
+        """Units ``tenant`` may take now (negative: what it owes)."""
         tokens, at = self._tokens.get(tenant, (self.burst, now))
         return min(self.burst, tokens + (now - at) * self.rate)
 
@@ -71,3 +78,17 @@ class LargeRecordPacing:
             del self._seen[t]
         for t in [t for t in self._tokens if self.available(t, now) >= self.burst]:
             del self._tokens[t]
+
+
+class LargeRecordPacing(Pacing):
+    def __init__(self, rate_bytes_per_s: float, large_bytes: int, window_s: float = 1.0) -> None:
+        if large_bytes < 0:
+            raise ValueError("pacing needs large_bytes >= 0")
+        super().__init__(rate_bytes_per_s, window_s)
+        self.large = large_bytes
+
+    def polled(self, sizes: Mapping[str, Iterable[int]], now: float) -> dict[str, float]:
+        """Note one poll's records (tenant -> their sizes in bytes) at ``now`` (s); return the
+        tenants to hold and until when."""
+        self.seen(sizes, now)
+        return self.take({tenant: sum(n for n in these if n > self.large) for tenant, these in sizes.items()}, now)

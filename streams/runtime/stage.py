@@ -278,18 +278,24 @@ class RecordStage(mode.Service):
                 if tenant is not None:
                     sizes.setdefault(tenant, []).append(r.serialized_value_size)
             now = time.monotonic()
-            for tenant, until in self.pacing.polled(sizes, now).items():
-                held = tenant in self.paced
-                before = max(self.paced.get(tenant, now), now)
-                self.paced[tenant] = max(until, before)
-                self.on_paced(tenant, max(0.0, until - before), not held)
-                for t in self._tenant_topics(tenant):
-                    self.io.pause(t)
+            self.hold(self.pacing.polled(sizes, now), "large_records", now)
         except Exception:
             log.exception("%s: pacing failed; nothing is held", self.stage)
 
-    def on_paced(self, tenant: str, seconds: float, new: bool) -> None:
-        """``pacing`` holds ``tenant`` ``seconds`` longer (``new``: it was not held): for metrics."""
+    def hold(self, holds: dict[str, float], reason: str, now: float) -> None:
+        """Pause the topics of each tenant in ``holds`` until its time (monotonic s), ``reason``
+        being which pacing held it; ``_release_paced`` takes them again."""
+        for tenant, until in holds.items():
+            held = tenant in self.paced
+            before = max(self.paced.get(tenant, now), now)
+            self.paced[tenant] = max(until, before)
+            self.on_paced(tenant, max(0.0, until - before), not held, reason)
+            for t in self._tenant_topics(tenant):
+                self.io.pause(t)
+
+    def on_paced(self, tenant: str, seconds: float, new: bool, reason: str) -> None:
+        """A pacing holds ``tenant`` ``seconds`` longer (``new``: it was not held) for
+        ``reason``: for metrics."""
 
     def _release_paced(self) -> None:
         """Take again the topics of tenants whose hold ended (unless a gate holds them); hold

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -26,7 +27,7 @@ from streams.connection import client_kwargs
 from streams.observe.metrics import Metrics
 from streams.policies.admission import Backpressure
 from streams.policies.load import LoadView
-from streams.policies.pacing import LargeRecordPacing
+from streams.policies.pacing import LargeRecordPacing, Pacing
 from streams.policies.quota import TenantLabels
 from streams.reply_topics import TopicCache
 from streams.policies.direct import Action
@@ -98,10 +99,16 @@ class RouterStage(RecordStage):
         while the box is past capacity; None when it runs at the others' level."""
         if self.pattern is not None and settings.router.large_record_bytes_per_s > 0:
             self.pacing = LargeRecordPacing(settings.router.large_record_bytes_per_s, settings.router.large_record_bytes)
+        self.refusals = Pacing(settings.router.refused_per_s) \
+            if self.pattern is not None and settings.router.refused_per_s > 0 else None
+        """How many of one tenant's requests refused for its own quota the router reads per
+        second while others are served (``streams.policies.pacing``), or None."""
 
     async def handle(self, records: list[ConsumerRecord]) -> None:
         epoch = self.io.epoch  # the assignment these records were read in (routing awaits)
         routed = await asyncio.gather(*(self._route(r) for r in records))
+        if self.refusals is not None:
+            self._pace_refusals(records, routed)
         handovers: list[tuple[Joint, list[JobOut]]] = []
         try:
             for r, result in zip(records, routed):
@@ -155,8 +162,25 @@ class RouterStage(RecordStage):
         parsed = self.names.parse_ingress(topic) if self.pattern is not None else None
         return parsed[1] if parsed is not None else None
 
-    def on_paced(self, tenant: str, seconds: float, new: bool) -> None:
-        self.metrics.tenant_paced(self.tenant_labels(tenant), seconds, new)
+    def on_paced(self, tenant: str, seconds: float, new: bool, reason: str) -> None:
+        self.metrics.tenant_paced(self.tenant_labels(tenant), seconds, new, reason)
+
+    def _pace_refusals(self, records: list[ConsumerRecord], routed: list[Routed]) -> None:
+        """Count the requests refused for their tenant's own quota (``refusals``) and hold the
+        topics of a tenant past ``router.refused_per_s``; a failure here costs the pacing, never
+        the records."""
+        assert self.refusals is not None
+        try:
+            now = time.monotonic()
+            self.refusals.seen({t for t in map(self.tenant_of_topic, (r.topic for r in records)) if t is not None}, now)
+            refused: dict[str, float] = {}
+            for result in routed:
+                if result.shed is not None:
+                    refused[result.shed[0]] = refused.get(result.shed[0], 0.0) + 1.0
+            if refused:
+                self.hold(self.refusals.take(refused, now), "refused", now)
+        except Exception:
+            log.exception("router: pacing refusals failed; nothing is held")
 
     async def on_assigned(self, tps: set[TopicPartition]) -> None:
         if self.direct is None:

@@ -1,6 +1,6 @@
 import pytest
 
-from streams.policies.pacing import LargeRecordPacing
+from streams.policies.pacing import LargeRecordPacing, Pacing
 
 MB = 1024 * 1024
 
@@ -36,3 +36,13 @@ def test_pacing_needs_a_rate_and_a_window():
     for rate, large, window in ((0, 1, 1.0), (1, -1, 1.0), (1, 1, 0.0)):
         with pytest.raises(ValueError):
             LargeRecordPacing(rate, large, window)
+
+
+def test_any_unit_can_be_paced_and_nothing_taken_holds_no_one():
+    p = Pacing(rate_per_s=10.0)
+    p.seen({"a", "b"}, now=0.0)
+    assert p.take({"a": 10.0, "b": 0.0}, now=0.0) == {}  # a second's worth
+    assert p.take({"a": 5.0}, now=0.0) == {"a": pytest.approx(0.5)}
+    assert p.available("b", 0.0) == 10.0
+    with pytest.raises(ValueError):
+        Pacing(0.0)

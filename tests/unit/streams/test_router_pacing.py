@@ -1,10 +1,13 @@
 """The router on an authenticating broker holds a tenant's ingress topics past its large-record
-bytes while another tenant's records come too (``streams.policies.pacing``), and takes them
+bytes, or past its rate of refusals, while another tenant's records come too (``streams.policies.pacing``), and takes them
 again when the hold ends, unless one of its gates holds them. The runtime's I/O is a recorder:
 what is tested is which topics the stage pauses and resumes."""
 
 from __future__ import annotations
 
+import time
+
+import pytest
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
@@ -14,6 +17,7 @@ from streams.app import create_app
 from streams.observe.health import WorkerHealth
 from streams.observe.metrics import Metrics
 from streams.stages.router import RouterStage
+from streams.stages.routing import Routed
 
 PREFIX = "unit"
 NAMES = TopicNames(PREFIX)
@@ -90,6 +94,32 @@ def test_holds_are_counted_per_tenant_with_their_length(tmp_path):
     reg = stage.metrics.registry
     stage._pace([_record("a", 1024 * 1024 + 512 * 1024), _record("b", 500)])  # noqa: SLF001 - half a second owed
     stage._pace([_record("a", 512 * 1024)])  # noqa: SLF001 - the same hold, half a second longer
-    assert reg.get_sample_value("mmstream_tenant_paced_total", {"tenant": "a"}) == 1
-    assert abs(reg.get_sample_value("mmstream_tenant_paced_seconds_total", {"tenant": "a"}) - 1.0) < 0.05
-    assert reg.get_sample_value("mmstream_tenant_paced_total", {"tenant": "b"}) is None
+    large = {"tenant": "a", "reason": "large_records"}
+    assert reg.get_sample_value("mmstream_tenant_paced_total", large) == 1
+    assert abs(reg.get_sample_value("mmstream_tenant_paced_seconds_total", large) - 1.0) < 0.05
+    assert reg.get_sample_value("mmstream_tenant_paced_total", {"tenant": "b", "reason": "large_records"}) is None
+
+
+def _shed(tenant: str) -> Routed:
+    return Routed([], "error", "overloaded", shed=(tenant, "compute"))
+
+
+def test_a_tenant_refused_past_its_rate_of_refusals_waits_while_another_is_served(tmp_path):
+    stage = _stage(tmp_path, MMSTREAM_ROUTER_REFUSED_PER_S="10")
+    assert stage.refusals is not None
+    a = {NAMES.tenant_ingress("rt", "a"), NAMES.tenant_ingress("bulk", "a")}
+    records = [_record("a", 100)] * 10 + [_record("b", 100)]
+    stage._pace_refusals(records, [_shed("a")] * 10 + [Routed([], "ok")])  # noqa: SLF001 - a second's worth
+    assert stage.io.paused == set()
+    stage._pace_refusals(records[:5], [_shed("a")] * 5)  # noqa: SLF001 - b came within the window: a waits
+    assert stage.io.paused == a and stage.paced["a"] - time.monotonic() == pytest.approx(0.5, abs=0.05)
+    reg = stage.metrics.registry
+    assert reg.get_sample_value("mmstream_tenant_paced_total", {"tenant": "a", "reason": "refused"}) == 1
+
+
+def test_refusals_of_a_tenant_alone_or_answered_requests_hold_no_one(tmp_path):
+    stage = _stage(tmp_path, MMSTREAM_ROUTER_REFUSED_PER_S="10")
+    stage._pace_refusals([_record("a", 100)] * 50, [_shed("a")] * 50)  # noqa: SLF001 - alone
+    stage._pace_refusals([_record("b", 100)] * 50, [Routed([], "ok")] * 50)  # noqa: SLF001 - b is answered
+    assert stage.io.paused == set() and not stage.paced
+    assert _stage(tmp_path, MMSTREAM_ROUTER_REFUSED_PER_S="0").refusals is None
