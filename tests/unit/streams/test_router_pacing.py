@@ -123,3 +123,30 @@ def test_refusals_of_a_tenant_alone_or_answered_requests_hold_no_one(tmp_path):
     stage._pace_refusals([_record("b", 100)] * 50, [Routed([], "ok")] * 50)  # noqa: SLF001 - b is answered
     assert stage.io.paused == set() and not stage.paced
     assert _stage(tmp_path, MMSTREAM_ROUTER_REFUSED_PER_S="0").refusals is None
+
+
+def test_a_polls_records_are_routed_in_groups(tmp_path):
+    """A held tenant's backlog comes back in polls of hundreds: routed all at once, their Redis
+    round trips time out behind each other's parsing, and no quota spent by the first stands
+    before the last is priced."""
+    import asyncio
+
+    from streams.stages.router import ROUTED_AT_ONCE
+
+    stage = _stage(tmp_path)
+    stage.io.epoch, delivered = 0, []
+    stage.io.deliver = lambda outs, records, epoch: delivered.extend(records)
+    running, most = 0, 0
+
+    async def route(record):
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0)
+        running -= 1
+        return Routed([], "error", "overloaded")
+
+    stage._route = route  # noqa: SLF001
+    records = [_record("a", 100)] * (3 * ROUTED_AT_ONCE + 1)
+    asyncio.run(stage.handle(records))
+    assert most == ROUTED_AT_ONCE and len(delivered) == len(records)
