@@ -4,8 +4,9 @@ Where each tenant has its own input topics, a stage can hold one tenant's topics
 while it reads the others': the held tenant's records wait in its own topics (its consumer
 lag) instead of in front of everyone's. ``Pacing`` is a token bucket per tenant in some unit,
 refilled at ``rate`` per second up to a second's worth; a tenant that takes more than it holds
-is held until its bucket has paid back what it owes. Only while another tenant's records came
-within ``window_s``: alone, a tenant is read as fast as it sends. Memory: one entry per tenant
+is held until its bucket has paid back what it owes (at most ``max_hold_s``). Only while
+another tenant's records came within ``window_s``: alone, a tenant is read as fast as it sends,
+and a held tenant is taken again once the others' records stop coming. Memory: one entry per tenant
 seen within ``window_s`` or still owing. Two units are paced:
 
 - ``LargeRecordPacing``: bytes of large records (each over ``large_bytes``). A stage reads all
@@ -27,11 +28,17 @@ from __future__ import annotations
 from typing import Iterable, Mapping
 
 
+MAX_HOLD_S = 5.0
+"""The longest one hold: what a tenant owes past it is forgiven. A held tenant's records wait
+in its topics and come in one poll when it is taken again (hundreds of them, after a flood of
+small ones), so what that poll takes could otherwise hold it for minutes."""
+
+
 class Pacing:
-    def __init__(self, rate_per_s: float, window_s: float = 1.0) -> None:
-        if rate_per_s <= 0 or window_s <= 0:
-            raise ValueError("pacing needs rate_per_s > 0 and window_s > 0")
-        self.rate, self.window_s = float(rate_per_s), window_s
+    def __init__(self, rate_per_s: float, window_s: float = 1.0, max_hold_s: float = MAX_HOLD_S) -> None:
+        if rate_per_s <= 0 or window_s <= 0 or max_hold_s <= 0:
+            raise ValueError("pacing needs rate_per_s > 0, window_s > 0 and max_hold_s > 0")
+        self.rate, self.window_s, self.max_hold_s = float(rate_per_s), window_s, max_hold_s
         self.burst = self.rate  # a second's worth
         self._tokens: dict[str, tuple[float, float]] = {}
         """Tenant -> (units it may take now, when that was computed)."""
@@ -51,9 +58,9 @@ class Pacing:
         for tenant, amount in amounts.items():
             if amount <= 0:
                 continue
-            tokens = self.available(tenant, now) - amount
+            tokens = max(self.available(tenant, now) - amount, -self.max_hold_s * self.rate)
             self._tokens[tenant] = (tokens, now)
-            if tokens < 0 and self._others_seen(tenant, now):
+            if tokens < 0 and self.others_seen(tenant, now):
                 holds[tenant] = now + -tokens / self.rate
         self._forget(now)
         return holds
@@ -63,9 +70,10 @@ class Pacing:
         tokens, at = self._tokens.get(tenant, (self.burst, now))
         return min(self.burst, tokens + (now - at) * self.rate)
 
-    def _others_seen(self, tenant: str, now: float) -> bool:
+    def others_seen(self, tenant: str, now: float) -> bool:
         """Whether another tenant's records came within the window (at most one more: the
         sweep runs once a window, so this stays constant time per call)."""
+        self._forget(now)
         if len(self._seen) > 2 or (len(self._seen) == 2 and tenant in self._seen):
             return True
         return any(t != tenant and now - at <= self.window_s for t, at in self._seen.items())

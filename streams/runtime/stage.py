@@ -293,18 +293,24 @@ class RecordStage(mode.Service):
             for t in self._tenant_topics(tenant):
                 self.io.pause(t)
 
+    def others_served(self, tenant: str, now: float) -> bool:
+        """Whether a tenant other than ``tenant`` had records read within the pacing's window
+        (a held tenant is taken again once no one else is)."""
+        return self.pacing is None or self.pacing.others_seen(tenant, now)
+
     def on_paced(self, tenant: str, seconds: float, new: bool, reason: str) -> None:
         """A pacing holds ``tenant`` ``seconds`` longer (``new``: it was not held) for
         ``reason``: for metrics."""
 
     def _release_paced(self) -> None:
-        """Take again the topics of tenants whose hold ended (unless a gate holds them); hold
-        again those of tenants still held (a rebalance hands partitions back unpaused)."""
+        """Take again the topics of tenants whose hold ended or who are alone now (unless a gate
+        holds them); hold again those of tenants still held (a rebalance hands partitions back
+        unpaused)."""
         if not self.paced:
             return
         now = time.monotonic()
         for tenant, until in list(self.paced.items()):
-            if now < until:
+            if now < until and self.others_served(tenant, now):
                 for t in self._tenant_topics(tenant):
                     self.io.pause(t)
                 continue

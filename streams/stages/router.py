@@ -176,6 +176,10 @@ class RouterStage(RecordStage):
     def on_paced(self, tenant: str, seconds: float, new: bool, reason: str) -> None:
         self.metrics.tenant_paced(self.tenant_labels(tenant), seconds, new, reason)
 
+    def others_served(self, tenant: str, now: float) -> bool:
+        pacers = [p for p in (self.pacing, self.refusals) if p is not None]
+        return not pacers or any(p.others_seen(tenant, now) for p in pacers)
+
     def _pace_refusals(self, records: list[ConsumerRecord], routed: list[Routed]) -> None:
         """Count the requests refused for their tenant's own quota (``refusals``) and hold the
         topics of a tenant past ``router.refused_per_s``; a failure here costs the pacing, never

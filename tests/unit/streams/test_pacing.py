@@ -46,3 +46,17 @@ def test_any_unit_can_be_paced_and_nothing_taken_holds_no_one():
     assert p.available("b", 0.0) == 10.0
     with pytest.raises(ValueError):
         Pacing(0.0)
+
+
+def test_one_hold_is_at_most_max_hold_s_and_the_rest_is_forgiven():
+    p = Pacing(rate_per_s=10.0, max_hold_s=5.0)
+    p.seen({"a", "b"}, now=0.0)
+    assert p.take({"a": 500.0}, now=0.0) == {"a": pytest.approx(5.0)}  # a backlog's poll, refused at once
+    assert p.available("a", 5.0) == pytest.approx(0.0)
+
+
+def test_others_are_seen_only_within_the_window():
+    p = Pacing(rate_per_s=10.0, window_s=1.0)
+    p.seen({"a", "b", "c"}, now=0.0)
+    assert p.others_seen("a", 0.5)
+    assert not p.others_seen("a", 2.5)  # swept: nobody came since

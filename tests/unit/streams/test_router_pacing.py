@@ -150,3 +150,16 @@ def test_a_polls_records_are_routed_in_groups(tmp_path):
     records = [_record("a", 100)] * (3 * ROUTED_AT_ONCE + 1)
     asyncio.run(stage.handle(records))
     assert most == ROUTED_AT_ONCE and len(delivered) == len(records)
+
+
+def test_a_held_tenant_is_taken_again_once_no_one_else_is_served(tmp_path):
+    stage = _stage(tmp_path, MMSTREAM_ROUTER_REFUSED_PER_S="10")
+    stage._pace_refusals([_record("a", 100)] * 30 + [_record("b", 100)], [_shed("a")] * 30)  # noqa: SLF001
+    assert stage.paced and stage.io.paused
+    stage._release_paced()  # noqa: SLF001 - b was just served: a stays held
+    assert stage.io.paused
+    for pacer in (stage.pacing, stage.refusals):  # b's last record was long ago
+        pacer._seen = {t: at - 10.0 for t, at in pacer._seen.items()}  # noqa: SLF001
+        pacer._swept_at -= 10.0  # noqa: SLF001
+    stage._release_paced()  # noqa: SLF001
+    assert not stage.paced and stage.io.paused == set()
