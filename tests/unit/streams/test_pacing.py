@@ -49,10 +49,10 @@ def test_any_unit_can_be_paced_and_nothing_taken_holds_no_one():
 
 
 def test_one_hold_is_at_most_max_hold_s_and_the_rest_is_forgiven():
-    p = Pacing(rate_per_s=10.0, max_hold_s=5.0)
+    p = Pacing(rate_per_s=10.0)
     p.seen({"a", "b"}, now=0.0)
-    assert p.take({"a": 500.0}, now=0.0) == {"a": pytest.approx(5.0)}  # a backlog's poll, refused at once
-    assert p.available("a", 5.0) == pytest.approx(0.0)
+    assert p.take({"a": 1000.0}, now=0.0) == {"a": pytest.approx(60.0)}  # two backlog polls, refused at once
+    assert p.available("a", 60.0) == pytest.approx(0.0)
 
 
 def test_others_are_seen_only_within_the_window():
