@@ -217,6 +217,13 @@ class RouterSettings(Section):
         "keeps sending costs the router and the broker at most this many refusals a second, not the others' latency "
         "(docs/isolation.md, \"Stop 52\"). A client that waits as told is never held. 0: no such pacing.", ge=0
     )
+    turn_records: int = setting(
+        32, "Where each tenant has its own ingress topics: the most records of one tenant the router routes per turn "
+        "of its loop; the rest wait in the router, that tenant's topics paused, and go in the next turns beside the "
+        "others' new records, so a poll of one tenant's backlog (hundreds of records, after a hold or a restart) does "
+        "not hold every other tenant's records behind all of it (docs/isolation.md, \"Stop 52\"). 0: a poll is "
+        "routed whole.", ge=0
+    )
     large_record_bytes: int = setting(
         256 * 1024, "A record over this many bytes counts against large_record_bytes_per_s (the capacity mix's photos "
         "are under 220 KB).", ge=0

@@ -33,6 +33,7 @@ topic belongs to, and the rt/bulk rules apply to whatever topics it is assigned.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 import time
@@ -100,6 +101,14 @@ class RecordStage(mode.Service):
         broker): how fast it reads one tenant's large records (``streams.policies.pacing``)."""
         self.paced: dict[str, float] = {}
         """Tenant -> when its topics, held by ``pacing``, are taken again (monotonic s)."""
+        self.turn_records: int | None = None
+        """Set by a stage whose input topics are per tenant: the most records of one tenant it
+        handles per turn of its loop. The rest wait in ``deferred``, that tenant's topics paused,
+        and go in the next turns beside what the others sent meanwhile: a poll that brings
+        hundreds of one tenant's records (its backlog, taken again after a hold or a restart)
+        does not hold the others' records behind all of them."""
+        self.deferred: dict[str, collections.deque[ConsumerRecord]] = {}
+        self._deferred_epoch = 0
         self.health = process_health()
         self.restarts: dict[str, int] = {}
         """Task name -> times it raised and was started again."""
@@ -166,7 +175,7 @@ class RecordStage(mode.Service):
                 log.info("%s: holding bulk (rt backlog %d)", self.stage, self.backlog_rt())
         elif not hold and self.bulk_paused:
             for t in self.topics_of_lane("bulk"):
-                if self.tenant_of_topic(t) not in self.paced:
+                if not self._held(self.tenant_of_topic(t)):
                     self.io.resume(t)
             self.bulk_paused = False
             log.info("%s: taking bulk again", self.stage)
@@ -231,7 +240,7 @@ class RecordStage(mode.Service):
             self.intake_full = True
         elif self.intake_full:
             for t in topics:
-                if self.tenant_of_topic(t) not in self.paced:
+                if not self._held(self.tenant_of_topic(t)):
                     self.io.resume(t)
             self.intake_full = False
             self.bulk_paused = False  # the rt-first gate applies again from here
@@ -244,7 +253,7 @@ class RecordStage(mode.Service):
                 self.intake_gate(budget == 0)
                 if not self.intake_full and (self.bulk_topics or self.pattern is not None):
                     self.bulk_gate(not self.should_take_bulk())
-                records = await self.io.poll(self.poll_timeout_ms, budget)
+                records = await self.io.poll(0 if self.deferred else self.poll_timeout_ms, budget)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the broker away, a rebalance: poll again
@@ -252,11 +261,13 @@ class RecordStage(mode.Service):
                 await asyncio.sleep(0.5)
                 continue
             self.health.set_inflight(self.stage, self.io.tracker.total_unfinished())
+            if records and self.pacing is not None:
+                self._pace(records)
+            if self.turn_records is not None:
+                records = self._turn(records)
             if not records:
                 await self.idle()
                 continue
-            if self.pacing is not None:
-                self._pace(records)
             records.sort(key=lambda r: self.lane_of(r) == "bulk")  # rt first, offset order kept
             await self.handle_isolated(records)
 
@@ -315,11 +326,47 @@ class RecordStage(mode.Service):
                     self.io.pause(t)
                 continue
             del self.paced[tenant]
-            if self.intake_full:
-                continue
-            for t in self._tenant_topics(tenant):
-                if not (self.bulk_paused and self.lane_of_topic(t) == "bulk"):
-                    self.io.resume(t)
+            self._take_again(tenant)
+
+    def _held(self, tenant: str | None) -> bool:
+        """Whether ``tenant``'s topics are held by the stage (paced, or records deferred)."""
+        return tenant is not None and (tenant in self.paced or tenant in self.deferred)
+
+    def _take_again(self, tenant: str) -> None:
+        """Resume ``tenant``'s topics unless it is still held or a gate holds them."""
+        if self._held(tenant) or self.intake_full:
+            return
+        for t in self._tenant_topics(tenant):
+            if not (self.bulk_paused and self.lane_of_topic(t) == "bulk"):
+                self.io.resume(t)
+
+    def _turn(self, records: list[ConsumerRecord]) -> list[ConsumerRecord]:
+        """This turn's records: those of shared topics, and up to ``turn_records`` of each
+        tenant's, oldest first, the deferred before the new; a tenant with more left has its
+        topics paused (so nothing newer of it is read) until they are all taken."""
+        assert self.turn_records is not None
+        if self.io.epoch != self._deferred_epoch:  # revoked since: their next owner reads them again
+            self._deferred_epoch = self.io.epoch
+            self.deferred.clear()
+        paused = set(self.deferred)  # left from the last turn: their topics are paused
+        out: list[ConsumerRecord] = []
+        for r in records:
+            tenant = self.tenant_of_topic(r.topic)
+            if tenant is None:
+                out.append(r)
+            else:
+                self.deferred.setdefault(tenant, collections.deque()).append(r)
+        for tenant in list(self.deferred):
+            queue = self.deferred[tenant]
+            out.extend(queue.popleft() for _ in range(min(self.turn_records, len(queue))))
+            if queue and tenant not in paused:
+                for t in self._tenant_topics(tenant):
+                    self.io.pause(t)
+            elif not queue:
+                del self.deferred[tenant]
+                if tenant in paused:
+                    self._take_again(tenant)
+        return out
 
     async def handle_isolated(self, records: list[ConsumerRecord]) -> None:
         """``handle(records)``; if it raises, each record it had not taken care of is handled

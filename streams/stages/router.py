@@ -108,6 +108,8 @@ class RouterStage(RecordStage):
         while the box is past capacity; None when it runs at the others' level."""
         if self.pattern is not None and settings.router.large_record_bytes_per_s > 0:
             self.pacing = LargeRecordPacing(settings.router.large_record_bytes_per_s, settings.router.large_record_bytes)
+        if self.pattern is not None and settings.router.turn_records > 0:
+            self.turn_records = settings.router.turn_records
         self.refusals = Pacing(settings.router.refused_per_s) \
             if self.pattern is not None and settings.router.refused_per_s > 0 else None
         """How many of one tenant's requests refused for its own quota the router reads per

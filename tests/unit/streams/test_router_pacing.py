@@ -163,3 +163,32 @@ def test_a_held_tenant_is_taken_again_once_no_one_else_is_served(tmp_path):
         pacer._swept_at -= 10.0  # noqa: SLF001
     stage._release_paced()  # noqa: SLF001
     assert not stage.paced and stage.io.paused == set()
+
+
+def _numbered(tenant: str, n: int) -> list[ConsumerRecord]:
+    return [ConsumerRecord(NAMES.tenant_ingress("rt", tenant), 0, i, 0, 0, None, b"", None, 0, 100, [])
+            for i in range(n)]
+
+
+def test_one_tenants_backlog_is_routed_a_turn_at_a_time_beside_the_others(tmp_path):
+    stage = _stage(tmp_path, MMSTREAM_ROUTER_TURN_RECORDS="32")
+    stage.io.epoch = 0
+    a = {NAMES.tenant_ingress("rt", "a"), NAMES.tenant_ingress("bulk", "a")}
+    backlog, b = _numbered("a", 70), _numbered("b", 2)
+    turn = stage._turn(backlog + b)  # noqa: SLF001
+    assert turn == backlog[:32] + b and stage.io.paused == a  # nothing newer of a is read meanwhile
+    assert stage._turn(_numbered("b", 1)) == backlog[32:64] + _numbered("b", 1)  # noqa: SLF001 - oldest first
+    stage.paced["a"] = time.monotonic() + 60.0  # held by a pacing meanwhile: stays paused when its backlog is done
+    assert stage._turn([]) == backlog[64:] and stage.io.paused == a and not stage.deferred  # noqa: SLF001
+    del stage.paced["a"]
+    stage._turn(_numbered("a", 40))  # noqa: SLF001
+    assert stage._turn([]) == _numbered("a", 40)[32:] and stage.io.paused == set()  # noqa: SLF001 - taken again
+
+
+def test_records_deferred_before_a_rebalance_are_left_to_their_next_owner(tmp_path):
+    stage = _stage(tmp_path, MMSTREAM_ROUTER_TURN_RECORDS="32")
+    stage.io.epoch = 0
+    stage._turn(_numbered("a", 50))  # noqa: SLF001
+    stage.io.epoch = 1  # the partitions were revoked (and read again from the committed offset)
+    assert stage._turn(_numbered("b", 1)) == _numbered("b", 1) and not stage.deferred  # noqa: SLF001
+    assert _stage(tmp_path, MMSTREAM_ROUTER_TURN_RECORDS="0").turn_records is None
