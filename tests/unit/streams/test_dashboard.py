@@ -155,6 +155,7 @@ def test_suffix_rules_match_what_prometheus_client_exposes() -> None:
     m.cache_lookup("text", "hit")
     m.admission("rt", "admit")
     m.tenant_shed("acme", "rate")
+    m.tenant_paced("acme", 0.5, True, "refused")
     m.set_consumer_lag([LagRow("mm-router", "mm.ingress.rt", 0, 1, 2, 1)])
     m.set_inflight("route", 1)
     m.set_queue_depth("route", "rt", 1)
