@@ -201,7 +201,8 @@ class TenantQuotas:
         self._refill(t, tenant, now_ms)
         if has_refs and q.ref_bytes_per_s > 0 and t.ref_tokens <= 0:
             return Shed("ref_bytes", f"tenant {tenant} is over its rate of {q.ref_bytes_per_s:.0f} bytes per "
-                        "second read through refs; retry later", 1 + math.ceil(-t.ref_tokens * 1000.0 / q.ref_bytes_per_s))
+                        "second read through refs; retry later",
+                        1 + math.ceil(-t.ref_tokens * 1000.0 / q.ref_bytes_per_s))
         if costs_work and q.compute_ms_per_s > 0 and t.compute_tokens <= 0:
             return Shed("compute", f"tenant {tenant} is over its compute rate of {q.compute_ms_per_s:.0f} engine "
                         f"ms per second ({-t.compute_tokens:.0f} ms owed); retry later",

@@ -55,10 +55,11 @@ ROUTED_AT_ONCE = 32
 """Records of one poll routed concurrently. A poll holds up to 500 (a backlog read after a
 restart, or a tenant's topics taken again after a hold): routed all at once, each one's Redis
 round trips (its refs sized, the whole answer looked up) wait behind every other's parsing and
-pricing on the loop, past the client's 200 ms timeout (measured: 498 of a held tenant's
-requests answered ``internal`` in one such poll), and none of them is refused for the quota
-the first ones spent until all are priced. In groups, a group's quota decisions stand before
-the next is read, so a tenant put in debt by one request has the rest refused unpriced."""
+pricing on the loop, past the client's 200 ms timeout (one run answered 498 of a held
+tenant's requests ``internal``, their refs unsized; none in the runs since), and none is
+refused for the quota the first ones spent until all are priced. In groups, a group's quota
+decisions stand before the next is read, so a tenant put in debt by one request has the rest
+refused unpriced."""
 
 RECOVERY_ATTEMPTS = 3
 """Reads of the router's done markers on a take-over before its partitions are served without
