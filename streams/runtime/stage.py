@@ -289,11 +289,11 @@ class RecordStage(mode.Service):
                 if tenant is not None:
                     sizes.setdefault(tenant, []).append(r.serialized_value_size)
             now = time.monotonic()
-            self.hold(self.pacing.polled(sizes, now), "large_records", now)
+            self.hold_tenants(self.pacing.polled(sizes, now), "large_records", now)
         except Exception:
             log.exception("%s: pacing failed; nothing is held", self.stage)
 
-    def hold(self, holds: dict[str, float], reason: str, now: float) -> None:
+    def hold_tenants(self, holds: dict[str, float], reason: str, now: float) -> None:
         """Pause the topics of each tenant in ``holds`` until its time (monotonic s), ``reason``
         being which pacing held it; ``_release_paced`` takes them again."""
         for tenant, until in holds.items():

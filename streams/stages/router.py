@@ -196,7 +196,7 @@ class RouterStage(RecordStage):
                 if result.shed is not None:
                     refused[result.shed[0]] = refused.get(result.shed[0], 0.0) + 1.0
             if refused:
-                self.hold(self.refusals.take(refused, now), "refused", now)
+                self.hold_tenants(self.refusals.take(refused, now), "refused", now)
         except Exception:
             log.exception("router: pacing refusals failed; nothing is held")
 
