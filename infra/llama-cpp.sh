@@ -9,7 +9,11 @@
 set -euo pipefail
 PY=${1:?usage: infra/llama-cpp.sh PYTHON}
 VERSION=0.3.36
-CMAKE_FLAGS="-DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF"
+# Without AMX, even where the CPU has it: on a KVM Xeon with AMX (2026-12-06) ggml's AMX weight
+# buffers made the first llama_decode segfault (llama-cpp-python's own Llama() as well), and
+# GCC lets an explicit -mno-* win over -march=native whatever their order.
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+CMAKE_FLAGS="-DGGML_NATIVE=ON -DCMAKE_C_FLAGS='$NO_AMX' -DCMAKE_CXX_FLAGS='$NO_AMX' -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF"
 CPU_FLAGS=$(grep -o -w -E 'sse4_2|avx|avx2|fma|f16c|bmi2|avx512[a-z_0-9]*|amx[a-z_0-9]*|asimd|sve' /proc/cpuinfo 2>/dev/null | sort -u || true)
 KEY=$( (echo "$VERSION $CMAKE_FLAGS $(uname -m)"; echo "$CPU_FLAGS") | sha1sum | cut -c1-16)
 CACHE=${MMSTREAM_WHEEL_CACHE:-$HOME/.cache/mmstream/wheels}/llama-cpp-python-$VERSION-$KEY
@@ -20,8 +24,10 @@ fi
 if ! ls "$CACHE"/llama_cpp_python-*.whl >/dev/null 2>&1; then
   echo "mmstream: building llama-cpp-python $VERSION from source for this CPU (once per machine; 4-5 min on 2 cores)" >&2
   tmp=$(mktemp -d)
+  # --no-cache-dir: pip keeps wheels it built from an sdist and reuses them whatever CMAKE_ARGS
+  # says, so a change of the flags above would install the old build under the new key.
   CMAKE_ARGS="$CMAKE_FLAGS" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
-    "$PY" -m pip wheel -q --disable-pip-version-check --no-deps --no-binary llama-cpp-python \
+    "$PY" -m pip wheel -q --disable-pip-version-check --no-cache-dir --no-deps --no-binary llama-cpp-python \
       -w "$tmp" "llama-cpp-python==$VERSION"
   mkdir -p "$CACHE" && mv "$tmp"/llama_cpp_python-*.whl "$CACHE"/ && rm -rf "$tmp"
 fi
