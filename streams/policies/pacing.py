@@ -4,7 +4,9 @@ Where each tenant has its own input topics, a stage can hold one tenant's topics
 while it reads the others': the held tenant's records wait in its own topics (its consumer
 lag) instead of in front of everyone's. ``Pacing`` is a token bucket per tenant in some unit,
 refilled at ``rate`` per second up to a second's worth; a tenant that takes more than it holds
-is held until its bucket has paid back what it owes (at most ``max_hold_s``). Only while
+is held until its bucket has paid back what it owes (at most ``max_hold_s``): its records wait
+in its topics, and those the stage had already read wait in the stage (it routes none of a
+held tenant's records, ``RecordStage._turn``). Only while
 another tenant's records came within ``window_s``: alone, a tenant is read as fast as it sends,
 and a held tenant is taken again once the others' records stop coming. Memory: one entry per tenant
 seen within ``window_s`` or still owing. Two units are paced:
