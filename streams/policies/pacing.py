@@ -33,9 +33,10 @@ from typing import Iterable, Mapping
 MAX_HOLD_S = 60.0
 """The longest one hold: what a tenant owes past it is forgiven. A held tenant's records wait
 in its topics and come in one poll when it is taken again (up to 500 after a flood of small
-ones), so one such poll may hold it up to 50 s at 10 refusals a second; shorter caps measured
-worse (5 s: a poll of its backlog every 5 s, each one costing the others' records ~200 ms in
-the router's queue, docs/isolation.md, "Stop 52"). A tenant alone is taken again at once."""
+ones), which the router then takes at 10 refusals a second (``RouterStage.turn_of``): up to
+50 s; shorter caps measured worse (5 s, before the turns: a poll of its backlog every 5 s,
+each one costing the others' records ~200 ms in the router's queue, docs/isolation.md,
+"Stop 52"). A tenant alone is taken again at once."""
 
 
 class Pacing:
