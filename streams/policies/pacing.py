@@ -4,7 +4,9 @@ Where each tenant has its own input topics, a stage can hold one tenant's topics
 while it reads the others': the held tenant's records wait in its own topics (its consumer
 lag) instead of in front of everyone's. ``Pacing`` is a token bucket per tenant in some unit,
 refilled at ``rate`` per second up to a second's worth; a tenant that takes more than it holds
-is held until its bucket has paid back what it owes (at most ``max_hold_s``). Only while
+is held until its bucket has paid back what it owes (at most ``max_hold_s``): its records wait
+in its topics, and those the stage had already read wait in the stage (it routes none of a
+held tenant's records, ``RecordStage._turn``). Only while
 another tenant's records came within ``window_s``: alone, a tenant is read as fast as it sends,
 and a held tenant is taken again once the others' records stop coming. Memory: one entry per tenant
 seen within ``window_s`` or still owing. Two units are paced:
@@ -31,9 +33,10 @@ from typing import Iterable, Mapping
 MAX_HOLD_S = 60.0
 """The longest one hold: what a tenant owes past it is forgiven. A held tenant's records wait
 in its topics and come in one poll when it is taken again (up to 500 after a flood of small
-ones), so one such poll may hold it up to 50 s at 10 refusals a second; shorter caps measured
-worse (5 s: a poll of its backlog every 5 s, each one costing the others' records ~200 ms in
-the router's queue, docs/isolation.md, "Stop 52"). A tenant alone is taken again at once."""
+ones), which the router then takes at 10 refusals a second (``RouterStage.turn_of``): up to
+50 s; shorter caps measured worse (5 s, before the turns: a poll of its backlog every 5 s,
+each one costing the others' records ~200 ms in the router's queue, docs/isolation.md,
+"Stop 52"). A tenant alone is taken again at once."""
 
 
 class Pacing:

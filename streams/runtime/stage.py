@@ -106,7 +106,8 @@ class RecordStage(mode.Service):
         handles per turn of its loop. The rest wait in ``deferred``, that tenant's topics paused,
         and go in the next turns beside what the others sent meanwhile: a poll that brings
         hundreds of one tenant's records (its backlog, taken again after a hold or a restart)
-        does not hold the others' records behind all of them."""
+        does not hold the others' records behind all of them. A tenant held by a pacing gets
+        no turn until its hold ends."""
         self.deferred: dict[str, collections.deque[ConsumerRecord]] = {}
         self._deferred_epoch = 0
         self.health = process_health()
@@ -253,7 +254,7 @@ class RecordStage(mode.Service):
                 self.intake_gate(budget == 0)
                 if not self.intake_full and (self.bulk_topics or self.pattern is not None):
                     self.bulk_gate(not self.should_take_bulk())
-                records = await self.io.poll(0 if self.deferred else self.poll_timeout_ms, budget)
+                records = await self.io.poll(0 if self._deferred_ready() else self.poll_timeout_ms, budget)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the broker away, a rebalance: poll again
@@ -340,10 +341,23 @@ class RecordStage(mode.Service):
             if not (self.bulk_paused and self.lane_of_topic(t) == "bulk"):
                 self.io.resume(t)
 
+    def turn_of(self, tenant: str) -> int:
+        """The most records of ``tenant`` this turn (at least 1): ``turn_records``."""
+        assert self.turn_records is not None
+        return self.turn_records
+
+    def _deferred_ready(self) -> bool:
+        """Whether a tenant not held by a pacing has records deferred (the next turn has work
+        without a poll)."""
+        return any(tenant not in self.paced for tenant in self.deferred)
+
     def _turn(self, records: list[ConsumerRecord]) -> list[ConsumerRecord]:
         """This turn's records: those of shared topics, and up to ``turn_records`` of each
         tenant's, oldest first, the deferred before the new; a tenant with more left has its
-        topics paused (so nothing newer of it is read) until they are all taken."""
+        topics paused (so nothing newer of it is read) until they are all taken. A tenant a
+        pacing holds gets no turn: what the stage had read of it waits here as the rest waits
+        in its topics, until the hold ends (else a released backlog would be routed in full,
+        a turn at a time, however soon the pacing held its tenant again)."""
         assert self.turn_records is not None
         if self.io.epoch != self._deferred_epoch:  # revoked since: their next owner reads them again
             self._deferred_epoch = self.io.epoch
@@ -358,7 +372,9 @@ class RecordStage(mode.Service):
                 self.deferred.setdefault(tenant, collections.deque()).append(r)
         for tenant in list(self.deferred):
             queue = self.deferred[tenant]
-            out.extend(queue.popleft() for _ in range(min(self.turn_records, len(queue))))
+            if tenant in self.paced:  # its topics were paused by the hold
+                continue
+            out.extend(queue.popleft() for _ in range(min(self.turn_of(tenant), len(queue))))
             if queue and tenant not in paused:
                 for t in self._tenant_topics(tenant):
                     self.io.pause(t)

@@ -183,6 +183,20 @@ class RouterStage(RecordStage):
         pacers = [p for p in (self.pacing, self.refusals) if p is not None]
         return not pacers or any(p.others_seen(tenant, now) for p in pacers)
 
+    def turn_of(self, tenant: str) -> int:
+        """A tenant refused for its quota lately (its refusal bucket short of full) gets a turn
+        of what that bucket still holds, at least one record: a backlog the pacing released is
+        routed a record or a few at a time, each turn's refusals within the rate, instead of
+        ``turn_records`` refusals at once before the pacing holds it again."""
+        most = super().turn_of(tenant)
+        if self.refusals is None:
+            return most
+        now = time.monotonic()
+        left = self.refusals.available(tenant, now)
+        if left >= self.refusals.burst or not self.others_served(tenant, now):  # alone: as fast as it sends
+            return most
+        return max(1, min(most, int(left)))
+
     def _pace_refusals(self, records: list[ConsumerRecord], routed: list[Routed]) -> None:
         """Count the requests refused for their tenant's own quota (``refusals``) and hold the
         topics of a tenant past ``router.refused_per_s``; a failure here costs the pacing, never

@@ -178,11 +178,26 @@ def test_one_tenants_backlog_is_routed_a_turn_at_a_time_beside_the_others(tmp_pa
     turn = stage._turn(backlog + b)  # noqa: SLF001
     assert turn == backlog[:32] + b and stage.io.paused == a  # nothing newer of a is read meanwhile
     assert stage._turn(_numbered("b", 1)) == backlog[32:64] + _numbered("b", 1)  # noqa: SLF001 - oldest first
-    stage.paced["a"] = time.monotonic() + 60.0  # held by a pacing meanwhile: stays paused when its backlog is done
-    assert stage._turn([]) == backlog[64:] and stage.io.paused == a and not stage.deferred  # noqa: SLF001
-    del stage.paced["a"]
+    stage.paced["a"] = time.monotonic() + 60.0  # held by a pacing meanwhile: what was read of it waits here
+    assert stage._turn(_numbered("b", 1)) == _numbered("b", 1) and not stage._deferred_ready()  # noqa: SLF001
+    del stage.paced["a"]  # the hold ended: the rest of its backlog goes, then its topics are read again
+    assert stage._deferred_ready() and stage._turn([]) == backlog[64:] and stage.io.paused == set()  # noqa: SLF001
+    assert not stage.deferred
     stage._turn(_numbered("a", 40))  # noqa: SLF001
     assert stage._turn([]) == _numbered("a", 40)[32:] and stage.io.paused == set()  # noqa: SLF001 - taken again
+
+
+def test_a_tenant_refused_lately_gets_a_turn_of_what_its_refusal_bucket_holds(tmp_path):
+    stage = _stage(tmp_path, MMSTREAM_ROUTER_TURN_RECORDS="32", MMSTREAM_ROUTER_REFUSED_PER_S="10")
+    stage.io.epoch = 0
+    stage._pace_refusals([_record("a", 100)] * 4 + [_record("b", 100)], [_shed("a")] * 4)  # noqa: SLF001
+    assert not stage.paced and stage.turn_of("a") == 6 and stage.turn_of("b") == 32
+    backlog = _numbered("a", 70)
+    assert stage._turn(backlog + _numbered("b", 1)) == backlog[:6] + _numbered("b", 1)  # noqa: SLF001
+    stage._pace_refusals([_record("a", 100)] * 8, [_shed("a")] * 8)  # noqa: SLF001 - in debt: held, then a record a turn
+    assert "a" in stage.paced and stage._turn([]) == []  # noqa: SLF001
+    del stage.paced["a"]
+    assert stage._turn([]) == backlog[6:7]  # noqa: SLF001
 
 
 def test_records_deferred_before_a_rebalance_are_left_to_their_next_owner(tmp_path):
