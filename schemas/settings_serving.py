@@ -100,6 +100,13 @@ class EncoderSettings(Section):
         "router encoding another tenant's texts), and a decode that kills its process does not kill the worker. "
         "false: the decode runs on the thread itself."
     )
+    max_wait_rt_ms: float = setting(
+        600.0, "The most an rt job waits in an encoder, from its intake to the batch that would run it: past it, it "
+        "is answered overloaded with retry_after_ms instead of run late. Admission bounds the wait it predicts "
+        "(admission.max_queued_ms_rt); this bounds the wait that happens when the prediction runs short (a box past "
+        "capacity, its cores shared with the other stages), as a model server's queue timeout does. Counted on this "
+        "replica's own clock from its intake, so a skewed clock elsewhere cannot make it refuse. 0: no bound.", ge=0
+    )
     max_queue: int = setting(256, "Most jobs held in a worker between Kafka and the engine.", ge=1)
     max_queue_bytes: int = setting(
         256 * 1024 * 1024, "Most payload bytes the jobs held in a worker carry (inline data and text, and refs at the "

@@ -76,6 +76,8 @@ TEXT_LENGTHS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 # Engine ms one batch may take when the engine runs its rows alone: company saves it nothing
 # and every row waits for the end of its batch, so batches stay short and in arrival order.
 ROWS_ALONE_BATCH_MS = 10.0
+MIN_RETRY_AFTER_MS = 200
+"""What an rt job refused for its wait here is told to wait at least, beside the rt work queued."""
 WAIT_FORGET_S = 10.0
 """A wait calibration that learned nothing for this long starts again from 1."""
 STORE_AFTER_S = 0.005
@@ -170,6 +172,10 @@ class EncoderCore:
         admitted over their tenant's compute bucket) the engine runs now, 0 when none: the process
         runs lower while it runs a batch of nothing else and no other job waits here."""
         self.background_running = 0
+        self.taken_in: dict[int, float] = {}
+        self.late = 0  # rt jobs refused for waiting past that bound (``_late``)
+        """Monotonic s at which each held rt job was submitted, by ``id(job)``: its wait here,
+        bounded by ``limits.max_wait_rt_ms``."""
 
     # -- intake ---------------------------------------------------------------------------
 
@@ -185,6 +191,8 @@ class EncoderCore:
             if job.deadline_at_ms <= now:
                 self._answer(EncodeAnswer(job, origin, lane, deadline_error(), None))
             else:
+                if lane == "rt":
+                    self.taken_in[id(job)] = time.monotonic()
                 live.append((job, lane, origin))
         if live:
             if self.background_running and any(not job.background for job, _, _ in live):
@@ -260,6 +268,10 @@ class EncoderCore:
         if job.deadline_at_ms <= now_ms():  # its turn came past its deadline: answered, not decoded
             self._end_heavy_turn()
             return [deadline_error()]
+        late = self._late(job)
+        if late is not None:  # its turn came past the rt wait bound: refused, not decoded
+            self._end_heavy_turn()
+            return [late]
         try:
             decode = self.prep_heavy.submit(self.runner.prepare_items, [job], True)
         except BaseException:
@@ -470,11 +482,15 @@ class EncoderCore:
         self.order[batch.lane].taken([p.item.order for p in batch.items])
         self._report_depths()
         now = now_ms()
-        live = [p.item for p in batch.items if p.item.prepared.job.deadline_at_ms > now]
+        live = []
         for p in batch.items:
-            if p.item.prepared.job.deadline_at_ms <= now:
-                self._observe_wait(p.item.prepared.job, p.item.lane, now)  # it waited at least this long
-                self._answer(EncodeAnswer(p.item.prepared.job, p.item.origin, p.item.lane, deadline_error(), None))
+            job = p.item.prepared.job
+            refusal = deadline_error() if job.deadline_at_ms <= now else self._late(job)
+            if refusal is None:
+                live.append(p.item)
+                continue
+            self._observe_wait(job, p.item.lane, now)  # it waited at least this long
+            self._answer(EncodeAnswer(job, p.item.origin, p.item.lane, refusal, None))
         if not live:
             return
         self.running_ms = max(0.001, self.model.batch_ms([h.prepared.length for h in live]))
@@ -570,7 +586,27 @@ class EncoderCore:
     def _new_waits() -> PredictionCalibration:
         return PredictionCalibration(floor_ms=WAIT_FLOOR_MS, low=MIN_WAIT_SCALE, high=MAX_WAIT_SCALE)
 
+    def _late(self, job: EncodeJob) -> WireError | None:
+        """``overloaded`` for an rt job that has waited here past ``limits.max_wait_rt_ms``
+        beyond its own preparation as the router priced it (``prep_ms``: a large picture's
+        decode is its own cost, not a wait): admission's prediction ran short. Refused now,
+        with the time the rt work queued here needs, rather than run late. None: in time,
+        bulk, or no bound."""
+        taken_in = self.taken_in.get(id(job))
+        if self.limits.max_wait_rt_ms <= 0 or taken_in is None:
+            return None
+        bound = self.limits.max_wait_rt_ms + (job.prep_ms or 0.0)
+        waited = (time.monotonic() - taken_in) * 1000.0
+        if waited <= bound:
+            return None
+        self.late += 1
+        return WireError(ErrorCode.OVERLOADED,
+                         f"the part waited {waited:.0f} ms in encode.{self.modality}, past its bound of {bound:.0f} ms "
+                         "(the stage is past its capacity); retry later",
+                         retry_after_ms=MIN_RETRY_AFTER_MS + int(self.queued_ms("rt")))
+
     def _answer(self, answer: EncodeAnswer) -> None:
+        self.taken_in.pop(id(answer.job), None)
         self.held -= 1
         self.held_bulk -= answer.lane == "bulk"
         self.held_bytes -= answer.job.payload_bytes

@@ -153,6 +153,44 @@ async def test_work_past_its_deadline_is_answered_and_never_reaches_the_engine()
     runner.cancel()
 
 
+async def test_an_rt_job_that_waited_past_the_bound_is_refused_overloaded_and_never_reaches_the_engine() -> None:
+    """``max_wait_rt_ms``: admission predicted its wait short; it is refused with a retry-after
+    rather than run late. A bulk job that waited as long still runs, and so does an rt job in time."""
+    h = Harness(max_wait_rt_ms=100.0)
+    h.gate.clear()
+    _submit(h.core, _job("first", 1))
+    await _until(lambda: h.core.direct_ms > 0, "a direct run")
+    _submit(h.core, _job("waits-too-long", 2), _job("bulk-waits", 3, lane="bulk"))
+    await _until(lambda: len(h.core.queues["rt"]) == 1 and len(h.core.queues["bulk"]) == 1, "queued")
+    await asyncio.sleep(0.15)  # past the bound, behind the running batch
+    _submit(h.core, _job("in-time", 4))
+    await _until(lambda: len(h.core.queues["rt"]) == 2, "the third queued")
+    runner = asyncio.create_task(h.core.run(lambda: False))
+    h.gate.set()
+    await _until(lambda: len(h.answers) == 4, "all answered")
+    late = h.by_id()["r2"].result
+    assert late.code == "overloaded" and late.retry_after_ms >= encoder_core.MIN_RETRY_AFTER_MS
+    assert h.by_id()["r2"].span is None and h.core.late == 1
+    assert sorted(x for batch in h.ran for x in batch) == ["bulk-waits", "first", "in-time"]
+    assert h.core.held == 0 and not h.core.taken_in
+    runner.cancel()
+
+
+async def test_with_no_wait_bound_a_late_rt_job_still_runs() -> None:
+    h = Harness(max_wait_rt_ms=0.0)
+    h.gate.clear()
+    _submit(h.core, _job("first", 1))
+    await _until(lambda: h.core.direct_ms > 0, "a direct run")
+    _submit(h.core, _job("waits", 2))
+    await _until(lambda: len(h.core.queues["rt"]) == 1, "queued")
+    await asyncio.sleep(0.15)
+    runner = asyncio.create_task(h.core.run(lambda: False))
+    h.gate.set()
+    await _until(lambda: len(h.answers) == 2, "both answered")
+    assert h.ran == [["first"], ["waits"]] and h.core.late == 0
+    runner.cancel()
+
+
 @pytest.mark.parametrize("order", ["fair", "arrival"])
 async def test_a_tenants_backlog_does_not_hold_another_tenants_job_behind_it(order) -> None:
     h = Harness(order=order)
@@ -274,6 +312,24 @@ async def test_a_heavy_jobs_preparation_holds_no_later_light_job_behind_it() -> 
         assert "r1" not in h.by_id()
         h.slow_prep.set()
         await _until(lambda: "r1" in h.by_id(), "the heavy job answered")
+    finally:
+        h.slow_prep.set()
+        runner.cancel()
+
+
+async def test_a_heavy_rt_job_whose_turn_comes_past_the_wait_bound_is_refused_without_its_decode() -> None:
+    h = Harness(heavy_prep_ms=50.0, max_wait_rt_ms=100.0)
+    h.slow_prep.clear()  # the first heavy decode holds the heavy thread past the second's bound
+    runner = asyncio.create_task(h.core.run(lambda: False))
+    try:
+        _submit(h.core, _job("slow heavy", 1, prep_ms=6000.0), _job("heavy behind it", 2, prep_ms=60.0))
+        await _until(lambda: "r1" in h.prepared_on, "the first heavy job being prepared")
+        await asyncio.sleep(0.2)  # past the second's bound: 100 ms beyond its own 60 ms decode
+        h.slow_prep.set()
+        await _until(lambda: len(h.answers) == 2, "both answered")
+        assert h.by_id()["r2"].result.code == "overloaded" and "r2" not in h.prepared_on  # never decoded
+        assert isinstance(h.by_id()["r1"].result, Encoded)  # its own decode, as priced, is no wait
+        assert not h.core.heavy_busy and h.core.held == 0
     finally:
         h.slow_prep.set()
         runner.cancel()
