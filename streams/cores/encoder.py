@@ -172,10 +172,7 @@ class EncoderCore:
         admitted over their tenant's compute bucket) the engine runs now, 0 when none: the process
         runs lower while it runs a batch of nothing else and no other job waits here."""
         self.background_running = 0
-        self.taken_in: dict[int, float] = {}
-        self.late = 0  # rt jobs refused for waiting past that bound (``_late``)
-        """Monotonic s at which each held rt job was submitted, by ``id(job)``: its wait here,
-        bounded by ``limits.max_wait_rt_ms``."""
+        self.late = 0  # rt jobs refused for waiting past ``limits.max_wait_rt_ms`` (``_late``)
 
     # -- intake ---------------------------------------------------------------------------
 
@@ -191,8 +188,6 @@ class EncoderCore:
             if job.deadline_at_ms <= now:
                 self._answer(EncodeAnswer(job, origin, lane, deadline_error(), None))
             else:
-                if lane == "rt":
-                    self.taken_in[id(job)] = time.monotonic()
                 live.append((job, lane, origin))
         if live:
             if self.background_running and any(not job.background for job, _, _ in live):
@@ -268,10 +263,6 @@ class EncoderCore:
         if job.deadline_at_ms <= now_ms():  # its turn came past its deadline: answered, not decoded
             self._end_heavy_turn()
             return [deadline_error()]
-        late = self._late(job)
-        if late is not None:  # its turn came past the rt wait bound: refused, not decoded
-            self._end_heavy_turn()
-            return [late]
         try:
             decode = self.prep_heavy.submit(self.runner.prepare_items, [job], True)
         except BaseException:
@@ -481,11 +472,11 @@ class EncoderCore:
         queue[:] = [p for p in queue if id(p) not in chosen]
         self.order[batch.lane].taken([p.item.order for p in batch.items])
         self._report_depths()
-        now = now_ms()
+        now, now_s = now_ms(), time.monotonic()
         live = []
         for p in batch.items:
             job = p.item.prepared.job
-            refusal = deadline_error() if job.deadline_at_ms <= now else self._late(job)
+            refusal = deadline_error() if job.deadline_at_ms <= now else self._late(p, now_s)
             if refusal is None:
                 live.append(p.item)
                 continue
@@ -586,17 +577,18 @@ class EncoderCore:
     def _new_waits() -> PredictionCalibration:
         return PredictionCalibration(floor_ms=WAIT_FLOOR_MS, low=MIN_WAIT_SCALE, high=MAX_WAIT_SCALE)
 
-    def _late(self, job: EncodeJob) -> WireError | None:
-        """``overloaded`` for an rt job that has waited here past ``limits.max_wait_rt_ms``
-        beyond its own preparation as the router priced it (``prep_ms``: a large picture's
-        decode is its own cost, not a wait): admission's prediction ran short. Refused now,
-        with the time the rt work queued here needs, rather than run late. None: in time,
-        bulk, or no bound."""
-        taken_in = self.taken_in.get(id(job))
-        if self.limits.max_wait_rt_ms <= 0 or taken_in is None:
+    def _late(self, p: Pending[_Held], now_s: float) -> WireError | None:
+        """``overloaded`` for the rt job of a one-part request that has waited in the engine's
+        queue past ``limits.max_wait_rt_ms``: admission's prediction ran short. Refused now,
+        with the time the rt work queued here needs, rather than run late. None: in time, no
+        bound, bulk, or a part of a request of several (it waits for its own siblings too, and
+        refused alone it would leave its request a partial answer). Its preparation (a cold
+        decode, its turn on the heavy thread behind its own tenant's) is not counted: the
+        wait is from the queue it joined once prepared."""
+        job, bound = p.item.prepared.job, self.limits.max_wait_rt_ms
+        if bound <= 0 or p.item.lane != "rt" or job.n_parts != 1 or job.chunk is not None:
             return None
-        bound = self.limits.max_wait_rt_ms + (job.prep_ms or 0.0)
-        waited = (time.monotonic() - taken_in) * 1000.0
+        waited = (now_s - p.enqueued_at) * 1000.0
         if waited <= bound:
             return None
         self.late += 1
@@ -606,7 +598,6 @@ class EncoderCore:
                          retry_after_ms=MIN_RETRY_AFTER_MS + int(self.queued_ms("rt")))
 
     def _answer(self, answer: EncodeAnswer) -> None:
-        self.taken_in.pop(id(answer.job), None)
         self.held -= 1
         self.held_bulk -= answer.lane == "bulk"
         self.held_bytes -= answer.job.payload_bytes
