@@ -101,15 +101,16 @@ class EncoderSettings(Section):
         "false: the decode runs on the thread itself."
     )
     max_wait_rt_ms: float = setting(
-        400.0, "The most the rt job of a one-part request waits in an encoder's engine queue: past it, it is answered "
-        "overloaded with retry_after_ms instead of run late. Admission bounds the wait it predicts "
-        "(admission.max_queued_ms_rt); this bounds the wait that happens when the prediction runs short (a box past "
-        "capacity, its cores shared with the other stages), as a model server's queue timeout does, and leaves the "
-        "rest of the rt latency budget to the router and the assembler. Counted on the replica's own clock from the "
-        "moment the job, prepared, joined the queue: its own decode (a cold one, a heavy one's turn) is no wait. A part "
-        "of a request of several is not bounded (it waits for its siblings too; refused alone it would leave its "
-        "request a partial answer). Measured at 1.5x and 2x capacity (docs/capacity.md, \"Stop 54\"). 0: no bound.",
-        ge=0
+        400.0, "The most the rt job of a one-part request waits in an encoder's engine queue (the router's own "
+        "encoders' included): past it, it is answered overloaded with retry_after_ms when the next batch is picked, "
+        "instead of run late. Admission bounds the wait it predicts (admission.max_queued_ms_rt, 500); this bounds the "
+        "wait that happens when the prediction runs short (a box past capacity, its cores shared with the other "
+        "stages), as a model server's queue timeout does. It is below admission's limit on purpose: the router's "
+        "backlog, the batch and the assembler share the rest of a 1 s rt budget. Counted on the replica's own clock "
+        "from the moment the job, prepared, joined the queue: its own decode (a cold one, a heavy one's turn) is no "
+        "wait. A part of a request of several and a video's chunk are not bounded (they wait for their siblings too; "
+        "refused alone a part would leave its request a partial answer). Measured at 1.5x and 2x capacity "
+        "(docs/capacity.md, \"Stop 54\"). 0: no bound.", ge=0
     )
     max_queue: int = setting(256, "Most jobs held in a worker between Kafka and the engine.", ge=1)
     max_queue_bytes: int = setting(

@@ -437,7 +437,10 @@ class EncoderCore:
     async def step(self) -> Batch[Any] | Wait | None:
         """Run the next batch the batcher picks, if one is due. Returns the batch it ran, or
         when the next one is due with no new arrival (``Wait``), or None: nothing queued."""
-        decision = self.batcher.next_batch(self.queues["rt"], self.queues["bulk"], time.monotonic(), self._wait_s())
+        now = time.monotonic()
+        if self.limits.max_wait_rt_ms > 0 and self.queues["rt"]:
+            self._refuse_late(now)
+        decision = self.batcher.next_batch(self.queues["rt"], self.queues["bulk"], now, self._wait_s())
         if isinstance(decision, Batch):
             await self._run(decision)
         return decision
@@ -472,16 +475,12 @@ class EncoderCore:
         queue[:] = [p for p in queue if id(p) not in chosen]
         self.order[batch.lane].taken([p.item.order for p in batch.items])
         self._report_depths()
-        now, now_s = now_ms(), time.monotonic()
-        live = []
+        now = now_ms()
+        live = [p.item for p in batch.items if p.item.prepared.job.deadline_at_ms > now]
         for p in batch.items:
-            job = p.item.prepared.job
-            refusal = deadline_error() if job.deadline_at_ms <= now else self._late(p, now_s)
-            if refusal is None:
-                live.append(p.item)
-                continue
-            self._observe_wait(job, p.item.lane, now)  # it waited at least this long
-            self._answer(EncodeAnswer(job, p.item.origin, p.item.lane, refusal, None))
+            if p.item.prepared.job.deadline_at_ms <= now:
+                self._observe_wait(p.item.prepared.job, p.item.lane, now)  # it waited at least this long
+                self._answer(EncodeAnswer(p.item.prepared.job, p.item.origin, p.item.lane, deadline_error(), None))
         if not live:
             return
         self.running_ms = max(0.001, self.model.batch_ms([h.prepared.length for h in live]))
@@ -577,25 +576,45 @@ class EncoderCore:
     def _new_waits() -> PredictionCalibration:
         return PredictionCalibration(floor_ms=WAIT_FLOOR_MS, low=MIN_WAIT_SCALE, high=MAX_WAIT_SCALE)
 
-    def _late(self, p: Pending[_Held], now_s: float) -> WireError | None:
-        """``overloaded`` for the rt job of a one-part request that has waited in the engine's
-        queue past ``limits.max_wait_rt_ms``: admission's prediction ran short. Refused now,
-        with the time the rt work queued here needs, rather than run late. None: in time, no
-        bound, bulk, or a part of a request of several (it waits for its own siblings too, and
-        refused alone it would leave its request a partial answer). Its preparation (a cold
-        decode, its turn on the heavy thread behind its own tenant's) is not counted: the
-        wait is from the queue it joined once prepared."""
-        job, bound = p.item.prepared.job, self.limits.max_wait_rt_ms
-        if bound <= 0 or p.item.lane != "rt" or job.n_parts != 1 or job.chunk is not None:
-            return None
-        waited = (now_s - p.enqueued_at) * 1000.0
-        if waited <= bound:
-            return None
-        self.late += 1
-        return WireError(ErrorCode.OVERLOADED,
-                         f"the part waited {waited:.0f} ms in encode.{self.modality}, past its bound of {bound:.0f} ms "
-                         "(the stage is past its capacity); retry later",
-                         retry_after_ms=MIN_RETRY_AFTER_MS + int(self.queued_ms("rt")))
+    def _refuse_late(self, now_s: float) -> None:
+        """Answer ``overloaded`` every rt job of a one-part request that has waited in the
+        engine's queue past ``limits.max_wait_rt_ms`` (admission's prediction ran short), with
+        the time the rt work queued here needs, rather than run it late; before the batch is
+        picked, so a refused job takes no place in it. Not bounded: a part of a request of
+        several (it waits for its own siblings too, and refused alone it would leave its
+        request a partial answer), a video's chunk, bulk. Its preparation (a cold decode, its
+        turn on the heavy thread behind its own tenant's) is not counted: the wait is from the
+        queue it joined once prepared."""
+        bound_s, at = self.limits.max_wait_rt_ms / 1000.0, now_ms()
+        queue = self.queues["rt"]
+        late = [p for p in queue if now_s - p.enqueued_at > bound_s and p.item.prepared.job.n_parts == 1
+                and p.item.prepared.job.chunk is None and p.item.prepared.job.deadline_at_ms > at]  # else: its deadline's
+        if not late:
+            return
+        gone = {id(p) for p in late}
+        queue[:] = [p for p in queue if id(p) not in gone]
+        self.order["rt"].taken([p.item.order for p in late])
+        self._report_depths()
+        retry = self._retry_after_ms()
+        for p in late:
+            job = p.item.prepared.job
+            self.late += 1
+            self._observe_wait(job, "rt", at)  # it waited at least this long
+            err = WireError(ErrorCode.OVERLOADED,
+                            f"the part waited {(now_s - p.enqueued_at) * 1000.0:.0f} ms for encode.{self.modality}'s "
+                            f"engine, past its bound of {self.limits.max_wait_rt_ms:.0f} ms (the stage is past its "
+                            "capacity); retry later", None, retry)
+            self._answer(EncodeAnswer(job, p.item.origin, "rt", err, None))
+
+    def _retry_after_ms(self) -> int:
+        """How long a job refused here is told to wait: the rt work queued here, and at least
+        ``MIN_RETRY_AFTER_MS``; never raises (a refusal must be answered)."""
+        try:
+            queued = self.queued_ms("rt")
+            return MIN_RETRY_AFTER_MS + (int(min(queued, 60_000.0)) if queued > 0 else 0)
+        except Exception:  # a bug in the cost model: the floor, not a lost answer
+            log.exception("encode.%s: could not predict the rt work queued", self.modality)
+            return MIN_RETRY_AFTER_MS
 
     def _answer(self, answer: EncodeAnswer) -> None:
         self.held -= 1

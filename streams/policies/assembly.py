@@ -361,7 +361,10 @@ def _summary_error(failed: list[dict[str, Any]], deadline: bool) -> WireError:
     code = codes[0] if len(set(codes)) == 1 else ErrorCode.INVALID_REQUEST
     if ErrorCode.INTERNAL in codes:
         code = ErrorCode.INTERNAL
-    return WireError(code, f"every part failed: {detail}")
+    # One code for every part (an overloaded encoder): the longest wait a part was told to keep.
+    waits = [r["error"].get("retry_after_ms") for r in failed] if len(set(codes)) == 1 else []
+    retry = max((int(w) for w in waits if isinstance(w, (int, float)) and 0 <= w < 86_400_000), default=None)
+    return WireError(code, f"every part failed: {detail}", None, retry)
 
 
 def _timings(state: Assembly, now_ms: float) -> dict[str, Any]:

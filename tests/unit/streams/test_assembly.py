@@ -64,6 +64,18 @@ def test_all_parts_failed_is_an_error_event_with_the_parts_code():
     assert events[0].kind == "error" and events[0].error["code"] == "unsupported_media"
 
 
+def test_a_request_whose_parts_were_all_refused_overloaded_keeps_the_longest_retry_after():
+    def refused(i, wait):
+        return EncodedPart(id="r", part=i, modality="text", sent_at_ms=5.0,
+                           error=WireError(ErrorCode.OVERLOADED, "busy", None, wait).to_wire())
+
+    _, events = run([manifest(n=2), refused(0, 350), refused(1, 900)])
+    assert events[0].kind == "error" and events[0].error["code"] == "overloaded"
+    assert events[0].error["retry_after_ms"] == 900
+    _, mixed = run([manifest(n=2), refused(0, 350), part(1, ok=False)])  # codes differ: the policy's own
+    assert mixed[0].error["code"] == "invalid_request" and mixed[0].error["retry_after_ms"] is None
+
+
 def test_deadline_completes_with_what_is_there():
     state, _ = run([manifest(deadline=50.0), part(0)], now=10.0)
     assert step(state, DeadlineTick("r"), 49.0, POLICY).emit is None

@@ -10,6 +10,7 @@ it in fair order; jobs being prepared count as queued work."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import sys
 import threading
@@ -153,24 +154,37 @@ async def test_work_past_its_deadline_is_answered_and_never_reaches_the_engine()
     runner.cancel()
 
 
+def _backdate(core: EncoderCore, *ids: str, by_s: float = 5.0) -> None:
+    """Make the queued jobs ``ids`` look as if they joined the engine's queue ``by_s`` earlier
+    (no test sleeps past a bound: a slow box would make the in-time side late too)."""
+    for queue in core.queues.values():
+        for i, p in enumerate(queue):
+            if p.item.prepared.job.id in ids:
+                queue[i] = dataclasses.replace(p, enqueued_at=p.enqueued_at - by_s)
+
+
+async def _queued_behind_a_running_batch(h: Harness, *jobs: EncodeJob) -> None:
+    h.gate.clear()  # the first direct run blocks in the engine; the others queue behind it
+    _submit(h.core, _job("first", 0))
+    await _until(lambda: h.core.direct_ms > 0, "a direct run")
+    _submit(h.core, *jobs)
+    await _until(lambda: sum(map(len, h.core.queues.values())) == len(jobs), "all queued")
+
+
 async def test_an_rt_job_that_waited_past_the_bound_is_refused_overloaded_and_never_reaches_the_engine() -> None:
     """``max_wait_rt_ms``: admission predicted its wait short; it is refused with a retry-after
-    rather than run late. A bulk job that waited as long still runs, and so does an rt job in time."""
-    h = Harness(max_wait_rt_ms=100.0)
-    h.gate.clear()
-    _submit(h.core, _job("first", 1))
-    await _until(lambda: h.core.direct_ms > 0, "a direct run")
-    _submit(h.core, _job("waits-too-long", 2), _job("bulk-waits", 3, lane="bulk"))
-    await _until(lambda: len(h.core.queues["rt"]) == 1 and len(h.core.queues["bulk"]) == 1, "queued")
-    await asyncio.sleep(0.15)  # past the bound, behind the running batch
-    _submit(h.core, _job("in-time", 4))
-    await _until(lambda: len(h.core.queues["rt"]) == 2, "the third queued")
+    rather than run late, and its wait teaches the calibration. A bulk job that waited as long
+    still runs, and so does an rt job in time."""
+    h = Harness(max_wait_rt_ms=2000.0)
+    await _queued_behind_a_running_batch(h, _job("waits-too-long", 1, predicted_wait_ms=10.0),
+                                         _job("bulk-waits", 2, lane="bulk"), _job("in-time", 3))
+    _backdate(h.core, "r1", "r2")
     runner = asyncio.create_task(h.core.run(lambda: False))
     h.gate.set()
     await _until(lambda: len(h.answers) == 4, "all answered")
-    late = h.by_id()["r2"].result
+    late = h.by_id()["r1"].result
     assert late.code == "overloaded" and late.retry_after_ms >= encoder_core.MIN_RETRY_AFTER_MS
-    assert h.by_id()["r2"].span is None and h.core.late == 1
+    assert h.by_id()["r1"].span is None and h.core.late == 1 and h.core.waits.observed == 1
     assert sorted(x for batch in h.ran for x in batch) == ["bulk-waits", "first", "in-time"]
     assert h.core.held == 0
     runner.cancel()
@@ -178,16 +192,40 @@ async def test_an_rt_job_that_waited_past_the_bound_is_refused_overloaded_and_ne
 
 async def test_with_no_wait_bound_a_late_rt_job_still_runs() -> None:
     h = Harness(max_wait_rt_ms=0.0)
-    h.gate.clear()
-    _submit(h.core, _job("first", 1))
-    await _until(lambda: h.core.direct_ms > 0, "a direct run")
-    _submit(h.core, _job("waits", 2))
-    await _until(lambda: len(h.core.queues["rt"]) == 1, "queued")
-    await asyncio.sleep(0.15)
+    await _queued_behind_a_running_batch(h, _job("waits", 1))
+    _backdate(h.core, "r1")
     runner = asyncio.create_task(h.core.run(lambda: False))
     h.gate.set()
     await _until(lambda: len(h.answers) == 2, "both answered")
     assert h.ran == [["first"], ["waits"]] and h.core.late == 0
+    runner.cancel()
+
+
+async def test_the_wait_bound_spares_the_parts_of_a_several_part_request_and_a_videos_chunks() -> None:
+    """Such a part waits for its siblings too, and refused alone would leave its request partial."""
+    h = Harness(max_wait_rt_ms=2000.0)
+    await _queued_behind_a_running_batch(h, _job("sibling", 1, n_parts=2), _job("chunk", 2, chunk=0),
+                                         _job("alone", 3))
+    _backdate(h.core, "r1", "r2", "r3")
+    runner = asyncio.create_task(h.core.run(lambda: False))
+    h.gate.set()
+    await _until(lambda: len(h.answers) == 4, "all answered")
+    got = h.by_id()
+    assert isinstance(got["r1"].result, Encoded) and isinstance(got["r2"].result, Encoded)
+    assert got["r3"].result.code == "overloaded"
+    runner.cancel()
+
+
+async def test_a_job_past_its_deadline_is_answered_so_even_when_it_is_late_too() -> None:
+    h = Harness(max_wait_rt_ms=2000.0)
+    await _queued_behind_a_running_batch(h, _job("expired", 1, deadline_at_ms=now_ms() + 100))
+    _backdate(h.core, "r1")
+    await asyncio.sleep(0.15)  # its deadline passes
+    runner = asyncio.create_task(h.core.run(lambda: False))
+    h.gate.set()
+    await _until(lambda: len(h.answers) == 2, "both answered")
+    assert h.by_id()["r1"].result.code == "deadline_exceeded" and h.core.late == 0  # once, never run
+    assert h.ran == [["first"]]
     runner.cancel()
 
 
@@ -318,35 +356,22 @@ async def test_a_heavy_jobs_preparation_holds_no_later_light_job_behind_it() -> 
 
 
 async def test_the_wait_bound_counts_no_preparation() -> None:
-    """A job's own decode (a cold one, a heavy one's turn on its thread) is not a wait."""
-    h = Harness(max_wait_rt_ms=100.0, heavy_prep_ms=50.0)
-    h.slow_prep.clear()
-    runner = asyncio.create_task(h.core.run(lambda: False))
-    try:
-        _submit(h.core, _job("slow heavy", 1, prep_ms=6000.0), _job("slow light", 2, prep_ms=5.0))
-        await _until(lambda: "r1" in h.prepared_on, "the heavy job being prepared")
-        await asyncio.sleep(0.15)  # the decodes take longer than the bound
-        h.slow_prep.set()
-        await _until(lambda: len(h.answers) == 2, "both answered")
-        assert all(isinstance(a.result, Encoded) for a in h.answers) and h.core.late == 0
-    finally:
-        h.slow_prep.set()
-        runner.cancel()
-
-
-async def test_the_wait_bound_spares_the_parts_of_a_several_part_request() -> None:
-    """Such a part waits for its siblings too, and refused alone would leave its request partial."""
-    h = Harness(max_wait_rt_ms=100.0)
+    """A job's own decode (a cold one; a heavy one's, priced just over the heavy threshold) is no
+    wait: decodes far longer than price plus bound, then a short queue, and both run."""
+    h = Harness(max_wait_rt_ms=300.0, heavy_prep_ms=50.0)
     h.gate.clear()
-    _submit(h.core, _job("first", 1))
-    await _until(lambda: h.core.direct_ms > 0, "a direct run")
-    _submit(h.core, _job("sibling", 2, n_parts=2), _job("alone", 3))
-    await _until(lambda: len(h.core.queues["rt"]) == 2, "both queued")
-    await asyncio.sleep(0.15)
+    _submit(h.core, _job("first", 0))
+    await _until(lambda: h.core.direct_ms > 0, "a direct run")  # the light job is queued, not run directly
+    h.slow_prep.clear()
+    _submit(h.core, _job("slow heavy", 1, prep_ms=60.0), _job("slow light", 2, prep_ms=5.0))
+    await _until(lambda: {"r1", "r2"} <= set(h.prepared_on), "both being prepared")
+    await asyncio.sleep(0.5)  # past 60 + 300 ms
+    h.slow_prep.set()
+    await _until(lambda: len(h.core.queues["rt"]) == 2, "both queued once prepared")
     runner = asyncio.create_task(h.core.run(lambda: False))
     h.gate.set()
     await _until(lambda: len(h.answers) == 3, "all answered")
-    assert isinstance(h.by_id()["r2"].result, Encoded) and h.by_id()["r3"].result.code == "overloaded"
+    assert all(isinstance(a.result, Encoded) for a in h.answers) and h.core.late == 0
     runner.cancel()
 
 
