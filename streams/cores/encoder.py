@@ -29,6 +29,10 @@ The direct path: while the engine is idle (nothing queued, running or being prep
 nothing) the engine thread prepares and runs a submitted batch in one call while the prep thread
 asks the cache: two hand-offs fewer, most of what an idle stage adds.
 
+What admission predicts is also enforced here: the rt job of a one-part request that waited in the
+engine's queue past ``max_wait_rt_ms`` is answered ``overloaded`` before the next batch is picked,
+not run late (``_refuse_late``; a model server's queue timeout).
+
 Each rt job that carries the wait the router predicted for it (``EncodeJob.predicted_wait_ms``)
 teaches ``waits`` how far such predictions run from the wait it had until the engine started it
 (from the router's send: the hop and the intake included) or until it expired; the stage reports
@@ -172,7 +176,7 @@ class EncoderCore:
         admitted over their tenant's compute bucket) the engine runs now, 0 when none: the process
         runs lower while it runs a batch of nothing else and no other job waits here."""
         self.background_running = 0
-        self.late = 0  # rt jobs refused for waiting past ``limits.max_wait_rt_ms`` (``_late``)
+        self.late = 0  # rt jobs refused for waiting past ``limits.max_wait_rt_ms`` (``_refuse_late``)
 
     # -- intake ---------------------------------------------------------------------------
 
@@ -587,8 +591,9 @@ class EncoderCore:
         queue it joined once prepared."""
         bound_s, at = self.limits.max_wait_rt_ms / 1000.0, now_ms()
         queue = self.queues["rt"]
+        # A job past its deadline too is left to the batch, which answers it deadline_exceeded.
         late = [p for p in queue if now_s - p.enqueued_at > bound_s and p.item.prepared.job.n_parts == 1
-                and p.item.prepared.job.chunk is None and p.item.prepared.job.deadline_at_ms > at]  # else: its deadline's
+                and p.item.prepared.job.chunk is None and p.item.prepared.job.deadline_at_ms > at]
         if not late:
             return
         gone = {id(p) for p in late}
