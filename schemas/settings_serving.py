@@ -101,18 +101,20 @@ class EncoderSettings(Section):
         "false: the decode runs on the thread itself."
     )
     max_wait_rt_ms: float = setting(
-        0.0, "The most the rt job of a one-part request waits in an encoder's engine queue (the router's own "
-        "encoders' included): past it, it is answered overloaded with retry_after_ms when the next batch is picked, "
-        "instead of run late. Admission bounds the wait it predicts (admission.max_queued_ms_rt, 500); this bounds the "
-        "wait that happens when the prediction runs short (a box past capacity, its cores shared with the other "
-        "stages), as a model server's queue timeout does. It is below admission's limit on purpose: the router's "
-        "backlog, the batch and the assembler share the rest of a 1 s rt budget; but a burst below capacity that admission "
-        "admitted whole (200 texts at once) then has a few refused, so it is off by default until the bound allows for "
-        "each job's predicted wait. 400 measured best at 2x capacity. Counted on the replica's own clock "
+        400.0, "The most the rt job of a one-part request waits in an encoder's engine queue (the router's own "
+        "encoders' included) while that queue stands: once the queue has held work without a break for a second "
+        "(the stage is past its capacity, not draining a burst), a job that waited past this is answered overloaded "
+        "with retry_after_ms when the next batch is picked, instead of run late. Admission bounds the wait it "
+        "predicts (admission.max_queued_ms_rt, 500); this bounds the wait that happens when the prediction runs "
+        "short (a box past capacity, its cores shared with the other stages), as a model server's queue timeout "
+        "does. Below admission's limit on purpose: the router's backlog, the batch and the assembler share the rest "
+        "of a 1 s rt budget. A burst the engine drains within the second (200 texts at once on an idle box) is "
+        "answered whole, as admission admitted it (CoDel's interval: streams/cores/encoder.py STANDING_QUEUE_S). "
+        "Counted on the replica's own clock "
         "from the moment the job, prepared, joined the queue: its own decode (a cold one, a heavy one's turn) is no "
         "wait. A part of a request of several and a video's chunk are not bounded (they wait for their siblings too; "
         "refused alone a part would leave its request a partial answer). Measured at 1.5x and 2x capacity "
-        "(docs/capacity.md, \"Stop 54\"). 0: no bound.", ge=0
+        "(docs/capacity.md, \"Stop 54\", \"Stop 55\"). 0: no bound.", ge=0
     )
     max_queue: int = setting(256, "Most jobs held in a worker between Kafka and the engine.", ge=1)
     max_queue_bytes: int = setting(

@@ -30,8 +30,10 @@ nothing) the engine thread prepares and runs a submitted batch in one call while
 asks the cache: two hand-offs fewer, most of what an idle stage adds.
 
 What admission predicts is also enforced here: the rt job of a one-part request that waited in the
-engine's queue past ``max_wait_rt_ms`` is answered ``overloaded`` before the next batch is picked,
-not run late (``_refuse_late``; a model server's queue timeout).
+engine's queue past ``max_wait_rt_ms`` while that queue stands (it has not been empty for
+``STANDING_QUEUE_S``) is answered ``overloaded`` before the next batch is picked, not run late
+(``_refuse_late``; a model server's queue timeout, applied as CoDel tells a standing queue from a
+burst).
 
 Each rt job that carries the wait the router predicted for it (``EncodeJob.predicted_wait_ms``)
 teaches ``waits`` how far such predictions run from the wait it had until the engine started it
@@ -84,6 +86,14 @@ MIN_RETRY_AFTER_MS = 200
 """What an rt job refused for its wait here is told to wait at least, beside the rt work queued."""
 WAIT_FORGET_S = 10.0
 """A wait calibration that learned nothing for this long starts again from 1."""
+STANDING_QUEUE_S = 1.0
+"""How long the rt queue must have held work without a break before ``max_wait_rt_ms`` refuses
+what waited in it (``_refuse_late``). A burst the engine drains within it (200 texts at once on
+an idle box: their last waited about 0.4 s) is answered whole, as admission admitted it; a
+queue that has not emptied for this long is the stage past its capacity. The interval of CoDel
+(Nichols and Jacobson, 2012), in the form Facebook's servers use for their request queues
+(Maurer, "Fail at Scale", 2015): while the queue emptied within the interval nothing in it can
+have waited longer than the interval."""
 STORE_AFTER_S = 0.005
 """How long after a batch's answers its outputs go to the reuse cache: the store (packing,
 one Redis round trip) runs on the prep thread, and started at once it contends with the loop
@@ -177,6 +187,7 @@ class EncoderCore:
         runs lower while it runs a batch of nothing else and no other job waits here."""
         self.background_running = 0
         self.late = 0  # rt jobs refused for waiting past ``limits.max_wait_rt_ms`` (``_refuse_late``)
+        self.rt_busy_since = 0.0  # monotonic: when an rt job last joined an empty rt queue
 
     # -- intake ---------------------------------------------------------------------------
 
@@ -383,6 +394,8 @@ class EncoderCore:
     def _enqueue(self, lane: str, item: Prepared, origin: Any, now: float) -> None:
         """Queue a job by tenant and predicted cost (``order=fair``), or last (``arrival``)."""
         order = self.order[lane]
+        if lane == "rt" and not order.items:
+            self.rt_busy_since = now
         tag = order.tag(item.job.tenant, self.model.per_item_ms(item.length)) if self.fair else order.tag("", 0.0)
         order.push(Pending(_Held(item, origin, lane, tag), item.length, now))
 
@@ -442,7 +455,7 @@ class EncoderCore:
         """Run the next batch the batcher picks, if one is due. Returns the batch it ran, or
         when the next one is due with no new arrival (``Wait``), or None: nothing queued."""
         now = time.monotonic()
-        if self.limits.max_wait_rt_ms > 0 and self.queues["rt"]:
+        if self.limits.max_wait_rt_ms > 0 and self.queues["rt"] and now - self.rt_busy_since > STANDING_QUEUE_S:
             self._refuse_late(now)
         decision = self.batcher.next_batch(self.queues["rt"], self.queues["bulk"], now, self._wait_s())
         if isinstance(decision, Batch):
@@ -582,7 +595,8 @@ class EncoderCore:
 
     def _refuse_late(self, now_s: float) -> None:
         """Answer ``overloaded`` every rt job of a one-part request that has waited in the
-        engine's queue past ``limits.max_wait_rt_ms`` (admission's prediction ran short), with
+        engine's queue past ``limits.max_wait_rt_ms`` (admission's prediction ran short; called
+        only while the queue stands: ``STANDING_QUEUE_S``), with
         the time the rt work queued here needs, rather than run it late; before the batch is
         picked, so a refused job takes no place in it. Not bounded: a part of a request of
         several (it waits for its own siblings too, and refused alone it would leave its

@@ -154,13 +154,16 @@ async def test_work_past_its_deadline_is_answered_and_never_reaches_the_engine()
     runner.cancel()
 
 
-def _backdate(core: EncoderCore, *ids: str, by_s: float = 5.0) -> None:
+def _backdate(core: EncoderCore, *ids: str, by_s: float = 5.0, standing: bool = True) -> None:
     """Make the queued jobs ``ids`` look as if they joined the engine's queue ``by_s`` earlier
-    (no test sleeps past a bound: a slow box would make the in-time side late too)."""
+    (no test sleeps past a bound: a slow box would make the in-time side late too), and, when
+    ``standing``, the rt queue as if it had held work since then."""
     for queue in core.queues.values():
         for i, p in enumerate(queue):
             if p.item.prepared.job.id in ids:
                 queue[i] = dataclasses.replace(p, enqueued_at=p.enqueued_at - by_s)
+    if standing:
+        core.rt_busy_since -= by_s
 
 
 async def _queued_behind_a_running_batch(h: Harness, *jobs: EncodeJob) -> None:
@@ -187,6 +190,19 @@ async def test_an_rt_job_that_waited_past_the_bound_is_refused_overloaded_and_ne
     assert h.by_id()["r1"].span is None and h.core.late == 1 and h.core.waits.observed == 1
     assert sorted(x for batch in h.ran for x in batch) == ["bulk-waits", "first", "in-time"]
     assert h.core.held == 0
+    runner.cancel()
+
+
+async def test_the_wait_bound_refuses_nothing_in_a_burst_the_engine_drains() -> None:
+    """A queue that emptied within ``STANDING_QUEUE_S`` holds a burst, not a stage past its
+    capacity: admission admitted it whole, and it runs whole, however long its last job waited."""
+    h = Harness(max_wait_rt_ms=100.0)
+    await _queued_behind_a_running_batch(h, _job("burst-1", 1), _job("burst-2", 2))
+    _backdate(h.core, "r1", "r2", by_s=0.5, standing=False)  # waited 500 ms, the queue busy for less than 1 s
+    runner = asyncio.create_task(h.core.run(lambda: False))
+    h.gate.set()
+    await _until(lambda: len(h.answers) == 3, "all answered")
+    assert all(isinstance(a.result, Encoded) for a in h.answers) and h.core.late == 0
     runner.cancel()
 
 
@@ -368,6 +384,7 @@ async def test_the_wait_bound_counts_no_preparation() -> None:
     await asyncio.sleep(0.5)  # past 60 + 300 ms
     h.slow_prep.set()
     await _until(lambda: len(h.core.queues["rt"]) == 2, "both queued once prepared")
+    h.core.rt_busy_since -= 5.0  # a standing queue: the bound applies
     runner = asyncio.create_task(h.core.run(lambda: False))
     h.gate.set()
     await _until(lambda: len(h.answers) == 3, "all answered")
