@@ -93,7 +93,9 @@ an idle box: their last waited about 0.4 s) is answered whole, as admission admi
 queue that has not emptied for this long is the stage past its capacity. The interval of CoDel
 (Nichols and Jacobson, 2012), in the form Facebook's servers use for their request queues
 (Maurer, "Fail at Scale", 2015): while the queue emptied within the interval nothing in it can
-have waited longer than the interval."""
+have waited longer than the interval. A queue that only refusals emptied has not drained: work
+that joins it within the interval finds it still standing. So the worst wait is about the
+interval (the first second of a standing queue) plus the batch running, then the bound."""
 STORE_AFTER_S = 0.005
 """How long after a batch's answers its outputs go to the reuse cache: the store (packing,
 one Redis round trip) runs on the prep thread, and started at once it contends with the loop
@@ -188,6 +190,7 @@ class EncoderCore:
         self.background_running = 0
         self.late = 0  # rt jobs refused for waiting past ``limits.max_wait_rt_ms`` (``_refuse_late``)
         self.rt_busy_since = 0.0  # monotonic: when an rt job last joined an empty rt queue
+        self.rt_refused_empty_at = float("-inf")  # monotonic: when refusals last emptied the rt queue
 
     # -- intake ---------------------------------------------------------------------------
 
@@ -394,7 +397,8 @@ class EncoderCore:
     def _enqueue(self, lane: str, item: Prepared, origin: Any, now: float) -> None:
         """Queue a job by tenant and predicted cost (``order=fair``), or last (``arrival``)."""
         order = self.order[lane]
-        if lane == "rt" and not order.items:
+        # A queue that refusals emptied did not drain: it stands still if work comes within the interval.
+        if lane == "rt" and not order.items and now - self.rt_refused_empty_at > STANDING_QUEUE_S:
             self.rt_busy_since = now
         tag = order.tag(item.job.tenant, self.model.per_item_ms(item.length)) if self.fair else order.tag("", 0.0)
         order.push(Pending(_Held(item, origin, lane, tag), item.length, now))
@@ -612,6 +616,8 @@ class EncoderCore:
             return
         gone = {id(p) for p in late}
         queue[:] = [p for p in queue if id(p) not in gone]
+        if not queue:
+            self.rt_refused_empty_at = now_s
         self.order["rt"].taken([p.item.order for p in late])
         self._report_depths()
         retry = self._retry_after_ms()

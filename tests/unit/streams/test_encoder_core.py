@@ -34,7 +34,8 @@ from workers.outputs import Encoded, Prepared
 class Harness:
     """A core over a gated engine: ``ran`` lists each engine call's texts; ``answers`` each answer."""
 
-    def __init__(self, order: str = "fair", max_wait_ms: float = 4.0, thread_nice: int = 0, **limits) -> None:
+    def __init__(self, order: str = "fair", max_wait_ms: float = 4.0, thread_nice: int = 0, max_wait_rt_ms: float = 0.0,
+                 **limits) -> None:
         self.ran: list[list[str]] = []
         self.prepared_on: dict[str, tuple[str, int]] = {}  # job id -> (thread name, its nice value)
         self.slow_prep = threading.Event()  # a text starting "slow" is prepared once this is set
@@ -66,7 +67,7 @@ class Harness:
 
         front = EncoderFront(Runner(prepare, run, rows_alone=True, variable_length=True, prepare_heavy=prepare_heavy), None,
                              CacheFront(self.cache, Quiet(), "text"), key_of=lambda job, content: f"k:{content.decode()}")
-        self.core = EncoderCore(front, EncoderSettings(order=order, max_wait_ms=max_wait_ms, **limits), "text", self.answers.append,
+        self.core = EncoderCore(front, EncoderSettings(order=order, max_wait_ms=max_wait_ms, max_wait_rt_ms=max_wait_rt_ms, **limits), "text", self.answers.append,
                                 Quiet(), thread_nice=thread_nice)
 
     def by_id(self) -> dict[str, EncodeAnswer]:
@@ -203,6 +204,40 @@ async def test_the_wait_bound_refuses_nothing_in_a_burst_the_engine_drains() -> 
     h.gate.set()
     await _until(lambda: len(h.answers) == 3, "all answered")
     assert all(isinstance(a.result, Encoded) for a in h.answers) and h.core.late == 0
+    runner.cancel()
+
+
+async def test_the_queue_stands_from_when_work_joined_it_empty_until_it_drains() -> None:
+    """``rt_busy_since``: set by the job that finds the rt queue empty, kept by those that join
+    it busy, set again after the queue drained; a queue that refusals emptied still stands for
+    work that comes within the interval."""
+    h = Harness(max_wait_rt_ms=100.0)
+    await _queued_behind_a_running_batch(h, _job("a", 1), _job("b", 2))
+    first = h.core.queues["rt"][0].enqueued_at
+    assert h.core.rt_busy_since == first
+    _submit(h.core, _job("c", 3))
+    await _until(lambda: len(h.core.queues["rt"]) == 3, "queued behind the others")
+    assert h.core.rt_busy_since == first  # joined a busy queue
+    runner = asyncio.create_task(h.core.run(lambda: False))
+    h.gate.set()
+    await _until(lambda: len(h.answers) == 4, "drained")
+    runner.cancel()
+    h.gate.clear()
+    _submit(h.core, _job("d", 4))
+    await _until(lambda: h.core.direct_ms > 0 and not h.core.engine_idle(), "a direct run")
+    _submit(h.core, _job("e", 5))
+    await _until(lambda: len(h.core.queues["rt"]) == 1, "queued again")
+    assert h.core.rt_busy_since == h.core.queues["rt"][0].enqueued_at > first  # a new busy period
+    _backdate(h.core, "r5", by_s=5.0)  # it stood 5 s; its one job waited past the bound
+    h.core._refuse_late(time.monotonic())
+    assert h.by_id()["r5"].result.code == "overloaded" and not h.core.queues["rt"]
+    stood_since = h.core.rt_busy_since
+    _submit(h.core, _job("f", 6))
+    await _until(lambda: len(h.core.queues["rt"]) == 1, "queued after the refusal")
+    assert h.core.rt_busy_since == stood_since  # refusals emptied it: it did not drain
+    runner = asyncio.create_task(h.core.run(lambda: False))
+    h.gate.set()
+    await _until(lambda: len(h.answers) == 7, "all answered")
     runner.cancel()
 
 
