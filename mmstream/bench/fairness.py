@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any, Mapping, Sequence
 
+from mmstream.bench.results import shed_cause
 from mmstream.stats import summary
 from schemas.settings import Settings
 
@@ -48,31 +49,6 @@ def _modality_p99(alone: Mapping[str, Any], flood: Mapping[str, Any], modality: 
     """B's e2e p99 of one kind of request (``build_run``'s ``latency_ms`` key) in each phase, and their ratio."""
     a, f = (run.get("latency_ms", {}).get(modality, {}).get("e2e", {}).get("p99") for run in (alone, flood))
     return {"alone_p99_ms": a, "flood_p99_ms": f, "ratio": round(f / a, 3) if a and f is not None else None}
-
-
-def shed_cause(code: str | None, message: str) -> str:
-    """Which limit an ``overloaded`` answer came from, read from its message (the wire carries
-    no reason): ``quota_rate``, ``quota_queued`` (the tenant's cap or fair share),
-    ``quota_ref_bytes``, ``quota_compute``, ``admission`` (a stage's queued work), ``generator`` (the TTFT
-    bound), ``assembler``; the code itself for any other error, ``other`` when unrecognised."""
-    if code != "overloaded":
-        return code or "lost"
-    m = message or ""
-    if "requests per second" in m:
-        return "quota_rate"
-    if "bytes per" in m:
-        return "quota_ref_bytes"
-    if "engine ms per second" in m:
-        return "quota_compute"
-    if m.startswith("tenant ") and "ms of work" in m:
-        return "quota_queued"
-    if m.startswith("stage "):
-        return "admission"
-    if "generator" in m or "first token" in m:
-        return "generator"
-    if "assembler" in m or "tracking" in m:
-        return "assembler"
-    return "other"
 
 
 ADMITTED_LISTED = 20

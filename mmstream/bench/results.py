@@ -37,7 +37,36 @@ class Record:
     """Generation: tokens the answer has."""
     retry_after_ms: int | None = None
     """An ``overloaded`` answer's retry hint."""
+    cause: str | None = None
+    """Which limit refused it (``shed_cause``), for an error answer."""
 
+
+def shed_cause(code: str | None, message: str) -> str:
+    """Which limit an ``overloaded`` answer came from, read from its message (the wire carries
+    no reason): ``quota_rate``, ``quota_queued`` (the tenant's cap or fair share),
+    ``quota_ref_bytes``, ``quota_compute``, ``admission`` (a stage's queued work), ``encoder_wait`` (an
+    encoder's rt wait bound: ``streams.cores.encoder``), ``generator`` (the TTFT bound), ``assembler``; the
+    code itself for any other error, ``other`` when unrecognised."""
+    if code != "overloaded":
+        return code or "lost"
+    m = message or ""
+    if "requests per second" in m:
+        return "quota_rate"
+    if "bytes per" in m:
+        return "quota_ref_bytes"
+    if "engine ms per second" in m:
+        return "quota_compute"
+    if m.startswith("tenant ") and "ms of work" in m:
+        return "quota_queued"
+    if m.startswith("stage "):
+        return "admission"
+    if "waited" in m and "engine, past its bound" in m:
+        return "encoder_wait"
+    if "generator" in m or "first token" in m:
+        return "generator"
+    if "assembler" in m or "tracking" in m:
+        return "assembler"
+    return "other"
 
 
 def build_run(mode: str, cfg: BenchConfig, rate: float, records: Sequence[Record], sent_s: float,
@@ -84,6 +113,7 @@ def build_run(mode: str, cfg: BenchConfig, rate: float, records: Sequence[Record
         "offered_rate": round(len(records) / sent_s, 3) if sent_s > 0 else 0.0,
         "achieved_rate": round(len(ok) / window_s, 3) if window_s else 0.0,
         "requests": {"sent": len(records), "ok": len(ok), "errors": dict(errors),
+                     "by_cause": dict(Counter(r.cause for r in done if r.cause is not None)),
                      "lost": len(records) - len(done)},
         "latency_ms": latency,
         "by_lane": by_lane,

@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 from mmstream import localstack
 from mmstream.bench.config import BenchConfig, config_dict
 from mmstream.bench.paired import pair
-from mmstream.bench.results import Record, build_run, overhead
+from mmstream.bench.results import Record, build_run, overhead, shed_cause
 from mmstream.bench.timeline import Sampler, settle, windows
 from mmstream.bench.workloads import floor_text, request_kind, run_tenants, sample_images, schedule
 from mmstream.levers import own_pipeline
@@ -278,6 +278,7 @@ def _pipeline_record(req: Request, sub: Submission) -> Record:
     else:
         rec.outcome = (t.error or {}).get("code", "internal")
         rec.retry_after_ms = (t.error or {}).get("retry_after_ms")
+        rec.cause = shed_cause(rec.outcome, str((t.error or {}).get("message") or ""))
     rec.stages = [dict(s) for s in (t.timings or {}).get("stages", [])]
     rec.ttft_ms = (t.timings or {}).get("ttft_ms")
     rec.tpot_ms = (t.timings or {}).get("tpot_ms")

@@ -625,10 +625,7 @@ class EncoderCore:
             job = p.item.prepared.job
             self.late += 1
             self._observe_wait(job, "rt", at)  # it waited at least this long
-            err = WireError(ErrorCode.OVERLOADED,
-                            f"the part waited {(now_s - p.enqueued_at) * 1000.0:.0f} ms for encode.{self.modality}'s "
-                            f"engine, past its bound of {self.limits.max_wait_rt_ms:.0f} ms (the stage is past its "
-                            "capacity); retry later", None, retry)
+            err = late_error(self.modality, (now_s - p.enqueued_at) * 1000.0, self.limits.max_wait_rt_ms, retry)
             self._answer(EncodeAnswer(job, p.item.origin, "rt", err, None))
 
     def _retry_after_ms(self) -> int:
@@ -653,6 +650,13 @@ class EncoderCore:
     def _report_depths(self) -> None:
         for lane, q in self.queues.items():
             self.observer.queue_depth(lane, len(q))
+
+
+def late_error(modality: str, waited_ms: float, bound_ms: float, retry_after_ms: int) -> WireError:
+    """The answer of an rt job refused for its wait (``EncoderCore._refuse_late``)."""
+    return WireError(ErrorCode.OVERLOADED,
+                     f"the part waited {waited_ms:.0f} ms for encode.{modality}'s engine, past its bound of "
+                     f"{bound_ms:.0f} ms (the stage is past its capacity); retry later", None, retry_after_ms)
 
 
 def _order_key(p: Pending[_Held]) -> tuple[float, int]:

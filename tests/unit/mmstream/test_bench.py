@@ -243,7 +243,8 @@ def synthetic_run(mode: str = "pipeline", rate: float = 10.0, n: int = 50, seed:
         stages = [{"stage": "route", "queued_ms": 1.0, "service_ms": 0.1},
                   {"stage": "encode.text", "queued_ms": q, "service_ms": s}]
         records.append(Record(kind, parts, sent, sent + 1.1 + q + s + 2.0, "ok", stages))
-    records.append(Record("text", ("text",), 9000.0, 9010.0, "deadline_exceeded"))
+    records.append(Record("text", ("text",), 9000.0, 9010.0, "deadline_exceeded", cause="deadline_exceeded"))
+    records.append(Record("text", ("text",), 9050.0, 9060.0, "overloaded", retry_after_ms=600, cause="encoder_wait"))
     records.append(Record("text", ("text",), 9100.0))
     cpu = {"scope": "test", "total_s": 1.0, "per_request_ms": 20.0, "per_process_s": {"x": 1.0}}
     run = build_run(mode, BenchConfig(mode=mode, rate=rate), rate, records, 5.0, cpu, {"x": 100.0, "y": None})
@@ -255,7 +256,8 @@ def synthetic_run(mode: str = "pipeline", rate: float = 10.0, n: int = 50, seed:
 def test_a_run_validates_and_counts_outcomes() -> None:
     run = synthetic_run()
     assert validate(run) == [run]
-    assert run["requests"] == {"sent": 52, "ok": 50, "errors": {"deadline_exceeded": 1}, "lost": 1}
+    assert run["requests"] == {"sent": 53, "ok": 50, "errors": {"deadline_exceeded": 1, "overloaded": 1}, "lost": 1,
+                               "by_cause": {"deadline_exceeded": 1, "encoder_wait": 1}}
     assert set(run["latency_ms"]) == {"text", "text+image", "text+2images"}
     assert run["throughput"]["parts_per_s"]["image"] > 0
     o = run["overhead_ms"]["text+2images"]

@@ -21,6 +21,7 @@ from mmstream.bench.results import Record, build_run
 from schemas.codec import pack, unpack
 from schemas.request import Lane, Task, validate_request
 from schemas.settings import Settings
+from streams.cores.encoder import late_error
 from streams.policies.admission import AdmissionLimits, Reject, admit
 from streams.policies.quota import QuotaLimits, TenantQuotas
 from streams.stages.routing import limits_from
@@ -208,6 +209,9 @@ def test_shed_causes_are_read_from_the_policies_own_messages() -> None:
     compute.note_sent("d", 50.0, 0.0)
     assert shed_cause("overloaded", compute.check("d", lane_limit_ms=500.0, now_ms=1.0, cost_ms=5.0).message) \
         == "quota_compute"
+    late = late_error("text", 402.0, 400.0, 700).message
+    assert shed_cause("overloaded", late) == "encoder_wait"
+    assert shed_cause("overloaded", f"every part failed: part 0 (text): overloaded: {late}") == "encoder_wait"
     assert shed_cause("overloaded", "the generator is busy: the first token would come in about 3000 ms") == "generator"
     assert shed_cause("payload_too_large", "refs name too much") == "payload_too_large"
 
