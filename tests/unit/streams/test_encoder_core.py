@@ -175,6 +175,15 @@ async def _queued_behind_a_running_batch(h: Harness, *jobs: EncodeJob) -> None:
     await _until(lambda: sum(map(len, h.core.queues.values())) == len(jobs), "all queued")
 
 
+async def _release_and_expect_every_job_run(h: Harness, jobs: int) -> None:
+    """Open the engine and step the core until ``jobs`` are answered, each by the engine."""
+    runner = asyncio.create_task(h.core.run(lambda: False))
+    h.gate.set()
+    await _until(lambda: len(h.answers) == jobs, "all answered")
+    assert all(isinstance(a.result, Encoded) for a in h.answers) and h.core.late == 0
+    runner.cancel()
+
+
 async def test_an_rt_job_that_waited_past_the_bound_is_refused_overloaded_and_never_reaches_the_engine() -> None:
     """``max_wait_rt_ms``: admission predicted its wait short; it is refused with a retry-after
     rather than run late, and its wait teaches the calibration. A bulk job that waited as long
@@ -200,11 +209,7 @@ async def test_the_wait_bound_refuses_nothing_in_a_burst_the_engine_drains() -> 
     h = Harness(max_wait_rt_ms=100.0)
     await _queued_behind_a_running_batch(h, _job("burst-1", 1), _job("burst-2", 2))
     _backdate(h.core, "r1", "r2", by_s=0.5, standing=False)  # waited 500 ms, the queue busy for less than 1 s
-    runner = asyncio.create_task(h.core.run(lambda: False))
-    h.gate.set()
-    await _until(lambda: len(h.answers) == 3, "all answered")
-    assert all(isinstance(a.result, Encoded) for a in h.answers) and h.core.late == 0
-    runner.cancel()
+    await _release_and_expect_every_job_run(h, 3)
 
 
 async def test_the_queue_stands_from_when_work_joined_it_empty_until_it_drains() -> None:
@@ -420,11 +425,7 @@ async def test_the_wait_bound_counts_no_preparation() -> None:
     h.slow_prep.set()
     await _until(lambda: len(h.core.queues["rt"]) == 2, "both queued once prepared")
     h.core.rt_busy_since -= 5.0  # a standing queue: the bound applies
-    runner = asyncio.create_task(h.core.run(lambda: False))
-    h.gate.set()
-    await _until(lambda: len(h.answers) == 3, "all answered")
-    assert all(isinstance(a.result, Encoded) for a in h.answers) and h.core.late == 0
-    runner.cancel()
+    await _release_and_expect_every_job_run(h, 3)
 
 
 async def test_a_heavy_job_cancelled_mid_decode_keeps_the_turn_until_its_decode_ends() -> None:
