@@ -25,7 +25,6 @@ the markers first (``streams.runtime.recovery``).
 from __future__ import annotations
 
 import asyncio
-import gc
 import os
 import signal
 import logging
@@ -50,6 +49,7 @@ from streams.app import topic_names
 from streams.cores.retrieval import Answer, CoreLimits, NotReady, RetrievalCore, UnknownCollection
 from streams.observe.metrics import Metrics
 from streams.observe.metrics_retrieval import RetrievalMetrics
+from streams.runtime.heap import freeze_heap
 from streams.runtime.produce import Out, out_map
 from streams.runtime.recovery import AnswerLedger, recover, stage_timings
 from streams.runtime.stage import RecordStage
@@ -140,8 +140,7 @@ class RetrieveStage(RecordStage):
                     # What the replica built so far lives as long as it does: out of the
                     # collector's reach, a full collection walks only what came after (at
                     # 100k passages it walked the whole index: docs/retrieval.md).
-                    gc.collect()
-                    gc.freeze()
+                    freeze_heap()
                     self.ready.set()
                     log.info("retrieve: caught up with %s: %s", self.names.vectors, self.core.stats())
                 if time.monotonic() - checked >= 2.0:

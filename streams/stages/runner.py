@@ -13,7 +13,6 @@ fans out runs its fan-out loop from ``FANOUT_STAGES``.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import time
 from typing import Any, Callable
@@ -27,6 +26,7 @@ from streams.observe.health import process_health
 from streams.observe.lagmon import run_lag_monitor
 from streams.observe.http import serve
 from streams.observe.metrics import Metrics
+from streams.runtime.heap import freeze_heap
 from streams.connection import client_kwargs
 from streams.stages import BASELINE_POOL, stage_names
 from streams.stages.encoder import EncoderStage
@@ -173,24 +173,10 @@ def run_stage(settings: Settings, stage: str, replica: int = 0, loglevel: str = 
     app = build_stage(settings, stage, metrics, replica)
     log.info("%s[%d]: cold start: engine loaded and warm %.2fs after start", stage, replica, time.time() - born)
     _write_port(settings, stage, replica, serve(settings.metrics.port, metrics.registry, settings.metrics.bind))
-    frozen = freeze_startup_heap()
+    frozen = freeze_heap()
     log.info("%s[%d]: %d objects built at start-up left out of the garbage collector's scans", stage, replica, frozen)
     worker = faust.Worker(app, loglevel=loglevel, quiet=True)
     worker.execute_from_commandline()
-
-
-def freeze_startup_heap() -> int:
-    """Collect once, then move every object alive (modules, the engine's wrappers, the
-    tokenizer's tables, the app: what start-up built and the stage keeps) out of the collector's
-    generations (``gc.freeze``). Each full collection walks every tracked object to find the few
-    cycles of the records just handled: measured, 100-200 ms per stage on this heap, several a
-    minute under load, every stage's at nearly the same moment (docs/capacity.md, "Stop 55"), so
-    a request arriving then waited for it. Frozen objects are still freed by reference counting;
-    only a cycle among them would stay (start-up's garbage is collected first). Returns how many
-    objects were frozen."""
-    gc.collect()
-    gc.freeze()
-    return gc.get_freeze_count()
 
 
 def _write_port(settings: Settings, stage: str, replica: int, port: int) -> None:
