@@ -132,10 +132,11 @@ class Routed:
 
     @property
     def for_want_of_capacity(self) -> bool:
-        """Refused because a stage it needs has its lane's limit of work queued (the engines
-        are full) or because it waited past its bound in the router's standing backlog (the
-        router is); a tenant's quota shed is not this."""
-        return self.admission in ("reject", "late") and self.shed is None and self.code == ErrorCode.OVERLOADED
+        """Refused because a stage it needs has its lane's limit of work queued: the engines
+        are full (a tenant's quota shed is not this, nor a request refused for its wait in the
+        router's own backlog: a raised router that stepped back for that would only fall
+        further behind)."""
+        return self.admission == "reject" and self.shed is None and self.code == ErrorCode.OVERLOADED
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +198,8 @@ class Router:
         the tenant's own ingress topic), or None where the payload's tenant is believed.
         ``late_ms``: how long the record waited before the router read it, where that is
         past the bound of a standing backlog (``self.backlog``): a valid request is then
-        answered ``overloaded`` before it is priced.
+        answered ``overloaded`` in place of admission (its quota, and a whole answer in the
+        cache, still come first).
 
         Routing that raises (a bug) costs this record only: it is dead-lettered (within its
         tenant's DLQ budget) and, where it still says who sent it, they are answered
@@ -242,10 +244,9 @@ class Router:
         if isinstance(checked, Routed):
             return checked
         req, digest, ref_bytes, refused, claims = checked
-        if late_ms is not None:
-            return self._late(req, late_ms, digest)
         priced = self._price(req, refused, claims)
-        # The client's timestamp, believed only within [started - max age, started].
+        # The record's timestamp (the broker's append time on the ingress topics the pipeline
+        # creates, a client's on older ones), believed only within [started - max age, started].
         client_sent = min(started, max(record_ts_ms, started - self.settings.router.max_record_age_ms)) \
             if record_ts_ms else started
         # The whole-answer lookup is the last await: from the quota to the reservation of
@@ -259,6 +260,8 @@ class Router:
             return self._shed(req, shed, digest)
         if stored is not None:
             return self._answer_from_cache(req, stored, client_sent, started, digest)
+        if late_ms is not None:  # as admission would refuse it: nothing reserved, the quota not charged
+            return self._late(req, late_ms, digest)
         decision, waits = self._admit(req, priced)
         if isinstance(decision, Reject):
             if decision.code == ErrorCode.OVERLOADED:  # kept out: the others keep to their fair share
