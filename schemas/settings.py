@@ -217,14 +217,15 @@ class LocalSettings(Section):
         9400, "First Prometheus port handed to local workers; 0 lets each worker pick a free one.", ge=0, le=65535
     )
     nice: str = setting(
-        "", "CPU priority (Linux nice, -20 first to 19 last) of the processes `mmstream up` starts, as name=nice "
-        "pairs: a stage (router, assembler, encode.image...), broker or redis; the rest run at 0. Each process runs in "
-        "a session of its own: this is its autogroup's value and its threads'. A negative value needs root or "
-        "CAP_SYS_NICE; without, the process runs at 0 with a warning. Measured (docs/isolation.md, stop 44): "
-        "router=-10 took another tenant's text p99 under a flood from 112-237 ms to 71-86, and at 1.5x-2x overload "
-        "left fewer cores to the pools the admitted requests wait for (the router's work grows with what arrives, "
-        "shed or not), so their p99 passed 1 s; empty (all at 0) is the default. A raised router steps back to 0 "
-        "while admission refuses for want of capacity (router.step_back_rate)."
+        "router=-10", "CPU priority (Linux nice, -20 first to 19 last) of the processes `mmstream up` starts, as "
+        "name=nice pairs: a stage (router, assembler, encode.image...), broker or redis; the rest run at 0 (empty: "
+        "all at 0). Each process runs in a session of its own: this is its autogroup's value and its threads'. A "
+        "negative value needs root or CAP_SYS_NICE; without, the process runs at 0 with a warning. The router runs "
+        "ahead by default: its own encoder answers short texts, and another tenant's flood then cannot push it off "
+        "the cores (B's rt p99 under the fairness flood 50-59 ms raised against 64-88 at 0, stop 56). A raised "
+        "router steps back to 0 while admission refuses for want of capacity (router.step_back_rate): stop 44 found "
+        "a router raised past capacity leaving the pools too few cores; with the encoders' wait bound the admitted "
+        "text p99 at 1.5x-2x held under 1 s raised (docs/isolation.md, docs/capacity.md \"Stop 56\")."
     )
 
     @field_validator("nice")
