@@ -213,19 +213,6 @@ class RouterSettings(Section):
         5.0, "How long a router that stepped back (step_back_rate) stays back after the last second with that many "
         "capacity refusals.", ge=0
     )
-    max_wait_rt_ms: float = setting(
-        400.0, "The most an rt request waits between the broker's append of its record and the router's read of it "
-        "while the router's backlog stands on a box past its capacity: once no rt record in the last second waited "
-        "a quarter of this or less (not a burst being worked off) and admission refused a request for want of "
-        "capacity within that second (not a slow network or another tenant's flood that its quota sheds), a request "
-        "that waited longer is answered overloaded with retry_after_ms in place of admission (a whole answer in the "
-        "cache still answers it). Dated by the broker's clock: only records "
-        "of ingress topics with message.timestamp.type=LogAppendTime (what the pipeline creates) are bounded; a "
-        "record dated by its client is not (a client's clock could have every request refused). After a take-over "
-        "the wait counts from it. The encoders' own bound (encoder.max_wait_rt_ms) covers the engines' queues; "
-        "the two together keep an admitted rt request within about a second past capacity "
-        "(streams/policies/backlog.py). 0: off.", ge=0
-    )
     colocate_max_queued_ms: str = setting(
         "25", "Predicted work (ms) queued ahead of a part past which the router's own encoder is passed over and the "
         "part goes through its encode topic to the whole pool: one number for every placed modality, or modality=ms "

@@ -25,17 +25,8 @@ Every topic is stored uncompressed (``compression.type=uncompressed``): the brok
 unpacks a compressed batch before storing it and refuses it when the result is over
 ``max.message.bytes``, so no consumer of ours ever decompresses more than that (a few KB
 of gzip can unpack to gigabytes). No producer of the pipeline compresses. The DLQ keeps
-``dlq.retention_ms`` and at most ``dlq.retention_bytes`` per partition.
-
-Ingress topics (the shared ones and every tenant's) are dated by the broker
-(``message.timestamp.type=LogAppendTime``): a request's record carries the time the broker
-appended it, not a time its client chose, so the router can tell how long it waited before
-it was read (``router.max_wait_rt_ms``, ``streams.policies.backlog``) and no back-dated
-record skews a latency metric.
-
-These configs are set when a topic is created; an existing one keeps its own
-(``kafka-configs --alter --add-config message.timestamp.type=LogAppendTime`` brings an older
-deployment's ingress topics to the broker's clock).
+``dlq.retention_ms`` and at most ``dlq.retention_bytes`` per partition. These configs are
+set when a topic is created; an existing one keeps its own (``kafka-configs --alter``).
 """
 
 from __future__ import annotations
@@ -68,11 +59,6 @@ def _big(kafka: KafkaSettings) -> dict[str, str]:
     return {"max.message.bytes": str(kafka.max_message_bytes), "compression.type": "uncompressed"}
 
 
-def _ingress(kafka: KafkaSettings) -> dict[str, str]:
-    """An ingress topic's configs: a request topic's, dated by the broker when it appends."""
-    return {**_big(kafka), "message.timestamp.type": "LogAppendTime"}
-
-
 def topic_specs(kafka: KafkaSettings, dlq: DlqSettings | None = None) -> list[TopicSpec]:
     """Every topic the pipeline uses (encode topics for the modalities registered now). All
     stage topics share one partition count so the assembler's table (partitioned like its
@@ -83,7 +69,7 @@ def topic_specs(kafka: KafkaSettings, dlq: DlqSettings | None = None) -> list[To
     big = _big(kafka)
     specs: list[TopicSpec] = []
     for lane in LANES:
-        specs.append(TopicSpec(names.ingress(lane), n, f"client requests, {lane} lane", _ingress(kafka)))
+        specs.append(TopicSpec(names.ingress(lane), n, f"client requests, {lane} lane", big))
         for modality in (*modalities.names(), ANY):
             specs.append(TopicSpec(names.encode(modality, lane), n, f"{modality} encode jobs, {lane} lane", big))
         specs.append(TopicSpec(names.encoded(lane), n, f"fan-in to the assembler, {lane} lane", big))
@@ -114,8 +100,8 @@ def tenant_topic_specs(kafka: KafkaSettings, tenant: str, lanes: tuple[str, ...]
     names = TopicNames(kafka.topic_prefix)
     n = kafka.partitions
     big = _big(kafka)
-    specs = [TopicSpec(names.tenant_ingress(lane, tenant), n, f"requests of tenant {tenant}, {lane} lane",
-                       _ingress(kafka)) for lane in lanes]
+    specs = [TopicSpec(names.tenant_ingress(lane, tenant), n, f"requests of tenant {tenant}, {lane} lane", big)
+             for lane in lanes]
     specs.append(TopicSpec(names.tenant_results(tenant), n, f"reply topic of tenant {tenant}", big))
     return specs
 

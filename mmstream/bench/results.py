@@ -45,8 +45,7 @@ def shed_cause(code: str | None, message: str) -> str:
     """Which limit an ``overloaded`` answer came from, read from its message (the wire carries
     no reason): ``quota_rate``, ``quota_queued`` (the tenant's cap or fair share),
     ``quota_ref_bytes``, ``quota_compute``, ``admission`` (a stage's queued work), ``encoder_wait`` (an
-    encoder's rt wait bound: ``streams.cores.encoder``), ``router_wait`` (the router's backlog
-    bound: ``streams.policies.backlog``), ``generator`` (the TTFT bound), ``assembler``; the
+    encoder's rt wait bound: ``streams.cores.encoder``), ``generator`` (the TTFT bound), ``assembler``; the
     code itself for any other error, ``other`` when unrecognised."""
     if code != "overloaded":
         return code or "lost"
@@ -63,8 +62,6 @@ def shed_cause(code: str | None, message: str) -> str:
         return "admission"
     if "waited" in m and "engine, past its bound" in m:
         return "encoder_wait"
-    if "waited" in m and "for the router, past its bound" in m:
-        return "router_wait"
     if "generator" in m or "first token" in m:
         return "generator"
     if "assembler" in m or "tracking" in m:

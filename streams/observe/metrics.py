@@ -76,7 +76,7 @@ OUTCOMES = frozenset({"ok", "error", "dlq"})
 """``ok``: the item went on (or was answered); ``error``: it was answered with an error
 event; ``dlq``: it could not be decoded and went to the dead-letter topic."""
 CACHE_RESULTS = frozenset({"hit", "miss", "error"})
-DECISIONS = frozenset({"admit", "defer", "reject", "late"})
+DECISIONS = frozenset({"admit", "defer", "reject"})
 SHED_REASONS = quota.SHED_REASONS
 PACE_REASONS = frozenset({"large_records", "refused"})
 ERROR_CODES = frozenset(str(c) for c in ErrorCode)
@@ -291,8 +291,7 @@ class Metrics:
         self.cache_requests_total.labels(modality, result).inc()
 
     def admission(self, lane: str, decision: str) -> None:
-        """Count one admission decision: ``admit``, ``defer``, ``reject``, or ``late`` (refused for
-        its wait before the router read it: ``streams.policies.backlog``)."""
+        """Count one admission decision: ``admit``, ``defer`` or ``reject``."""
         _check("decision", decision, DECISIONS)
         self.admission_decisions_total.labels(lane, decision).inc()
 

@@ -9,8 +9,9 @@ for a core behind the encoders decoding another tenant's megapixel images
 (docs/isolation.md, "Stop 44"). A lower nice value for the processes every request passes
 through (the router, the broker) lets them run first and leaves the heavy pools what they
 leave. It is a trade: past capacity the router's work grows with what arrives, shed or not,
-and ahead of the pools it takes the cores the admitted requests wait for; so ``local.nice``
-is empty by default, and an operator who puts isolation first sets it.
+and ahead of the pools it takes the cores the admitted requests wait for; so a raised router
+steps back while admission refuses for want of capacity (``Raise``, ``StepBack``), and with
+that ``local.nice`` raises the router by default (``router=-10``, stop 56).
 
 ``apply`` sets both levers the kernel has: the process's autogroup nice value (what counts
 between sessions; set only for a session's leader, as `mmstream up` starts them, never for a

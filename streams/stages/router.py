@@ -51,9 +51,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LOG_APPEND_TIME = 1
-"""A record's ``timestamp_type`` when the broker dated it (the ingress topics' configuration)."""
-
 ROUTED_AT_ONCE = 32
 """Records of one poll routed concurrently. A poll holds up to 500 (a backlog read after a
 restart, or a tenant's topics taken again after a hold): routed all at once, each one's Redis
@@ -105,9 +102,6 @@ class RouterStage(RecordStage):
         """Encode topic -> the encoder running in this process that may take its jobs over."""
         self.observe_failures = 0
         self.handover_failures = 0
-        self.assigned_at_ms = 0.0
-        """When this router last took partitions over (wall clock, ms): a record's wait before
-        it was read counts from no earlier (``_late_ms``)."""
         self.raise_ = priority.Raise.held(settings.local.nice_of("router"),
                                           StepBack(settings.router.step_back_rate, settings.router.step_back_hold_s),
                                           self._moved)
@@ -221,13 +215,6 @@ class RouterStage(RecordStage):
             log.exception("router: pacing refusals failed; nothing is held")
 
     async def on_assigned(self, tps: set[TopicPartition]) -> None:
-        try:
-            await self._take_over(tps)
-        finally:  # read from now on: what waited before waited for no one
-            self.assigned_at_ms = now_ms()
-            self.router.backlog.reset(time.monotonic())
-
-    async def _take_over(self, tps: set[TopicPartition]) -> None:
         if self.direct is None:
             return
         assert self.io.consumer is not None
@@ -287,22 +274,12 @@ class RouterStage(RecordStage):
         parsed = self.names.parse_ingress(topic)
         return parsed[0] if parsed is not None else "rt"
 
-    def _late_ms(self, r: ConsumerRecord) -> float | None:
-        """How long an rt record waited before this read, where that is past the bound of a
-        standing backlog (``Router.backlog``); None otherwise. Only the broker's append time
-        dates a record here (a client's clock could have every request refused), and no
-        earlier than this router's last take-over."""
-        if r.timestamp_type != LOG_APPEND_TIME or not r.timestamp or self.lane_of_topic(r.topic) != "rt":
-            return None
-        waited = max(0.0, now_ms() - max(float(r.timestamp), self.assigned_at_ms))
-        return waited if self.router.backlog.late(waited, time.monotonic()) else None
-
     async def _route(self, r: ConsumerRecord) -> Routed:
         origin = f"{r.topic}[{r.partition}]@{r.offset}"
         tenant = self.tenant_of_topic(r.topic)
         try:
             return await self.router.handle(r.value, r.headers, float(r.timestamp) if r.timestamp else None, origin,
-                                            tenant=tenant, late_ms=self._late_ms(r))
+                                            tenant=tenant)
         except Exception as exc:  # the router's own failure path failed too: the record alone to the DLQ
             log.error("router: failed on %s (%s, at %s)", origin, bounded(repr(exc)), raised_at(exc))
             return Routed([self.dlq(r, f"{ErrorCode.INTERNAL}: {exc!r}")], "dlq")

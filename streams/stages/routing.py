@@ -42,7 +42,6 @@ import hashlib
 import logging
 import os
 import secrets
-import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, NamedTuple, Sequence
 
@@ -55,7 +54,6 @@ from schemas.settings import Settings, parse_quota_overrides
 from schemas.topics import TopicNames
 from schemas.trace import now_ms
 from streams.policies.admission import IDLE_SHARE, AdmissionLimits, Admit, Reject, admit
-from streams.policies.backlog import StandingBacklog
 from streams.policies.budget import KeyedBudget
 from streams.policies.gen_price import ROUTER_GEN_COST, estimate_prompt_tokens, price_generate_ms, token_price_ms
 from streams.policies.load import LoadView, stage_of
@@ -133,9 +131,7 @@ class Routed:
     @property
     def for_want_of_capacity(self) -> bool:
         """Refused because a stage it needs has its lane's limit of work queued: the engines
-        are full (a tenant's quota shed is not this, nor a request refused for its wait in the
-        router's own backlog: a raised router that stepped back for that would only fall
-        further behind)."""
+        are full (a tenant's quota shed is not this)."""
         return self.admission == "reject" and self.shed is None and self.code == ErrorCode.OVERLOADED
 
 
@@ -172,9 +168,6 @@ class Router:
         publish (refreshed by the stage; ``streams.policies.gen_price``)."""
         a = settings.admission
         self.admission = AdmissionLimits(a.max_queued_ms_rt, a.max_queued_ms_bulk) if a.enabled else None
-        self.backlog = StandingBacklog(settings.router.max_wait_rt_ms)
-        """Whether an rt record waited too long before the router read it (the stage asks it
-        for each rt record whose append time the broker set, and passes ``late_ms``)."""
         self.lane_limit_ms = {"rt": a.max_queued_ms_rt, "bulk": a.max_queued_ms_bulk}
         q = settings.quota
         self.quotas = TenantQuotas(QuotaLimits(
@@ -193,19 +186,15 @@ class Router:
         replica whose buckets never paid them."""
 
     async def handle(self, raw: bytes, headers: Any, record_ts_ms: float | None, source: str,
-                     tenant: str | None = None, late_ms: float | None = None) -> Routed:
+                     tenant: str | None = None) -> Routed:
         """Route one ingress record. ``tenant``: the tenant the broker authenticated (from
         the tenant's own ingress topic), or None where the payload's tenant is believed.
-        ``late_ms``: how long the record waited before the router read it, where that is
-        past the bound of a standing backlog (``self.backlog``): a valid request is then
-        answered ``overloaded`` in place of admission (its quota, and a whole answer in the
-        cache, still come first).
 
         Routing that raises (a bug) costs this record only: it is dead-lettered (within its
         tenant's DLQ budget) and, where it still says who sent it, they are answered
         ``internal`` instead of waiting out their timeout."""
         try:
-            return await self._handle(raw, headers, record_ts_ms, source, tenant, late_ms)
+            return await self._handle(raw, headers, record_ts_ms, source, tenant)
         except Exception as exc:  # noqa: BLE001 - a bug must cost one record, not the stage
             return await self._failed(raw, headers, record_ts_ms, source, tenant, exc)
 
@@ -238,15 +227,14 @@ class Router:
                       key=v.key.decode() if v.key else None, digest=digest, parked=parked.outcome)
 
     async def _handle(self, raw: bytes, headers: Any, record_ts_ms: float | None, source: str,
-                      tenant: str | None, late_ms: float | None = None) -> Routed:
+                      tenant: str | None) -> Routed:
         started = now_ms()
         checked = await self._checked(raw, headers, record_ts_ms, source, tenant)
         if isinstance(checked, Routed):
             return checked
         req, digest, ref_bytes, refused, claims = checked
         priced = self._price(req, refused, claims)
-        # The record's timestamp (the broker's append time on the ingress topics the pipeline
-        # creates, a client's on older ones), believed only within [started - max age, started].
+        # The client's timestamp, believed only within [started - max age, started].
         client_sent = min(started, max(record_ts_ms, started - self.settings.router.max_record_age_ms)) \
             if record_ts_ms else started
         # The whole-answer lookup is the last await: from the quota to the reservation of
@@ -260,14 +248,10 @@ class Router:
             return self._shed(req, shed, digest)
         if stored is not None:
             return self._answer_from_cache(req, stored, client_sent, started, digest)
-        if late_ms is not None:  # as admission would refuse it: nothing reserved, the quota not charged
-            return self._late(req, late_ms, digest)
         decision, waits = self._admit(req, priced)
         if isinstance(decision, Reject):
             if decision.code == ErrorCode.OVERLOADED:  # kept out: the others keep to their fair share
                 self.quotas.note_refused(req.tenant, started, decision.stage)
-                if req.lane == "rt":  # the box is past its capacity for rt (bulk is shed well before)
-                    self.backlog.capacity_refused(time.monotonic())
             return self._refused(req, WireError(decision.code, decision.message, None, decision.retry_after_ms), digest)
         return self._accepted(req, decision, key, client_sent, started, digest, refused, ref_bytes, priced,
                               self._ref_bounds(req, claims), waits, work)
@@ -326,23 +310,12 @@ class Router:
             if shed.retry_after_ms is not None else WireError(ErrorCode.PAYLOAD_TOO_LARGE, shed.message, "parts")
         return self._refused(req, err, digest, shed=(req.tenant, shed.reason))
 
-    def _refused(self, req: Any, err: WireError, digest: str, shed: tuple[str, str] | None = None,
-                 decision: str = "reject") -> Routed:
+    def _refused(self, req: Any, err: WireError, digest: str, shed: tuple[str, str] | None = None) -> Routed:
         # A valid request answered with ``err`` (shed by its quota, or refused by admission).
         event = Event(req.id, EventKind.ERROR, 0, now_ms(), error=err.to_wire())
         return Routed([self._verdict(req.id, req.tenant, str(req.lane), req.reply_to, [event], digest)], "error",
-                      str(err.code), lane=str(req.lane), admission=decision, shed=shed,
+                      str(err.code), lane=str(req.lane), admission="reject", shed=shed,
                       key=request_key(req.tenant, req.id), digest=digest)
-
-    def _late(self, req: Any, waited_ms: float, digest: str) -> Routed:
-        """``req`` refused for the time it waited in the router's standing backlog: told to
-        come back once the backlog has had time to go (the bound's worth past its wait)."""
-        bound = self.backlog.max_wait_ms
-        retry = int(min(waited_ms, 60_000.0)) + (self.admission.min_retry_after_ms if self.admission else 200)
-        err = WireError(ErrorCode.OVERLOADED,
-                        f"the request waited {waited_ms:.0f} ms for the router, past its bound of {bound:.0f} ms "
-                        "(the router is past its capacity); retry later", None, retry)
-        return self._refused(req, err, digest, decision="late")
 
     def _accepted(self, req: Any, decision: Admit | None, key: str | None, client_sent: float, started: float,
                   digest: str, refused: dict[int, WireError], ref_bytes: dict[int, int], priced: list[Priced],
