@@ -222,10 +222,10 @@ class LocalSettings(Section):
         "all at 0). Each process runs in a session of its own: this is its autogroup's value and its threads'. A "
         "negative value needs root or CAP_SYS_NICE; without, the process runs at 0 with a warning. The router runs "
         "ahead by default: its own encoder answers short texts, and another tenant's flood then cannot push it off "
-        "the cores (B's rt p99 under the fairness flood 42-65 ms raised against 64-88 at 0, stop 56). A raised "
+        "the cores (B's rt p99 under the fairness flood 40-65 ms raised against 64-88 at 0, stop 56). A raised "
         "router steps back to 0 while admission refuses for want of capacity (router.step_back_rate): stop 44 found "
         "a router raised past capacity leaving the pools too few cores; with the step back and the encoders' wait "
-        "bound the admitted text p99 at 2x was under 1 s in 6 of 7 runs raised (1,244 ms once) and 11 of 11 at 0, "
+        "bound the admitted text p99 at 2x was under 1 s in 8 of 9 runs raised (1,244 ms once) and 11 of 11 at 0, "
         "with more answered raised (docs/isolation.md, docs/capacity.md \"Stop 56\")."
     )
 
