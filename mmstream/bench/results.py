@@ -39,6 +39,9 @@ class Record:
     """An ``overloaded`` answer's retry hint."""
     cause: str | None = None
     """Which limit refused it (``shed_cause``), for an error answer."""
+    submitted_at_ms: float | None = None
+    """When the client's submit was called: after ``sent_at_ms`` (the schedule) by as much as
+    the load generator itself fell behind, time counted in e2e that no stage spent."""
 
 
 def shed_cause(code: str | None, message: str) -> str:
@@ -125,6 +128,8 @@ def build_run(mode: str, cfg: BenchConfig, rate: float, records: Sequence[Record
         "peak_rss_mb": rss_mb,
         "samples_ms": {"e2e": samples},
         "slowest": slowest(ok),
+        "client": {"submit_lag_ms": summary([r.submitted_at_ms - r.sent_at_ms for r in records
+                                             if r.submitted_at_ms is not None])},
         "by_cache": {outcome: summary([r.done_at_ms - r.sent_at_ms for r in ok if r.cache == outcome])
                      for outcome in ("hit", "miss")},
         "generation": {"ttft_ms": summary([r.ttft_ms for r in ok if r.ttft_ms is not None]),
@@ -168,9 +173,9 @@ SLOWEST_MIN = 5
 
 def slowest(ok: Sequence[Record]) -> list[dict[str, Any]]:
     """The slowest answered requests (the slowest 1%, at least five: those a p99 is made of),
-    slowest first, each with when it was sent (s after the run's first send) and its stages'
-    queued and service ms: where a tail's milliseconds went, and whether its requests came
-    together."""
+    slowest first, each with when it was sent (s after the run's first send), how late the
+    load generator submitted it (``submit_lag_ms``) and its stages' queued and service ms:
+    where a tail's milliseconds went, and whether its requests came together."""
     if not ok:
         return []
     start = min(r.sent_at_ms for r in ok)
@@ -178,6 +183,7 @@ def slowest(ok: Sequence[Record]) -> list[dict[str, Any]]:
     worst = sorted(ok, key=lambda r: r.done_at_ms - r.sent_at_ms, reverse=True)[:n]
     return [{"kind": r.kind, "sent_s": round((r.sent_at_ms - start) / 1000.0, 3),
              "e2e_ms": round(r.done_at_ms - r.sent_at_ms, 3),
+             "submit_lag_ms": round(r.submitted_at_ms - r.sent_at_ms, 3) if r.submitted_at_ms is not None else None,
              "stages": [{"stage": st["stage"], "queued_ms": round(st["queued_ms"], 3),
                          "service_ms": round(st["service_ms"], 3)} for st in r.stages]}
             for r in worst]

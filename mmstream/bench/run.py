@@ -268,7 +268,8 @@ async def _wait(sub: Submission, timeout_s: float) -> None:
 
 
 def _pipeline_record(req: Request, sub: Submission) -> Record:
-    rec = Record(request_kind(req), tuple(str(p.modality) for p in req.parts), sub.sent_at_ms, lane=str(req.lane))
+    rec = Record(request_kind(req), tuple(str(p.modality) for p in req.parts), sub.sent_at_ms, lane=str(req.lane),
+                 submitted_at_ms=sub.submitted_at_ms)
     t = sub.terminal
     if t is None:
         return rec

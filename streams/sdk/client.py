@@ -76,6 +76,10 @@ class Submission:
     """Sends so far, the first included."""
     retries: list[dict[str, Any]] = field(default_factory=list)
     """One entry per retried error: ``{"attempt", "error", "delay_ms"}``."""
+    submitted_at_ms: float = field(default_factory=now_ms)
+    """When ``submit`` was called (wall clock, ms). ``sent_at_ms`` is the same unless the
+    caller dates the request otherwise: a load generator dates it by its schedule, and the
+    difference is how far the generator itself fell behind."""
     _request: Request | None = field(default=None, repr=False)
     _first_sent: float = field(default_factory=time.monotonic, repr=False)
     _streamed: bool = field(default=False, repr=False)

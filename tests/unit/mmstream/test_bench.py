@@ -340,3 +340,13 @@ def test_the_slowest_requests_are_listed_with_their_stages_slowest_first() -> No
     assert [r["e2e_ms"] for r in worst] == [99.0, 95.0, 90.0, 80.0, 70.0, 60.0, 50.0] + [10.0] * 4  # 1% of 1,002, up
     assert worst[0]["sent_s"] == 1.001 and worst[0]["stages"] == [stage]
     assert build_run("pipeline", BenchConfig(), 10.0, [], 5.0, {}, {})["slowest"] == []
+
+
+def test_the_load_generators_own_lag_is_reported_apart_from_the_stages() -> None:
+    """A request submitted 30 ms after its scheduled time counts those 30 ms in e2e (no
+    coordinated omission), and the run says they were the generator's, not a stage's."""
+    on_time = [Record("text", ("text",), 1000.0 + i, 1010.0 + i, "ok", submitted_at_ms=1000.0 + i) for i in range(99)]
+    late = Record("text", ("text",), 5000.0, 5045.0, "ok", submitted_at_ms=5030.0)
+    run = build_run("pipeline", BenchConfig(), 10.0, [*on_time, late], 5.0, {}, {})
+    assert run["slowest"][0]["e2e_ms"] == 45.0 and run["slowest"][0]["submit_lag_ms"] == 30.0
+    assert run["client"]["submit_lag_ms"]["max"] == 30.0 and run["client"]["submit_lag_ms"]["p50"] == 0.0
