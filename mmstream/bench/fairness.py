@@ -206,10 +206,11 @@ def text_table(doc: Mapping[str, Any]) -> str:
     flood = doc.get("phases", {}).get("flood", {}).get("slowest", [])
     if flood:
         lines.append("B's slowest in the flood (sent at s: e2e ms = the bench's own lag, then stage "
-                     "queued+service ...):")
+                     "queued+service ..., then the answer's way back):")
         lines.extend(f"  {r['kind']:<6}{r['sent_s']:>7.2f}: {r['e2e_ms']:>6.0f} = "
                      + (f"bench {r['submit_lag_ms']:.0f} " if r.get("submit_lag_ms") is not None else "")
                      + " ".join(f"{st['stage']} {st['queued_ms']:.0f}+{st['service_ms']:.0f}" for st in r["stages"])
+                     + (f" return {r['return_ms']:.0f}" if r.get("return_ms") is not None else "")
                      for r in flood)
     lines.append(f"A: planned {a['planned']}, sent {a['sent']}, ok {a['ok']}, lost {a['lost']}, pending {a['pending']}; "
                  f"outcomes {a['by_outcome']}; causes {a['by_cause']}; "

@@ -42,6 +42,18 @@ class Record:
     submitted_at_ms: float | None = None
     """When the client's submit was called: after ``sent_at_ms`` (the schedule) by as much as
     the load generator itself fell behind, time counted in e2e that no stage spent."""
+    answered_at_ms: float | None = None
+    """When the stage that answered built its terminal event (the event's ``ts_ms``): from
+    there to ``done_at_ms`` is the answer's way back (that stage's produce, the broker, the
+    client's fetch and loop), which no stage's span covers. Another host's clock when the
+    pipeline runs elsewhere."""
+
+
+def return_ms(r: Record) -> float | None:
+    """How long ``r``'s answer took from the stage that built it to the client, or None."""
+    if r.answered_at_ms is None or r.done_at_ms is None:
+        return None
+    return r.done_at_ms - r.answered_at_ms
 
 
 def shed_cause(code: str | None, message: str) -> str:
@@ -129,7 +141,8 @@ def build_run(mode: str, cfg: BenchConfig, rate: float, records: Sequence[Record
         "samples_ms": {"e2e": samples},
         "slowest": slowest(ok),
         "client": {"submit_lag_ms": summary([r.submitted_at_ms - r.sent_at_ms for r in records
-                                             if r.submitted_at_ms is not None])},
+                                             if r.submitted_at_ms is not None]),
+                   "return_ms": summary([x for x in map(return_ms, ok) if x is not None])},
         "by_cache": {outcome: summary([r.done_at_ms - r.sent_at_ms for r in ok if r.cache == outcome])
                      for outcome in ("hit", "miss")},
         "generation": {"ttft_ms": summary([r.ttft_ms for r in ok if r.ttft_ms is not None]),
@@ -174,7 +187,8 @@ SLOWEST_MIN = 5
 def slowest(ok: Sequence[Record]) -> list[dict[str, Any]]:
     """The slowest answered requests (the slowest 1%, at least five: those a p99 is made of),
     slowest first, each with when it was sent (s after the run's first send), how late the
-    load generator submitted it (``submit_lag_ms``) and its stages' queued and service ms:
+    load generator submitted it (``submit_lag_ms``), its stages' queued and service ms and how
+    long its answer took to reach the client once built (``return_ms``):
     where a tail's milliseconds went, and whether its requests came together."""
     if not ok:
         return []
@@ -184,6 +198,7 @@ def slowest(ok: Sequence[Record]) -> list[dict[str, Any]]:
     return [{"kind": r.kind, "sent_s": round((r.sent_at_ms - start) / 1000.0, 3),
              "e2e_ms": round(r.done_at_ms - r.sent_at_ms, 3),
              "submit_lag_ms": round(r.submitted_at_ms - r.sent_at_ms, 3) if r.submitted_at_ms is not None else None,
+             "return_ms": round(return_ms(r), 3) if return_ms(r) is not None else None,
              "stages": [{"stage": st["stage"], "queued_ms": round(st["queued_ms"], 3),
                          "service_ms": round(st["service_ms"], 3)} for st in r.stages]}
             for r in worst]

@@ -274,6 +274,7 @@ def _pipeline_record(req: Request, sub: Submission) -> Record:
     if t is None:
         return rec
     rec.done_at_ms = sub.terminal_at_ms
+    rec.answered_at_ms = t.ts_ms
     if t.kind == "result":
         rec.outcome = "ok"
     else:

@@ -28,9 +28,13 @@ from mmstream.bench import (
     request_kind,
     schedule,
 )
+from mmstream.bench.results import return_ms
+from mmstream.bench.run import _pipeline_record
 from mmstream.monolith import Monolith, Outcome
 from mmstream.report import RUN_SCHEMA, BenchSchemaError, schema_problems, validate
+from schemas.events import Event, EventKind
 from schemas.request import Lane, Modality, Part, Request
+from streams.sdk.client import Submission
 from streams.policies.batching import BatchLimits, Wait
 
 # -- the monolith, with stand-in engines --------------------------------------------------------
@@ -350,3 +354,19 @@ def test_the_load_generators_own_lag_is_reported_apart_from_the_stages() -> None
     run = build_run("pipeline", BenchConfig(), 10.0, [*on_time, late], 5.0, {}, {})
     assert run["slowest"][0]["e2e_ms"] == 45.0 and run["slowest"][0]["submit_lag_ms"] == 30.0
     assert run["client"]["submit_lag_ms"]["max"] == 30.0 and run["client"]["submit_lag_ms"]["p50"] == 0.0
+
+
+def test_the_answers_way_back_is_measured_from_the_event_the_stage_built() -> None:
+    """What no stage's span covers (the answering stage's produce, the broker, the client's
+    fetch) is the client's receipt less the terminal event's own time; a request with no
+    answer has none."""
+    req = Request(id="r1", tenant="t", task="embed", parts=[Part(modality="text", text="hi")])
+    sub = Submission("r1", 1000.0, submitted_at_ms=1000.0)
+    sub.terminal = Event("r1", EventKind.RESULT, 1, 1020.0, payload={}, timings={"stages": []})
+    sub.terminal_at_ms = 1032.5
+    answered = _pipeline_record(req, sub)
+    lost = _pipeline_record(req, Submission("r2", 1000.0, submitted_at_ms=1000.0))
+    assert return_ms(answered) == 12.5 and return_ms(lost) is None
+    run = build_run("pipeline", BenchConfig(), 10.0, [answered, lost], 5.0, {}, {})
+    assert run["client"]["return_ms"]["max"] == 12.5 and run["client"]["return_ms"]["count"] == 1
+    assert run["slowest"][0]["return_ms"] == 12.5
