@@ -80,6 +80,11 @@ class IOSettings:
     linger_ms: int = 0
     """How long the producer waits to fill a batch: trades a little latency for fewer requests."""
     commit_interval_s: float = 0.2
+    commit_timeout_s: float = 5.0
+    """Longest one commit may take. aiokafka retries a retriable commit error for ever (a topic
+    deleted under the stage answers UNKNOWN_TOPIC_OR_PARTITION to every try; no coordinator while
+    the broker is away): past this the commit is given up, the next one (or the next owner)
+    starts from the last committed point, and the stage goes on stopping or rebalancing."""
     session_timeout_ms: int = 30_000
     heartbeat_interval_ms: int = 3_000
     max_poll_interval_ms: int = 300_000
@@ -323,17 +328,28 @@ class StageIO:
     # -- commits ---------------------------------------------------------------------------
 
     async def commit(self, tps: Iterable[TopicPartition] | None = None) -> None:
-        """Commit the commit point of ``tps`` (default: every assigned partition) where it moved."""
+        """Commit the commit point of ``tps`` (default: every assigned partition) where it moved,
+        except on topics the cluster no longer has (deleted: nothing is left to repeat), within
+        ``commit_timeout_s`` (``asyncio.TimeoutError`` past it: nothing was lost, the work since
+        the last commit is repeated by whoever reads the partitions next)."""
         if self.consumer is None:
             return
         offsets = {}
+        known = self._cluster_topics()
         for tp in (self.consumer.assignment() if tps is None else tps):
             point = self.tracker.commit_point(tp)
-            if point is not None and self._committed.get(tp) != point:
+            if point is not None and self._committed.get(tp) != point and (known is None or tp.topic in known):
                 offsets[tp] = OffsetAndMetadata(point, "")
         if offsets:
-            await self.consumer.commit(offsets)
+            await asyncio.wait_for(self.consumer.commit(offsets), self.settings.commit_timeout_s)
             self._committed.update({tp: om.offset for tp, om in offsets.items()})
+
+    def _cluster_topics(self) -> set[str] | None:
+        """The topics in the client's last metadata (refreshed every ``metadata_max_age_ms`` and on
+        errors), or None before it has any."""
+        cluster = getattr(getattr(self.consumer, "_client", None), "cluster", None)
+        topics = cluster.topics() if cluster is not None else None
+        return set(topics) if topics else None
 
     def start_take_over(self, tps: set[TopicPartition]) -> None:
         """Pause ``tps`` and take them over (``on_assigned``) in a task of their own; they are
