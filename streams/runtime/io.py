@@ -94,10 +94,11 @@ class IOSettings:
     @property
     def rebalance_timeout_ms(self) -> int:
         """How long the coordinator waits for this member to rejoin once a rebalance started:
-        long enough for the revoke to settle (``revoke_drain_s``) on top of a session, so a
-        short session never makes a member that is draining its outputs miss the rebalance.
-        A dead member does not hold a rebalance this long: its session ends it first."""
-        return self.session_timeout_ms + int(self.revoke_drain_s * 1000)
+        long enough for the revoke to settle (``revoke_drain_s``, then its commit, at most
+        ``commit_timeout_s``) on top of a session, so a short session never makes a member that
+        is draining its outputs miss the rebalance. A dead member does not hold a rebalance this
+        long: its session ends it first."""
+        return self.session_timeout_ms + int((self.revoke_drain_s + self.commit_timeout_s) * 1000)
 
     @property
     def fence_margin_s(self) -> float:
@@ -346,10 +347,12 @@ class StageIO:
 
     def _cluster_topics(self) -> set[str] | None:
         """The topics in the client's last metadata (refreshed every ``metadata_max_age_ms`` and on
-        errors), or None before it has any."""
+        errors; a partition is assigned only after one), or None for a client without any. Empty
+        when every topic the stage reads is gone (a broker that came back without them): then
+        nothing is committed. A topic the metadata left out for an error of its own is skipped
+        for that commit only, and only costs repeated work if the stage stops before the next."""
         cluster = getattr(getattr(self.consumer, "_client", None), "cluster", None)
-        topics = cluster.topics() if cluster is not None else None
-        return set(topics) if topics else None
+        return set(cluster.topics()) if cluster is not None else None
 
     def start_take_over(self, tps: set[TopicPartition]) -> None:
         """Pause ``tps`` and take them over (``on_assigned``) in a task of their own; they are

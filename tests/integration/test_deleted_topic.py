@@ -36,7 +36,9 @@ async def test_a_stage_whose_topic_was_deleted_commits_the_others_and_stops(infr
     for topic in (gone, kept):
         await producer.send_and_wait(topic, b"x", partition=0)
     await producer.stop()
-    io = StageIO(IOSettings(bootstrap, f"g-{run}", {}, commit_timeout_s=2.0, metadata_max_age_ms=1000), [gone, kept])
+    # The test commits itself (the periodic commit would commit both before the deletion).
+    io = StageIO(IOSettings(bootstrap, f"g-{run}", {}, commit_timeout_s=2.0, metadata_max_age_ms=1000,
+                            commit_interval_s=3600.0), [gone, kept])
     stopped = False
     try:
         await io.start()
@@ -65,8 +67,10 @@ async def test_a_stage_whose_topic_was_deleted_commits_the_others_and_stops(infr
         await asyncio.wait_for(io.stop(drain_s=1.0), 30)  # it stops: no commit holds it
         stopped = True
     finally:
-        if not stopped:
-            io.consumer = None  # skip the commit that would hang; close the clients as they are
+        if not stopped:  # close the clients without the commit that would hang
+            consumer, io.consumer = io.consumer, None
             await io.stop(drain_s=0.1)
+            if consumer is not None:
+                await asyncio.wait_for(consumer.stop(), 10)
         await admin.delete_topics([kept])
         await admin.close()

@@ -7,9 +7,9 @@ from streams.runtime import io
 from streams.runtime.io import IOSettings
 
 
-def test_the_rebalance_timeout_covers_a_session_and_the_revoke_drain() -> None:
-    s = IOSettings("127.0.0.1:1", "g", {}, session_timeout_ms=3000, revoke_drain_s=5.0)
-    assert s.rebalance_timeout_ms == 8000
+def test_the_rebalance_timeout_covers_a_session_the_revoke_drain_and_its_commit() -> None:
+    s = IOSettings("127.0.0.1:1", "g", {}, session_timeout_ms=3000, revoke_drain_s=5.0, commit_timeout_s=5.0)
+    assert s.rebalance_timeout_ms == 13000
     assert s.fence_margin_s == 1.0  # the lease: two thirds of the session
 
 
