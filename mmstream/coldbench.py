@@ -29,7 +29,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from mmstream.samples import photo, video
-from mmstream.supervisor import Supervisor
+from mmstream.supervisor import PARENT_PID_ENV, Supervisor
 from schemas.request import Modality, Params, Part, Request, Task
 from schemas.settings import Settings
 from streams.sdk.client import Client, new_id, wait_until_serving
@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     env = {**os.environ, "MMSTREAM_KAFKA_TOPIC_PREFIX": f"cold{uuid.uuid4().hex[:8]}",
-           "MMSTREAM_LOCAL_METRICS_BASE_PORT": "0", "MMSTREAM_ROUTER_SERVED_MODALITIES": "text,image,audio,video"}
+           "MMSTREAM_LOCAL_METRICS_BASE_PORT": "0", "MMSTREAM_ROUTER_SERVED_MODALITIES": "text,image,audio,video",
+           PARENT_PID_ENV: str(os.getpid())}
     settings = Settings.from_env(env)
     asyncio.run(ensure_topics(settings.kafka.bootstrap, topic_specs(settings.kafka, settings.dlq)))
     sup = Supervisor(settings, env)

@@ -179,6 +179,9 @@ def cmd_config(args: argparse.Namespace, settings: Settings, repo_root: Path) ->
 
 
 def cmd_worker(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int:
+    from streams.runtime.parent import stop_with_parent
+
+    stop_with_parent(settings.local.parent_pid)  # a bench's or a test's own pipeline: not past its owner
     nice = settings.local.nice_of(args.stage)
     if nice:  # before the engines start their threads, which inherit it
         from streams.runtime import priority

@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
 from mmstream.lever_names import LEVERS
-from mmstream.supervisor import Supervisor
+from mmstream.supervisor import PARENT_PID_ENV, Supervisor
 from schemas.request import Task
 from schemas.settings import Settings
 from streams.sdk.client import wait_until_serving
@@ -79,7 +79,8 @@ async def own_pipeline(settings: Settings, off: tuple[str, ...], workload: str,
     """Settings of a fresh pipeline with the levers ``off`` switched off (and the workers of
     ``extra_replicas`` too: the local scaler), running for the duration of the block."""
 
-    env = {**os.environ, **lever_env(off, f"bench{uuid.uuid4().hex[:8]}"), **(extra_env or {})}
+    env = {**os.environ, **lever_env(off, f"bench{uuid.uuid4().hex[:8]}"), **(extra_env or {}),
+           PARENT_PID_ENV: str(os.getpid())}  # its workers stop if this process is killed
     run_settings = Settings.from_env(env)
     await ensure_topics(run_settings.kafka.bootstrap, topic_specs(run_settings.kafka, run_settings.dlq),
                         run_settings.kafka.replication_factor, client_kwargs(run_settings))

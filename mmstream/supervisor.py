@@ -37,6 +37,8 @@ from workers import modalities
 AUTOSCALER = "autoscale"
 """The local scaler's worker (``mmstream.autoscaler``): local only, so not a stage of the
 topology; on Kubernetes KEDA does its job from the same settings."""
+PARENT_PID_ENV = "MMSTREAM_LOCAL_PARENT_PID"
+"""``local.parent_pid``: workers started for a process of their own stop with it (``streams.runtime.parent``)."""
 
 
 def default_replicas() -> dict[str, int]:
@@ -224,7 +226,12 @@ class Supervisor:
         # numpy's BLAS on one thread: a worker's matrix products are small (the retrieve
         # stage's reuse lookup: 1024 x 384), and on a busy box OpenBLAS's own threads made one
         # take 3.4 ms instead of 0.09 (docs/retrieval.md). Engines size their own threads.
-        return {"OPENBLAS_NUM_THREADS": "1", **self.env, "MMSTREAM_METRICS_PORT": str(port)}
+        env = {"OPENBLAS_NUM_THREADS": "1", **self.env, "MMSTREAM_METRICS_PORT": str(port)}
+        if env.get(PARENT_PID_ENV, "0") not in ("", "0"):
+            # Tied to whoever starts it (local.parent_pid): this process, which may itself be a
+            # worker tied to another (the local scaler a bench started), so a chain stops together.
+            env[PARENT_PID_ENV] = str(os.getpid())
+        return env
 
     def _popen(self, args: list[str], log_file: Path, env: dict[str, str]) -> subprocess.Popen:
         with open(log_file, "ab") as log:

@@ -40,7 +40,7 @@ from typing import Any
 import msgpack
 
 from mmstream.stats import summary
-from mmstream.supervisor import Supervisor
+from mmstream.supervisor import PARENT_PID_ENV, Supervisor
 from schemas.documents import READY_PREFIX
 from schemas.request import Lane, Modality, Params, Part, Request, Task
 from schemas.settings import Settings
@@ -157,7 +157,7 @@ async def run(docs: int, rate: float, seed: int, after_s: float) -> dict[str, An
     env = {**os.environ, "MMSTREAM_KAFKA_TOPIC_PREFIX": f"reembed{uuid.uuid4().hex[:8]}",
            "MMSTREAM_MODELS_REPOSITORY": str(repo), "MMSTREAM_LOCAL_METRICS_BASE_PORT": "0",
            "MMSTREAM_ROUTER_SERVED_MODALITIES": "text", "MMSTREAM_ROUTER_TOPIC_CACHE_S": "1",
-           "MMSTREAM_ADMISSION_MAX_QUEUED_MS_RT": "5000"}
+           "MMSTREAM_ADMISSION_MAX_QUEUED_MS_RT": "5000", PARENT_PID_ENV: str(os.getpid())}
     s = Settings.from_env(env)
     k, names = s.kafka, TopicNames(s.kafka.topic_prefix)
     await ensure_topics(k.bootstrap, [*topic_specs(k, s.dlq), collection_spec(k, "default", COLLECTION)])

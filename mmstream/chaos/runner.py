@@ -25,7 +25,7 @@ from typing import Any
 from mmstream.chaos import checks, faults, ingest, timeline, traffic
 from mmstream.chaos.infra import OwnKafka, OwnRedis, Toxiproxy, free_port, toxiproxy_binary
 from mmstream.chaos.scenario import Scenario
-from mmstream.supervisor import Supervisor
+from mmstream.supervisor import PARENT_PID_ENV, Supervisor
 from schemas.settings import Settings
 from streams.sdk.client import Client, wait_until_serving
 from streams.connection import KafkaSecurity, client_kwargs
@@ -83,7 +83,7 @@ async def run(settings: Settings, scenario: Scenario, repo_root: Path, workdir: 
            "MMSTREAM_KAFKA_PARTITIONS": str(scenario.partitions), "MMSTREAM_LOCAL_METRICS_BASE_PORT": "0",
            "MMSTREAM_ASSEMBLER_RETENTION_MS": str(RETENTION_MS),
            "MMSTREAM_GENERATOR_DONE_RETENTION_MS": str(RETENTION_MS),
-           "MMSTREAM_LOCAL_STATE_DIR": str(root / "state"), **scenario.env}
+           "MMSTREAM_LOCAL_STATE_DIR": str(root / "state"), PARENT_PID_ENV: str(os.getpid()), **scenario.env}
     try:
         if scenario.proxy:
             proxy = Toxiproxy(toxiproxy_binary(settings), root)

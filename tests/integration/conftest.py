@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from mmstream import localstack
-from mmstream.supervisor import Supervisor
+from mmstream.supervisor import PARENT_PID_ENV, Supervisor
 from schemas.settings import Settings
 from streams.topics import ensure_topics, topic_specs
 
@@ -51,6 +51,7 @@ def start_pipeline(infra: Settings, replicas: dict[str, int], **extra_env: str) 
     env["MMSTREAM_KAFKA_TOPIC_PREFIX"] = f"t{uuid.uuid4().hex[:10]}"
     env["MMSTREAM_KAFKA_PARTITIONS"] = "2"
     env["MMSTREAM_LOCAL_METRICS_BASE_PORT"] = "0"  # never collide with a developer's `mmstream up`
+    env[PARENT_PID_ENV] = str(os.getpid())  # a test run killed midway leaves no workers behind
     env.update(extra_env)
     settings = Settings.from_env(env)
     asyncio.run(ensure_topics(settings.kafka.bootstrap, topic_specs(settings.kafka, settings.dlq)))
