@@ -16,7 +16,7 @@ from mmstream.console import event_line
 from mmstream.errors import UserError
 from mmstream.kafka_admin import KafkaAdminError
 from mmstream.localstack import LocalStackError
-from mmstream.supervisor import AUTOSCALER, Supervisor, WorkersElsewhereError, default_replicas, parse_replicas
+from mmstream.supervisor import AUTOSCALER, PARENT_PID_ENV, Supervisor, WorkersElsewhereError, default_replicas, parse_replicas
 from mmstream.tenants import TenantError, add_tenant, check_name, properties_text
 from schemas.codec import JSON
 from schemas.request import Lane, Modality, Part, Request, Task
@@ -59,6 +59,8 @@ def cmd_up(args: argparse.Namespace, settings: Settings, repo_root: Path) -> int
     if secure:
         env = {**os.environ, **localstack.secure_env(settings, repo_root)}
         settings = Settings.from_env(env)  # every client below, and every worker, as the service principal
+    # `up`'s workers outlive the command: never tied to it, whatever the calling shell exports.
+    env = {k: v for k, v in (os.environ if env is None else env).items() if k != PARENT_PID_ENV}
     supervisor = Supervisor(settings, env)
     if not args.infra_only:  # refuse before starting anything, not after a probe that cannot be answered
         try:

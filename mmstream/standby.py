@@ -41,6 +41,10 @@ def handover(fifo: str, stage: str, replica: int, log_file: str, env: dict[str, 
 
 def main(argv: list[str]) -> int:
     fifo = argv[0]
+    from streams.runtime.parent import stop_with_parent
+
+    # A spare of a tied pipeline (local.parent_pid) does not wait for ever once its supervisor is gone.
+    watch = stop_with_parent(int(os.environ.get("MMSTREAM_LOCAL_PARENT_PID") or 0))
     # What every stage imports (the CLI, the runner, the engines' modules), before waiting.
     import mmstream.cli  # noqa: F401
     import streams.stages.encoder  # noqa: F401
@@ -60,6 +64,8 @@ def main(argv: list[str]) -> int:
     if not line:
         return 0  # the supervisor went away without a stage: nothing to run
     job = json.loads(line)
+    if watch is not None:
+        watch.set()  # the stage watches with the environment it is handed (mmstream.commands.cmd_worker)
     log = os.open(job["log_file"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)

@@ -7,7 +7,8 @@ and fetching, and they took CPU from every run after. Such a starter names itsel
 workers' environment; each worker then checks once a second that it is still that process's
 child (a process whose parent died is handed to init or a subreaper, so ``getppid`` changes,
 and a reused pid cannot become its parent again) and, when not, stops itself the way `mmstream
-down` would: SIGTERM, so the stage drains and commits what it can.
+down` would: SIGTERM, so the stage drains and commits what it can, and SIGKILL if it has not
+exited ``grace_s`` later (a graceful stop that hangs must not leave it running for good).
 """
 
 from __future__ import annotations
@@ -21,16 +22,24 @@ from typing import Callable
 log = logging.getLogger(__name__)
 
 CHECK_INTERVAL_S = 1.0
+GRACE_S = 30.0
+"""As long as `mmstream down` waits for a worker before SIGKILL (``Supervisor.stop_one``)."""
+
+
+def _signal_self(sig: int) -> Callable[[], None]:
+    return lambda: os.kill(os.getpid(), sig)
 
 
 def stop_with_parent(parent_pid: int, getppid: Callable[[], int] = os.getppid,
-                     stop: Callable[[], None] | None = None, interval_s: float = CHECK_INTERVAL_S) -> threading.Thread | None:
+                     stop: Callable[[], None] = _signal_self(signal.SIGTERM),
+                     force: Callable[[], None] | None = _signal_self(signal.SIGKILL),
+                     interval_s: float = CHECK_INTERVAL_S, grace_s: float = GRACE_S) -> threading.Event | None:
     """Watch, in a daemon thread, that ``parent_pid`` is this process's parent; once it is not
-    (at once, if it already is not), call ``stop`` (default: SIGTERM to this process) and end.
-    ``parent_pid`` 0: nothing is watched (None)."""
+    (at once, if it already is not), call ``stop``, then ``force`` if this process still runs
+    ``grace_s`` later. Returns an event that ends the watch when set; None (nothing watched)
+    for ``parent_pid`` 0."""
     if parent_pid <= 0:
         return None
-    stop = stop or (lambda: os.kill(os.getpid(), signal.SIGTERM))
     done = threading.Event()
 
     def watch() -> None:
@@ -39,7 +48,9 @@ def stop_with_parent(parent_pid: int, getppid: Callable[[], int] = os.getppid,
                 return
         log.warning("the process that started this worker (pid %d) is gone: stopping", parent_pid)
         stop()
+        if force is not None and not done.wait(grace_s):
+            log.error("still running %.0f s after SIGTERM: killing this worker", grace_s)
+            force()
 
-    thread = threading.Thread(target=watch, name="mmstream-parent", daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=watch, name="mmstream-parent", daemon=True).start()
+    return done

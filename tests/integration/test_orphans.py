@@ -22,9 +22,9 @@ REPO = Path(__file__).resolve().parents[2]
 STARTER = """
 import os, subprocess, sys, time
 env = dict(os.environ, MMSTREAM_LOCAL_PARENT_PID=str(os.getpid()))
-worker = subprocess.Popen([sys.executable, "-m", "mmstream.cli", "worker", "lagmon", "--replica", "0"], env=env,
-                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                          start_new_session=True)
+with open(sys.argv[1], "ab") as log:
+    worker = subprocess.Popen([sys.executable, "-m", "mmstream.cli", "worker", "lagmon", "--replica", "0"], env=env,
+                              stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 print(worker.pid, flush=True)
 time.sleep(600)
 """
@@ -39,10 +39,11 @@ def _running(pid: int) -> bool:
         return False
 
 
-def test_a_tied_worker_stops_when_its_starter_is_killed(infra: Settings) -> None:
+def test_a_tied_worker_stops_when_its_starter_is_killed(infra: Settings, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "MMSTREAM_KAFKA_TOPIC_PREFIX": f"orphan{uuid.uuid4().hex[:8]}",
-           "MMSTREAM_METRICS_PORT": "0"}
-    starter = subprocess.Popen([sys.executable, "-c", STARTER], env=env, stdout=subprocess.PIPE, text=True)
+           "MMSTREAM_METRICS_PORT": "0", "MMSTREAM_LOCAL_STATE_DIR": str(tmp_path / "state")}
+    log = tmp_path / "worker.log"  # what the worker said, if this fails
+    starter = subprocess.Popen([sys.executable, "-c", STARTER, str(log)], env=env, stdout=subprocess.PIPE, text=True)
     worker = int(starter.stdout.readline())
     try:
         time.sleep(3.0)
@@ -52,7 +53,7 @@ def test_a_tied_worker_stops_when_its_starter_is_killed(infra: Settings) -> None
         deadline = time.monotonic() + 60
         while _running(worker) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not _running(worker)
+        assert not _running(worker), log.read_text()[-2000:]
     finally:
         if _running(worker):
             os.kill(worker, 9)

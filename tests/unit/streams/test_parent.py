@@ -11,34 +11,44 @@ from schemas.settings import Settings
 from streams.runtime.parent import stop_with_parent
 
 
-def _watch(parents: list[int], pid: int) -> tuple[threading.Event, threading.Thread | None]:
-    """Watch ``pid`` while this process's parent is each of ``parents`` in turn (the last one for ever)."""
-    stopped = threading.Event()
-    seen = iter(parents)
-    last = [parents[-1]]
+class _Watched:
+    """A watch of pid 4242 while this process's parent is each of ``parents`` in turn (the last
+    one for ever), with what it did: stopped, then forced if still running."""
 
-    def getppid() -> int:
-        last[0] = next(seen, last[0])
-        return last[0]
+    def __init__(self, parents: list[int], grace_s: float = 30.0) -> None:
+        self.stopped, self.forced = threading.Event(), threading.Event()
+        seen, last = iter(parents), [parents[-1]]
 
-    return stopped, stop_with_parent(pid, getppid=getppid, stop=stopped.set, interval_s=0.005)
+        def getppid() -> int:
+            last[0] = next(seen, last[0])
+            return last[0]
+
+        self.cancel = stop_with_parent(4242, getppid=getppid, stop=self.stopped.set, force=self.forced.set,
+                                       interval_s=0.005, grace_s=grace_s)
 
 
 def test_a_worker_stops_once_its_starter_is_no_longer_its_parent() -> None:
-    stopped, thread = _watch([4242, 4242, 4242, 1], 4242)  # reparented to init on the fourth look
-    assert thread is not None and stopped.wait(5)
-    thread.join(5)
-    assert not thread.is_alive()
+    w = _Watched([4242, 4242, 4242, 1])  # reparented to init on the fourth look
+    assert w.stopped.wait(5)
+    assert not w.forced.wait(0.1)  # it gets its grace to stop
+    w.cancel.set()
+
+
+def test_a_worker_still_running_after_its_grace_is_killed() -> None:
+    w = _Watched([1], grace_s=0.05)
+    assert w.stopped.wait(5) and w.forced.wait(5)
 
 
 def test_a_worker_whose_starter_lives_keeps_running() -> None:
-    stopped, thread = _watch([4242], 4242)
-    assert thread is not None and not stopped.wait(0.2)
+    w = _Watched([4242])
+    assert not w.stopped.wait(0.2)
+    w.cancel.set()
 
 
 def test_a_worker_started_after_its_starter_died_stops_at_once() -> None:
-    stopped, _ = _watch([1], 4242)  # the starter died before the worker looked
-    assert stopped.wait(5)
+    w = _Watched([1])  # the starter died before the worker looked
+    assert w.stopped.wait(5)
+    w.cancel.set()
 
 
 def test_a_worker_of_mmstream_up_is_not_watched() -> None:
