@@ -131,7 +131,10 @@ def prune_stale_runs(state_dir: Path, keep: str, older_than_s: float = STALE_RUN
     and port files) and Prometheus targets of every topic prefix but ``keep`` that has no live
     worker and was last written over ``older_than_s`` ago. Every bench's own pipeline, every
     test's and chaos run's has a prefix of its own, and nothing else removes them (one
-    machine had 738, 218 MB). Returns the prefixes removed."""
+    machine had 738, 218 MB). Faust's data (``state_dir/faust/<prefix>``: the retrieve stage's
+    snapshots) is left: a prefix that starts again reads it. Not locked against a pipeline
+    restarting the same stale prefix in the same milliseconds; one with a live worker is never
+    touched. Returns the prefixes removed."""
     root = state_dir / "workers"
     if not root.is_dir():
         return []
@@ -139,7 +142,7 @@ def prune_stale_runs(state_dir: Path, keep: str, older_than_s: float = STALE_RUN
     removed = []
     for run in sorted(p for p in root.iterdir() if p.is_dir() and p.name != keep):
         try:
-            files = [f for f in run.iterdir() if f.is_file()]
+            files = [f for f in run.iterdir() if not f.is_dir()]  # a warm spare's FIFO too
             if now - run.stat().st_mtime < older_than_s or any(now - f.stat().st_mtime < older_than_s for f in files):
                 continue
             if any(_alive(pid) for pid in (_pid_of(f) for f in files if f.suffix == ".json") if pid):
@@ -148,7 +151,7 @@ def prune_stale_runs(state_dir: Path, keep: str, older_than_s: float = STALE_RUN
                 f.unlink(missing_ok=True)
             (state_dir / "prometheus" / "targets" / f"{run.name}.json").unlink(missing_ok=True)
             run.rmdir()
-        except OSError:  # changed meanwhile (another pipeline starting, a file in use): kept
+        except OSError:  # something in it that is not ours (a directory), or it changed meanwhile: kept
             continue
         removed.append(run.name)
     return removed

@@ -39,5 +39,21 @@ def test_only_old_runs_with_no_live_worker_are_removed(tmp_path) -> None:
     assert (tmp_path / "prometheus" / "targets" / "benchlive.json").exists()
 
 
+def test_a_run_whose_log_was_written_lately_is_kept_though_its_directory_is_old(tmp_path) -> None:
+    _run(tmp_path, "benchidle", DEAD_PID, STALE_RUN_S + 3600)
+    os.utime(tmp_path / "workers" / "benchidle" / "router-0.log")  # appended to now: not the directory's time
+    assert prune_stale_runs(tmp_path, keep="mm") == []
+
+
+def test_a_warm_spares_fifo_goes_with_its_run(tmp_path) -> None:
+    _run(tmp_path, "benchspare", DEAD_PID, STALE_RUN_S + 3600)
+    run = tmp_path / "workers" / "benchspare"
+    os.mkfifo(run / "spare.fifo")
+    then = time.time() - STALE_RUN_S - 3600
+    for f in (run / "spare.fifo", run):
+        os.utime(f, (then, then))
+    assert prune_stale_runs(tmp_path, keep="mm") == ["benchspare"] and not run.exists()
+
+
 def test_a_state_dir_without_workers_is_left_alone(tmp_path) -> None:
     assert prune_stale_runs(tmp_path, keep="mm") == []
