@@ -29,10 +29,11 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from mmstream.samples import photo, video
-from mmstream.supervisor import PARENT_PID_ENV, Supervisor
+from mmstream.supervisor import Supervisor
 from schemas.request import Modality, Params, Part, Request, Task
 from schemas.settings import Settings
 from streams.sdk.client import Client, new_id, wait_until_serving
+from streams.runtime.parent import PARENT_PID_ENV
 from streams.topics import ensure_topics, topic_specs
 
 

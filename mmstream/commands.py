@@ -16,7 +16,7 @@ from mmstream.console import event_line
 from mmstream.errors import UserError
 from mmstream.kafka_admin import KafkaAdminError
 from mmstream.localstack import LocalStackError
-from mmstream.supervisor import AUTOSCALER, PARENT_PID_ENV, Supervisor, WorkersElsewhereError, default_replicas, parse_replicas
+from mmstream.supervisor import AUTOSCALER, Supervisor, WorkersElsewhereError, default_replicas, parse_replicas
 from mmstream.tenants import TenantError, add_tenant, check_name, properties_text
 from schemas.codec import JSON
 from schemas.request import Lane, Modality, Part, Request, Task
@@ -25,6 +25,7 @@ from streams.sdk.client import Client, new_id, wait_until_serving
 from streams.connection import KafkaSecurity, client_kwargs
 from streams.sdk.retry import RetryConfig
 from streams.stages import stage_names
+from streams.runtime.parent import PARENT_PID_ENV
 from streams.topics import ensure_topics, topic_specs
 from workers import modalities
 from workers.repository import ModelNotFoundError, ModelRepository

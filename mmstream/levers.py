@@ -15,11 +15,12 @@ from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
 from mmstream.lever_names import LEVERS
-from mmstream.supervisor import PARENT_PID_ENV, Supervisor
+from mmstream.supervisor import Supervisor
 from schemas.request import Task
 from schemas.settings import Settings
 from streams.sdk.client import wait_until_serving
 from streams.connection import KafkaSecurity, client_kwargs
+from streams.runtime.parent import PARENT_PID_ENV
 from streams.topics import ensure_topics, topic_specs
 
 

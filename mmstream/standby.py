@@ -41,10 +41,10 @@ def handover(fifo: str, stage: str, replica: int, log_file: str, env: dict[str, 
 
 def main(argv: list[str]) -> int:
     fifo = argv[0]
-    from streams.runtime.parent import stop_with_parent
+    from streams.runtime.parent import PARENT_PID_ENV, stop_with_parent
 
     # A spare of a tied pipeline (local.parent_pid) does not wait for ever once its supervisor is gone.
-    watch = stop_with_parent(int(os.environ.get("MMSTREAM_LOCAL_PARENT_PID") or 0))
+    watch = stop_with_parent(int(os.environ.get(PARENT_PID_ENV) or 0))
     # What every stage imports (the CLI, the runner, the engines' modules), before waiting.
     import mmstream.cli  # noqa: F401
     import streams.stages.encoder  # noqa: F401

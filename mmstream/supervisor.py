@@ -30,6 +30,7 @@ from pathlib import Path
 from mmstream import standby
 from schemas.settings import Settings
 from schemas.settings_base import parse_assignments, whole_number
+from streams.runtime.parent import PARENT_PID_ENV
 from streams.stages import stage_names
 from workers import modalities
 
@@ -37,8 +38,6 @@ from workers import modalities
 AUTOSCALER = "autoscale"
 """The local scaler's worker (``mmstream.autoscaler``): local only, so not a stage of the
 topology; on Kubernetes KEDA does its job from the same settings."""
-PARENT_PID_ENV = "MMSTREAM_LOCAL_PARENT_PID"
-"""``local.parent_pid``: workers started for a process of their own stop with it (``streams.runtime.parent``)."""
 
 
 def default_replicas() -> dict[str, int]:

@@ -214,10 +214,10 @@ class LocalSettings(Section):
     )
     redis_maxmemory_mb: int = setting(256, "Redis memory cap; keys are evicted LRU past it.", ge=1)
     parent_pid: int = setting(
-        0, "The process a worker belongs to: the worker stops (SIGTERM to itself) once that process is no longer its "
-        "parent. Set by what starts a pipeline for itself (`mmstream bench --own-pipeline`, the integration tests), "
-        "so that one killed without its cleanup leaves no workers running; 0, the default, for `mmstream up`, whose "
-        "workers outlive the command.", ge=0
+        0, "The process a worker belongs to: the worker stops (SIGTERM to itself, SIGKILL 30 s later if it still "
+        "runs) once that process is no longer its parent. Set by what starts a pipeline for itself (`mmstream bench "
+        "--own-pipeline`, chaos runs, the integration tests), so that one killed without its cleanup leaves no "
+        "workers running; 0, the default, for `mmstream up`, whose workers outlive the command.", ge=0
     )
     metrics_base_port: int = setting(
         9400, "First Prometheus port handed to local workers; 0 lets each worker pick a free one.", ge=0, le=65535

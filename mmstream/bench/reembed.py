@@ -40,12 +40,13 @@ from typing import Any
 import msgpack
 
 from mmstream.stats import summary
-from mmstream.supervisor import PARENT_PID_ENV, Supervisor
+from mmstream.supervisor import Supervisor
 from schemas.documents import READY_PREFIX
 from schemas.request import Lane, Modality, Params, Part, Request, Task
 from schemas.settings import Settings
 from schemas.topics import TopicNames
 from streams.observe.topic_reader import read_to_end
+from streams.runtime.parent import PARENT_PID_ENV
 from streams.sdk.client import Client, new_id, wait_until_serving
 from streams.topics import collection_spec, ensure_topics, topic_specs
 from workers.retrieval import corpus as C

@@ -180,6 +180,10 @@ def overhead(latency: dict[str, Any], floor: dict[str, float]) -> dict[str, Any]
 
 
 
+def _rounded(ms: float | None) -> float | None:
+    return None if ms is None else round(ms, 3)
+
+
 SLOWEST_SHARE = 0.01
 SLOWEST_MIN = 5
 
@@ -198,7 +202,7 @@ def slowest(ok: Sequence[Record]) -> list[dict[str, Any]]:
     return [{"kind": r.kind, "sent_s": round((r.sent_at_ms - start) / 1000.0, 3),
              "e2e_ms": round(r.done_at_ms - r.sent_at_ms, 3),
              "submit_lag_ms": round(r.submitted_at_ms - r.sent_at_ms, 3) if r.submitted_at_ms is not None else None,
-             "return_ms": round(return_ms(r), 3) if return_ms(r) is not None else None,
+             "return_ms": _rounded(return_ms(r)),
              "stages": [{"stage": st["stage"], "queued_ms": round(st["queued_ms"], 3),
                          "service_ms": round(st["service_ms"], 3)} for st in r.stages]}
             for r in worst]

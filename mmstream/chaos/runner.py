@@ -25,11 +25,12 @@ from typing import Any
 from mmstream.chaos import checks, faults, ingest, timeline, traffic
 from mmstream.chaos.infra import OwnKafka, OwnRedis, Toxiproxy, free_port, toxiproxy_binary
 from mmstream.chaos.scenario import Scenario
-from mmstream.supervisor import PARENT_PID_ENV, Supervisor
+from mmstream.supervisor import Supervisor
 from schemas.settings import Settings
 from streams.sdk.client import Client, wait_until_serving
 from streams.connection import KafkaSecurity, client_kwargs
 from schemas.topics import TopicNames
+from streams.runtime.parent import PARENT_PID_ENV
 from streams.topics import collection_spec, ensure_topics, topic_specs
 
 log = logging.getLogger(__name__)

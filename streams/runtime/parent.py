@@ -21,6 +21,9 @@ from typing import Callable
 
 log = logging.getLogger(__name__)
 
+PARENT_PID_ENV = "MMSTREAM_LOCAL_PARENT_PID"
+"""``local.parent_pid``: what a process starting a pipeline for itself puts in its workers'
+environment (``mmstream.supervisor.Supervisor`` then names itself there for each worker it starts)."""
 CHECK_INTERVAL_S = 1.0
 GRACE_S = 30.0
 """As long as `mmstream down` waits for a worker before SIGKILL (``Supervisor.stop_one``)."""

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from mmstream import localstack
-from mmstream.supervisor import PARENT_PID_ENV, Supervisor
+from mmstream.supervisor import Supervisor
 from schemas.settings import Settings
+from streams.runtime.parent import PARENT_PID_ENV
 from streams.topics import ensure_topics, topic_specs
 
 REPO = Path(__file__).resolve().parents[2]

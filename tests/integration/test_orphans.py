@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 STARTER = """
 import os, subprocess, sys, time
-env = dict(os.environ, MMSTREAM_LOCAL_PARENT_PID=str(os.getpid()))
+env = dict(os.environ, MMSTREAM_LOCAL_PARENT_PID=str(os.getpid()))  # what a bench does (mmstream.levers)
 with open(sys.argv[1], "ab") as log:
     worker = subprocess.Popen([sys.executable, "-m", "mmstream.cli", "worker", "lagmon", "--replica", "0"], env=env,
                               stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

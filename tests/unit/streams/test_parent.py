@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 import threading
 
-from mmstream.supervisor import PARENT_PID_ENV, Supervisor
+from mmstream.supervisor import Supervisor
 from schemas.settings import Settings
-from streams.runtime.parent import stop_with_parent
+from streams.runtime.parent import PARENT_PID_ENV, stop_with_parent
 
 
 class _Watched:
