@@ -335,12 +335,15 @@ class StageIO:
         the last commit is repeated by whoever reads the partitions next)."""
         if self.consumer is None:
             return
-        offsets = {}
-        known = self._cluster_topics()
+        moved = {}
         for tp in (self.consumer.assignment() if tps is None else tps):
             point = self.tracker.commit_point(tp)
-            if point is not None and self._committed.get(tp) != point and (known is None or tp.topic in known):
-                offsets[tp] = OffsetAndMetadata(point, "")
+            if point is not None and self._committed.get(tp) != point:
+                moved[tp] = point
+        if not moved:  # an idle stage's commit every interval: nothing to send, nothing to look up
+            return
+        known = self._cluster_topics()
+        offsets = {tp: OffsetAndMetadata(point, "") for tp, point in moved.items() if known is None or tp.topic in known}
         if offsets:
             await asyncio.wait_for(self.consumer.commit(offsets), self.settings.commit_timeout_s)
             self._committed.update({tp: om.offset for tp, om in offsets.items()})

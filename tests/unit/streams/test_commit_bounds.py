@@ -22,9 +22,14 @@ class Consumer:
 
     def __init__(self, assigned: set[TopicPartition], topics: set[str], hang: bool = False) -> None:
         self.assigned = assigned
-        self._client = SimpleNamespace(cluster=SimpleNamespace(topics=lambda: set(topics)))
+        self.looked_up = 0
+        self._client = SimpleNamespace(cluster=SimpleNamespace(topics=lambda: self._topics(topics)))
         self.hang = hang
         self.commits: list[dict[TopicPartition, int]] = []
+
+    def _topics(self, topics: set[str]) -> set[str]:
+        self.looked_up += 1
+        return set(topics)
 
     def assignment(self) -> set[TopicPartition]:
         return set(self.assigned)
@@ -74,3 +79,19 @@ async def test_a_stage_stops_though_its_last_commit_hangs() -> None:
     io = _io(Consumer({TopicPartition("kept", 0)}, topics={"kept"}, hang=True), commit_timeout_s=0.05)
     io.consumer.stop = lambda: asyncio.sleep(0)
     await asyncio.wait_for(io.stop(drain_s=0.1), 5)
+
+
+async def test_an_idle_commit_sends_nothing_and_reads_no_metadata() -> None:
+    """Every stage commits every 200 ms; one with nothing new to commit (idle) neither sends a
+    commit nor copies the client's topic list (every topic of the cluster's metadata)."""
+    tp = TopicPartition("kept", 0)
+    io = _io(Consumer({tp}, topics={"kept"}))
+    await io.commit()
+    assert io.consumer.commits == [{tp: 1}] and io.consumer.looked_up == 1
+    await io.commit()
+    await io.commit()
+    assert io.consumer.commits == [{tp: 1}] and io.consumer.looked_up == 1
+    io.tracker.take(tp, 1)
+    io.tracker.finish(tp, 1)
+    await io.commit()
+    assert io.consumer.commits == [{tp: 1}, {tp: 2}] and io.consumer.looked_up == 2
