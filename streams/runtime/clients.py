@@ -34,15 +34,22 @@ async def start_when_reachable(make: Callable[[], Any], what: str, timeout_s: fl
             await client.start()
             return client
         except KafkaConnectionError as exc:
-            try:
-                await client.stop()
-            except Exception:  # it never fully started: nothing of it to keep
-                pass
+            await _stop_unstarted(client)
             if loop.time() + delay >= deadline:
                 raise
             log.warning("%s: the broker cannot be reached (%r); trying again in %.1fs", what, exc, delay)
             await asyncio.sleep(delay)
             delay = min(START_RETRY_MAX_S, delay * 2)
+        except BaseException:  # any other failure, or the start cancelled: nothing of it left open
+            await _stop_unstarted(client)
+            raise
+
+
+async def _stop_unstarted(client: Any) -> None:
+    try:
+        await client.stop()
+    except Exception:  # it never fully started: nothing of it to keep
+        pass
 
 
 async def close_quietly(producer: AIOKafkaProducer | None, timeout_s: float = 5.0) -> None:

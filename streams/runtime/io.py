@@ -154,14 +154,12 @@ class StageIO:
     async def start(self) -> None:
         s = self.settings
         self.producer = await self._new_producer()
-        self.consumer = await start_when_reachable(lambda: AIOKafkaConsumer(
-            bootstrap_servers=s.bootstrap, group_id=s.group_id, enable_auto_commit=False,
-            auto_offset_reset="earliest", fetch_max_wait_ms=s.fetch_max_wait_ms,
-            max_partition_fetch_bytes=s.max_message_bytes, fetch_max_bytes=s.fetch_max_bytes,
-            session_timeout_ms=s.session_timeout_ms, heartbeat_interval_ms=s.heartbeat_interval_ms,
-            rebalance_timeout_ms=s.rebalance_timeout_ms,
-            max_poll_interval_ms=s.max_poll_interval_ms, metadata_max_age_ms=s.metadata_max_age_ms,
-            client_id=f"{s.group_id}-consumer", **s.client_kwargs), f"{s.group_id} consumer")
+        try:
+            self.consumer = await self._new_consumer()
+        except BaseException:  # the broker never answered, or the start was cancelled: no producer left open
+            producer, self.producer = self.producer, None
+            await producer.stop()
+            raise
         watch_coordinator(self.consumer, self.lease)
         if self.fetch_order is not None:
             install_fetch_order(self.consumer, self.fetch_order)
@@ -170,6 +168,17 @@ class StageIO:
         else:
             self.consumer.subscribe(self.topics, listener=_Listener(self))
         self._commit_task = asyncio.create_task(self._commit_loop(), name=f"{s.group_id}-commits")
+
+    async def _new_consumer(self) -> AIOKafkaConsumer:
+        s = self.settings
+        return await start_when_reachable(lambda: AIOKafkaConsumer(
+            bootstrap_servers=s.bootstrap, group_id=s.group_id, enable_auto_commit=False,
+            auto_offset_reset="earliest", fetch_max_wait_ms=s.fetch_max_wait_ms,
+            max_partition_fetch_bytes=s.max_message_bytes, fetch_max_bytes=s.fetch_max_bytes,
+            session_timeout_ms=s.session_timeout_ms, heartbeat_interval_ms=s.heartbeat_interval_ms,
+            rebalance_timeout_ms=s.rebalance_timeout_ms,
+            max_poll_interval_ms=s.max_poll_interval_ms, metadata_max_age_ms=s.metadata_max_age_ms,
+            client_id=f"{s.group_id}-consumer", **s.client_kwargs), f"{s.group_id} consumer")
 
     async def _new_producer(self) -> AIOKafkaProducer:
         s = self.settings
@@ -191,10 +200,12 @@ class StageIO:
             await self.commit()
         except Exception as exc:  # stopping anyway: the next owner repeats the rest
             log.warning("%s: last commit failed: %r", self.settings.group_id, exc)
-        if self.consumer:
-            await self.consumer.stop()
-        if self.producer:
-            await self.producer.stop()
+        try:
+            if self.consumer:
+                await self.consumer.stop()
+        finally:  # the producer is stopped even when the consumer's stop failed
+            if self.producer:
+                await self.producer.stop()
 
     # -- records in ------------------------------------------------------------------------
 

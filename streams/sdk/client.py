@@ -176,7 +176,11 @@ class Client:
         try:
             await self._transport.start(self.reply_to)
         except TransportError as exc:
+            await self.close()
             raise ClientError(str(exc)) from None
+        except BaseException:
+            await self.close()
+            raise
         self._started = True
         self._reader = asyncio.create_task(self._read(), name="mmstream-client-reader")
 

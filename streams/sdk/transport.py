@@ -59,22 +59,21 @@ class KafkaTransport:
             if partitions is None:
                 await self._consumer._client.force_metadata_update()  # first contact may lack it
                 partitions = self._consumer.partitions_for_topic(reply_to)
+            if not partitions:
+                raise TransportError(f"reply topic {reply_to} does not exist or this client may not read it: is "
+                                     "the pipeline up (mmstream up), and is it your tenant's reply topic?")
+            tps = [TopicPartition(reply_to, p) for p in sorted(partitions)]
+            self._consumer.assign(tps)
+            await self._consumer.seek_to_end(*tps)
+            for tp in tps:  # resolve positions now, so no event sent after start() is missed
+                await self._consumer.position(tp)
         except KafkaConnectionError:
             await self.close()
             raise TransportError(f"cannot reach Kafka at {self.bootstrap}: is it running? (start it with "
                                  "`mmstream up`, or point MMSTREAM_KAFKA_BOOTSTRAP at your cluster)") from None
-        except BaseException:
+        except BaseException:  # a failed seek, a cancelled or timed-out start: nothing is left open
             await self.close()
             raise
-        if not partitions:
-            await self.close()
-            raise TransportError(f"reply topic {reply_to} does not exist or this client may not read it: is the "
-                                 "pipeline up (mmstream up), and is it your tenant's reply topic?")
-        tps = [TopicPartition(reply_to, p) for p in sorted(partitions)]
-        self._consumer.assign(tps)
-        await self._consumer.seek_to_end(*tps)
-        for tp in tps:  # resolve positions now, so no event sent after start() is missed
-            await self._consumer.position(tp)
 
     async def send(self, topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]]) -> None:
         if self._producer is None:
@@ -89,7 +88,9 @@ class KafkaTransport:
     async def close(self) -> None:
         consumer, producer = self._consumer, self._producer
         self._consumer = self._producer = None
-        if consumer is not None:
-            await consumer.stop()
-        if producer is not None:
-            await producer.stop()
+        try:
+            if consumer is not None:
+                await consumer.stop()
+        finally:  # the producer is stopped even when the consumer's stop failed
+            if producer is not None:
+                await producer.stop()

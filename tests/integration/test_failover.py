@@ -6,6 +6,7 @@ to the other replica after its (short) session, which the broker accepts."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from pathlib import Path
 
@@ -49,24 +50,30 @@ async def test_a_dead_replicas_partitions_move_after_a_short_session(own_kafka) 
     await admin.close()
     settings = IOSettings(own_kafka.bootstrap, group, {}, session_timeout_ms=3000, heartbeat_interval_ms=500)
     a, b = StageIO(settings, [topic]), StageIO(settings, [topic])
-    await a.start()
-    await b.start()
-    everything = {TopicPartition(topic, p) for p in range(4)}
+    try:
+        await a.start()
+        await b.start()
+        everything = {TopicPartition(topic, p) for p in range(4)}
 
-    async def until(cond) -> None:
-        while not cond():
-            await a.poll(100)
-            await b.poll(100)
+        async def until(cond) -> None:
+            while not cond():
+                await a.poll(100)
+                await b.poll(100)
 
-    await asyncio.wait_for(until(lambda: a.assignment() | b.assignment() == everything and a.assignment()
-                                 and b.assignment()), 60)
-    # b dies without a word to the broker: its heartbeats stop, it never leaves the group.
-    b.consumer._coordinator._heartbeat_task.cancel()  # noqa: SLF001
-    b.consumer._coordinator._coordination_task.cancel()  # noqa: SLF001
+        await asyncio.wait_for(until(lambda: a.assignment() | b.assignment() == everything and a.assignment()
+                                     and b.assignment()), 60)
+        # b dies without a word to the broker: its heartbeats stop, it never leaves the group.
+        b.consumer._coordinator._heartbeat_task.cancel()  # noqa: SLF001
+        b.consumer._coordinator._coordination_task.cancel()  # noqa: SLF001
 
-    async def only_a() -> None:
-        while a.assignment() != everything:
-            await a.poll(100)
+        async def only_a() -> None:
+            while a.assignment() != everything:
+                await a.poll(100)
 
-    await asyncio.wait_for(only_a(), 60)  # the session (3 s) ran out: a has them all
-    await a.stop(drain_s=1.0)
+        await asyncio.wait_for(only_a(), 60)  # the session (3 s) ran out: a has them all
+    finally:  # b's clients too (its coordinator is dead: its stop may fail, its connections must not stay)
+        await a.stop(drain_s=1.0)
+        for client in (b.consumer, b.producer):
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(client.stop(), 10)
