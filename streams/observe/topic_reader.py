@@ -13,8 +13,8 @@ async def read_to_end(bootstrap: str, topic: str, client_kwargs: dict[str, Any] 
     (``client_kwargs``: security options, ``streams.connection.client_kwargs``)."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
                                 **(client_kwargs or {}))
-    await consumer.start()
     try:
+        await consumer.start()
         await consumer._client.force_metadata_update()  # a fresh client may not know the topic yet
         tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or set())]
         if not tps:
@@ -41,8 +41,8 @@ async def contains(bootstrap: str, topic: str, key: bytes, value: bytes, since_m
     ``since_ms`` (epoch ms). Reads every partition from that time to its current end."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
                                 **(client_kwargs or {}))
-    await consumer.start()
     try:
+        await consumer.start()
         await consumer._client.force_metadata_update()
         tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or set())]
         if not tps:

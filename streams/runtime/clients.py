@@ -34,29 +34,24 @@ async def start_when_reachable(make: Callable[[], Any], what: str, timeout_s: fl
             await client.start()
             return client
         except KafkaConnectionError as exc:
-            await _stop_unstarted(client)
+            await close_quietly(client)  # it never fully started: nothing of it to keep
             if loop.time() + delay >= deadline:
                 raise
             log.warning("%s: the broker cannot be reached (%r); trying again in %.1fs", what, exc, delay)
             await asyncio.sleep(delay)
             delay = min(START_RETRY_MAX_S, delay * 2)
         except BaseException:  # any other failure, or the start cancelled: nothing of it left open
-            await _stop_unstarted(client)
+            await close_quietly(client)  # it never fully started: nothing of it to keep
             raise
 
 
-async def _stop_unstarted(client: Any) -> None:
-    try:
-        await client.stop()
-    except Exception:  # it never fully started: nothing of it to keep
-        pass
-
-
-async def close_quietly(producer: AIOKafkaProducer | None, timeout_s: float = 5.0) -> None:
-    """Stop a producer being replaced, whatever state it is in."""
-    if producer is None:
+async def close_quietly(client: Any, timeout_s: float = 5.0) -> None:
+    """Stop a Kafka client being replaced or given up (a producer, a consumer that failed to
+    start), whatever state it is in: bounded, and its errors only logged (the caller's own
+    error, if any, is the one that matters)."""
+    if client is None:
         return
     try:
-        await asyncio.wait_for(producer.stop(), timeout_s)
-    except Exception as exc:  # its batches were failed already; nothing of it is needed
-        log.info("closing a replaced producer: %r", exc)
+        await asyncio.wait_for(client.stop(), timeout_s)
+    except Exception as exc:  # a replaced producer's batches were failed already; nothing of it is needed
+        log.info("closing a Kafka client: %r", exc)

@@ -158,7 +158,7 @@ class StageIO:
             self.consumer = await self._new_consumer()
         except BaseException:  # the broker never answered, or the start was cancelled: no producer left open
             producer, self.producer = self.producer, None
-            await producer.stop()
+            await close_quietly(producer)
             raise
         watch_coordinator(self.consumer, self.lease)
         if self.fetch_order is not None:

@@ -26,6 +26,7 @@ from aiokafka.structs import ConsumerRecord
 
 from schemas.codec import DecodeError, unpack
 from schemas.events import Event
+from streams.runtime.clients import close_quietly
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,11 @@ class BrokerReader:
         self._cluster: Any = None
 
     async def __aenter__(self) -> "BrokerReader":
-        await self.consumer.start()
+        try:
+            await self.consumer.start()
+        except BaseException:  # __aexit__ is not called for a failed __aenter__
+            await close_quietly(self.consumer)
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:

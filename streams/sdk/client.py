@@ -26,6 +26,8 @@ caller has seen part of an answer). ``Submission.retries`` lists what was retrie
 
 from __future__ import annotations
 
+import contextlib
+
 import asyncio
 import dataclasses
 import random
@@ -176,10 +178,12 @@ class Client:
         try:
             await self._transport.start(self.reply_to)
         except TransportError as exc:
-            await self.close()
+            with contextlib.suppress(Exception):
+                await self.close()
             raise ClientError(str(exc)) from None
-        except BaseException:
-            await self.close()
+        except BaseException:  # nothing is left open, and the original error is the one reported
+            with contextlib.suppress(Exception):
+                await self.close()
             raise
         self._started = True
         self._reader = asyncio.create_task(self._read(), name="mmstream-client-reader")

@@ -7,6 +7,8 @@ own logic (deduplication, retries, claim checks) is tested without a broker.
 
 from __future__ import annotations
 
+import contextlib
+
 from typing import Any, AsyncIterator, Protocol
 
 
@@ -68,11 +70,13 @@ class KafkaTransport:
             for tp in tps:  # resolve positions now, so no event sent after start() is missed
                 await self._consumer.position(tp)
         except KafkaConnectionError:
-            await self.close()
+            with contextlib.suppress(Exception):  # the original error is the one to report
+                await self.close()
             raise TransportError(f"cannot reach Kafka at {self.bootstrap}: is it running? (start it with "
                                  "`mmstream up`, or point MMSTREAM_KAFKA_BOOTSTRAP at your cluster)") from None
         except BaseException:  # a failed seek, a cancelled or timed-out start: nothing is left open
-            await self.close()
+            with contextlib.suppress(Exception):
+                await self.close()
             raise
 
     async def send(self, topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]]) -> None:

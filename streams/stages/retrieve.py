@@ -116,8 +116,8 @@ class RetrieveStage(RecordStage):
                                     auto_offset_reset="earliest", max_partition_fetch_bytes=k.max_message_bytes,
                                     fetch_max_bytes=max(k.max_message_bytes, 52_428_800),
                                     **self.io.settings.client_kwargs)
-        await consumer.start()
-        try:
+        try:  # a start that fails is stopped too: a supervised restart must not leave a client per try
+            await consumer.start()
             await consumer._client.force_metadata_update()  # a fresh client may not know the topic yet
             tps = [TopicPartition(self.names.vectors, p)
                    for p in sorted(consumer.partitions_for_topic(self.names.vectors) or set())]

@@ -71,9 +71,15 @@ async def test_a_dead_replicas_partitions_move_after_a_short_session(own_kafka) 
                 await a.poll(100)
 
         await asyncio.wait_for(only_a(), 60)  # the session (3 s) ran out: a has them all
-    finally:  # b's clients too (its coordinator is dead: its stop may fail, its connections must not stay)
-        await a.stop(drain_s=1.0)
-        for client in (b.consumer, b.producer):
-            if client is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(client.stop(), 10)
+    finally:
+        try:
+            await a.stop(drain_s=1.0)
+        finally:  # b's too: its coordinator is dead, so its stop may fail; its connections must not stay
+            if b._commit_task is not None:  # noqa: SLF001
+                b._commit_task.cancel()  # noqa: SLF001
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await b._commit_task  # noqa: SLF001
+            for client in (b.consumer, b.producer):
+                if client is not None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(client.stop(), 10)

@@ -13,7 +13,9 @@ import pytest
 from aiokafka.errors import KafkaConnectionError
 
 from streams.runtime.clients import start_when_reachable
+from streams.runtime import io as stage_io
 from streams.runtime.io import IOSettings, StageIO
+from streams.sdk.client import Client
 from streams.sdk.transport import KafkaTransport
 
 
@@ -105,18 +107,32 @@ async def test_the_sdk_transport_stops_its_producer_when_the_consumers_stop_fail
 async def test_a_stage_whose_consumer_cannot_start_leaves_no_producer(monkeypatch) -> None:
     io = StageIO(IOSettings("127.0.0.1:1", "g", {}), ["t"])
     producer = Fake()
+    consumers: list[Fake] = []
 
     async def new_producer() -> Fake:
         return producer
 
-    async def new_consumer() -> Fake:
-        raise ValueError("bad consumer config")
-
     monkeypatch.setattr(io, "_new_producer", new_producer)
-    monkeypatch.setattr(io, "_new_consumer", new_consumer)
+    monkeypatch.setattr(stage_io, "AIOKafkaConsumer",
+                        lambda *a, **k: consumers.append(Fake(start=ValueError("bad consumer config"))) or consumers[-1])
     with pytest.raises(ValueError):
         await io.start()
-    assert producer.stopped and io.producer is None
+    assert producer.stopped and io.producer is None and [c.stopped for c in consumers] == [True]
+
+
+async def test_a_client_whose_start_fails_closes_what_it_opened() -> None:
+    class Transport:
+        closed = 0
+
+        async def start(self, reply_to: str) -> None:
+            raise asyncio.CancelledError()  # a start cancelled half-way (a caller's timeout)
+
+        async def close(self) -> None:
+            Transport.closed += 1
+
+    with pytest.raises(asyncio.CancelledError):
+        await Client("127.0.0.1:1", transport=Transport()).start()
+    assert Transport.closed == 1
 
 
 async def test_a_stage_stops_its_producer_when_its_consumers_stop_fails() -> None:
