@@ -7,7 +7,6 @@ import asyncio
 import logging
 from typing import Any, Callable
 
-from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError
 
 log = logging.getLogger(__name__)
@@ -41,7 +40,7 @@ async def start_when_reachable(make: Callable[[], Any], what: str, timeout_s: fl
             await asyncio.sleep(delay)
             delay = min(START_RETRY_MAX_S, delay * 2)
         except BaseException:  # any other failure, or the start cancelled: nothing of it left open
-            await close_quietly(client)  # it never fully started: nothing of it to keep
+            await close_quietly(client)
             raise
 
 

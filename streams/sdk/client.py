@@ -26,9 +26,8 @@ caller has seen part of an answer). ``Submission.retries`` lists what was retrie
 
 from __future__ import annotations
 
-import contextlib
-
 import asyncio
+import contextlib
 import dataclasses
 import random
 import time

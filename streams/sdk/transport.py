@@ -8,7 +8,6 @@ own logic (deduplication, retries, claim checks) is tested without a broker.
 from __future__ import annotations
 
 import contextlib
-
 from typing import Any, AsyncIterator, Protocol
 
 
