@@ -9,6 +9,7 @@ must not create topics by naming them).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, Awaitable, Callable
 
@@ -63,8 +64,14 @@ class TopicCache:
             return True
         if time.monotonic() - self._fetched_at >= self.ttl_s:
             if self._admin is None:
-                self._admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, **self.client_kwargs)
-                await self._admin.start()
+                admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, **self.client_kwargs)
+                try:
+                    await admin.start()
+                except BaseException:  # the broker away: closed, and a fresh client tried next time
+                    with contextlib.suppress(Exception):
+                        await admin.close()
+                    raise
+                self._admin = admin
             self._known = set(await self._admin.list_topics())
             self._fetched_at = time.monotonic()
         return topic in self._known

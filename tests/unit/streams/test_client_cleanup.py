@@ -13,6 +13,7 @@ import pytest
 from aiokafka.errors import KafkaConnectionError
 
 from streams.runtime.clients import start_when_reachable
+from streams import reply_topics
 from streams.runtime import io as stage_io
 from streams.runtime.io import IOSettings, StageIO
 from streams.sdk.client import Client
@@ -142,3 +143,33 @@ async def test_a_stage_stops_its_producer_when_its_consumers_stop_fails() -> Non
     with pytest.raises(RuntimeError):
         await io.stop(drain_s=0.1)
     assert io.producer.stopped
+
+
+async def test_the_reply_topic_cache_tries_a_fresh_admin_client_after_a_failed_start(monkeypatch) -> None:
+    """The router's reply-topic check: an admin client whose start failed (the broker away) is
+    closed and not kept, so the next check starts a fresh one instead of using a dead one."""
+    admins: list = []
+
+    class Admin:
+        def __init__(self, **kwargs) -> None:
+            self.closed = False
+            self.fails = not admins  # the first one cannot reach the broker
+            admins.append(self)
+
+        async def start(self) -> None:
+            if self.fails:
+                raise KafkaConnectionError("away")
+
+        async def close(self) -> None:
+            self.closed = True
+
+        async def list_topics(self) -> list[str]:
+            assert not self.fails, "a client whose start failed was used"
+            return ["mm.results.t1"]
+
+    monkeypatch.setattr(reply_topics, "AIOKafkaAdminClient", Admin)
+    cache = reply_topics.TopicCache("127.0.0.1:1", ttl_s=0)
+    with pytest.raises(KafkaConnectionError):
+        await cache.exists("mm.results.t1")
+    assert await cache.exists("mm.results.t1")
+    assert [a.closed for a in admins] == [True, False]
